@@ -1,0 +1,81 @@
+"""A standard single ``gymnasium.Env`` facade over one row of a ``TokenVectorEnv``.
+
+``gymnasium.make("lmgym/<Task>-v0")`` returns this: numpy observations, an ``int``
+action, the usual ``reset``/``step`` contract, so Gymnasium's checker and
+wrappers and Stable-Baselines3 work on it unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from lmgym.envs.token_env import TokenVectorEnv
+
+
+class TokenEnv(gym.Env):
+    """One completion at a time: observation ``{"input_ids": [Lp+L] int64,
+    "attention_mask": [Lp+L] int8}``, action a token id.
+
+    Args:
+        vector_env: A ``TokenVectorEnv`` with ``num_envs == 1`` and ``autoreset=False``
+            (the single env follows the plain Gymnasium contract: call ``reset``
+            after an episode ends).
+    """
+
+    metadata: dict[str, Any] = {"render_modes": []}
+
+    def __init__(self, vector_env: TokenVectorEnv) -> None:
+        if vector_env.num_envs != 1 or vector_env.autoreset:
+            raise ValueError(
+                "vector_env: TokenEnv needs num_prompts=1, group_size=1, autoreset=False; "
+                "use the vector env directly for batches"
+            )
+        self.vector_env = vector_env
+        self.observation_space = vector_env.single_observation_space
+        self.action_space = vector_env.single_action_space
+
+    def _obs(self, obs: dict[str, Any]) -> dict[str, np.ndarray]:
+        return {
+            "input_ids": obs["input_ids"][0].cpu().numpy().astype(np.int64),
+            "attention_mask": obs["attention_mask"][0].cpu().numpy().astype(np.int8),
+        }
+
+    @staticmethod
+    def _info(info: dict[str, Any]) -> dict[str, Any]:
+        return {key: value[0].item() for key, value in info.items()}
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        super().reset(seed=seed)
+        if seed is None and not self.vector_env._started:
+            # Gymnasium's contract: an unseeded first reset is still seeded, from the
+            # env's own np_random, so that check_env's determinism checks hold.
+            seed = int(self.np_random.integers(0, 2**62))
+        obs, info = self.vector_env.reset(seed=seed, options=options)
+        return self._obs(obs), self._info(info)
+
+    def step(
+        self, action: int | np.integer | np.ndarray
+    ) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
+        action_array = np.asarray(action)
+        if action_array.size != 1:
+            raise ValueError(f"action: expected one token id, got shape {action_array.shape}")
+        obs, reward, terminated, truncated, info = self.vector_env.step(
+            action_array.reshape(1).astype(np.int64)
+        )
+        return (
+            self._obs(obs),
+            float(reward[0]),
+            bool(terminated[0]),
+            bool(truncated[0]),
+            self._info(info),
+        )
+
+    def decode(self, obs: dict[str, np.ndarray]) -> str:
+        """The text of an observation: prompt and completion so far."""
+        ids = obs["input_ids"][obs["attention_mask"].astype(bool)]
+        return self.vector_env.tokenizer.decode(ids.tolist(), skip_special_tokens=True)

@@ -1,0 +1,1 @@
+"""Built-in tasks, each registered as ``lmgym/<Name>-v0`` (see ``lmgym.envs.registration``)."""

@@ -1,0 +1,112 @@
+"""TargetString: reproduce a fixed target string.
+
+Reward: the fraction of target positions whose completion token is the target's
+token, ``R = (1/K) * sum_{t<K} [y_t == target_t]`` with ``K = len(target)`` in
+tokens; range ``[0, 1]``. Tokens past ``K`` do not count. In per-token mode the
+potential form gives ``r_t = [y_t == target_t] / K`` exactly.
+
+Random-policy baseline: ``1 / V`` per position (``V`` = vocabulary size; about
+0.02 with the default character tokenizer). Solved: ``R >= 0.9``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from transformers import PreTrainedTokenizerBase
+
+from lmgym.envs.single import TokenEnv
+from lmgym.envs.token_env import RewardMode, TokenVectorEnv, Unfinished
+from lmgym.policy.tiny import make_char_tokenizer
+from lmgym.types import RewardInput
+
+SOLVED_THRESHOLD = 0.9
+
+
+class TargetMatchReward:
+    """Fraction of the target's tokens reproduced in place; vectorised over rows.
+
+    Args:
+        target_ids: ``[K] int64`` the target's token ids.
+    """
+
+    name = "target_match"
+
+    def __init__(self, target_ids: Tensor) -> None:
+        if target_ids.numel() == 0:
+            raise ValueError("target: tokenises to zero tokens; pass a non-empty target")
+        self.target_ids = target_ids
+
+    def __call__(self, batch: RewardInput) -> Tensor:
+        k = self.target_ids.numel()
+        ids = batch.completion_ids[:, :k]
+        mask = batch.completion_mask[:, :k]
+        target = self.target_ids.to(ids.device)[: ids.shape[1]]
+        hits = (ids == target[None, :]) & mask
+        return hits.float().sum(dim=1) / k
+
+
+def make_target_string_vector(
+    num_envs: int = 1,
+    group_size: int = 1,
+    target: str = "hello",
+    prompt: str = "say hello:",
+    max_new_tokens: int | None = None,
+    reward_mode: RewardMode = "bandit",
+    unfinished: Unfinished = "score",
+    autoreset: bool = False,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    device: torch.device | str = "cpu",
+) -> TokenVectorEnv:
+    """The native vector env (``gymnasium.make_vec("lmgym/TargetString-v0", num_envs=...)``).
+
+    Args:
+        num_envs: ``num_prompts * group_size`` rows; must be a multiple of ``group_size``.
+        group_size: completions per prompt (e.g. 8 for GRPO).
+        target: the string to reproduce.
+        prompt: the single prompt.
+        max_new_tokens: token budget (default ``len(target)`` tokens).
+        tokenizer: default the built-in character tokenizer.
+    """
+    if num_envs % group_size != 0:
+        raise ValueError(
+            f"num_envs={num_envs} is not a multiple of group_size={group_size}; "
+            "num_envs = num_prompts * group_size"
+        )
+    tokenizer = tokenizer or make_char_tokenizer()
+    target_ids = torch.tensor(tokenizer(target, add_special_tokens=False)["input_ids"])
+    return TokenVectorEnv(
+        tokenizer,
+        [prompt],
+        TargetMatchReward(target_ids),
+        num_prompts=num_envs // group_size,
+        group_size=group_size,
+        max_new_tokens=max_new_tokens or len(target_ids),
+        reward_mode=reward_mode,
+        unfinished=unfinished,
+        autoreset=autoreset,
+        device=device,
+    )
+
+
+def make_target_string(
+    target: str = "hello",
+    prompt: str = "say hello:",
+    max_new_tokens: int | None = None,
+    reward_mode: RewardMode = "bandit",
+    unfinished: Unfinished = "score",
+    tokenizer: PreTrainedTokenizerBase | None = None,
+) -> TokenEnv:
+    """The single env (``gymnasium.make("lmgym/TargetString-v0")``): numpy observations."""
+    return TokenEnv(
+        make_target_string_vector(
+            1,
+            1,
+            target=target,
+            prompt=prompt,
+            max_new_tokens=max_new_tokens,
+            reward_mode=reward_mode,
+            unfinished=unfinished,
+            tokenizer=tokenizer,
+        )
+    )

@@ -1,0 +1,300 @@
+"""``CausalLMPolicy``: any transformers causal LM as an lmgym policy.
+
+Two faces:
+
+- ``act`` (rollout time, no grad): reads the env's observation, feeds the model
+  only what its KV cache has not seen (the whole prompt once, then one token per
+  step), and samples the next token of every row at once. The cache is the
+  policy's recurrent state (``PolicyState``), like an RNN's hidden state; the env
+  owns the text.
+- ``logprobs`` (learner time): a teacher-forced pass that recomputes per-token
+  log-probs and entropies of given sequences, chunked so a float32 ``[B, L, V]``
+  log-softmax is never held at once.
+
+Invariant under test: on the same sequences, ``act``'s sampler log-probs equal
+``logprobs`` (float32, no top-k/top-p, same temperature).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor, nn
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    DynamicCache,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from lmgym.policy.logprobs import token_logprobs
+from lmgym.policy.sampling import sample_tokens
+
+if TYPE_CHECKING:
+    from lmgym.envs.token_env import TokenVectorEnv
+
+
+@dataclass
+class PolicyState:
+    """The policy's recurrent state across ``act`` calls: a KV cache over ``N`` rows.
+
+    Cache column ``c`` of row ``i`` is real iff ``cache_mask[i, c]``; cache columns
+    are not buffer columns (a rebuilt cache is packed differently), so positions
+    are tracked explicitly.
+
+    Attributes:
+        cache: the transformers KV cache (``C`` columns).
+        cache_mask: ``[N, C] bool``.
+        positions: ``[N] int64`` position id of the next token fed for each row.
+        last_col: ``[N] int64`` last observation column the cache has seen.
+    """
+
+    cache: DynamicCache
+    cache_mask: Tensor
+    positions: Tensor
+    last_col: Tensor
+
+
+def _context_length(model: PreTrainedModel) -> int | None:
+    return getattr(model.config, "max_position_embeddings", None)
+
+
+class CausalLMPolicy(nn.Module):
+    """A transformers causal LM with a sampler and a teacher-forced log-prob pass.
+
+    Args:
+        model: Any ``AutoModelForCausalLM`` whose output layer is a linear head
+            (``get_output_embeddings()``) on its trunk (``base_model``).
+        tokenizer: The model's tokenizer; ``len(tokenizer)`` ids are sampled from
+            (extra embedding rows of a padded vocabulary are never sampled).
+        temperature: Sampling temperature (> 0); log-probs use the same one.
+        top_k: Keep only the ``k`` most likely ids when sampling (``None``: all).
+        top_p: Nucleus sampling mass (``None``: no filter). With top-k/top-p the
+            sampler log-probs are those of the filtered distribution, so they differ
+            from the learner's: the learner-sampler mismatch TIS corrects.
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+    ) -> None:
+        super().__init__()
+        if temperature <= 0:
+            raise ValueError(f"temperature={temperature}: must be > 0")
+        if top_p is not None and not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p={top_p}: must be in (0, 1]")
+        if top_k is not None and top_k < 0:
+            raise ValueError(f"top_k={top_k}: must be >= 0 (0 or None disables it)")
+        head = model.get_output_embeddings()
+        if not isinstance(head, nn.Linear):
+            raise TypeError(
+                f"model: expected a linear output layer, got {type(head).__name__}; "
+                "lmgym applies the head itself to avoid materialising full logits"
+            )
+        for attr in ("final_logit_softcapping", "logit_scale"):
+            if getattr(model.config, attr, None) not in (None, 1.0):
+                raise NotImplementedError(
+                    f"model.config.{attr}={getattr(model.config, attr)}: logit post-processing "
+                    "after the head is not supported yet"
+                )
+        self.vocab_size = len(tokenizer)
+        if self.vocab_size > head.out_features:
+            raise ValueError(
+                f"tokenizer has {self.vocab_size} ids but the model's output layer has "
+                f"{head.out_features}: pass the tokenizer the model was trained with, or "
+                "call model.resize_token_embeddings(len(tokenizer)) before training"
+            )
+        if tokenizer.pad_token_id is None:
+            if tokenizer.eos_token_id is None:
+                raise ValueError("tokenizer: needs a pad or an eos token")
+            tokenizer.pad_token = tokenizer.eos_token
+        self.model = model
+        self.tokenizer = tokenizer
+        self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
+        params = inspect.signature(model.base_model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+
+    # -------------------------------------------------------------- loading
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str | Path,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+    ) -> CausalLMPolicy:
+        """Load model and tokenizer from a hub name or a local directory."""
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype)
+        return cls(model.to(device).eval(), tokenizer, temperature, top_k, top_p)
+
+    def save_pretrained(self, path: str | Path) -> None:
+        """Write model and tokenizer so ``from_pretrained(path)`` restores them."""
+        self.model.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def context_length(self) -> int | None:
+        return _context_length(self.model)
+
+    def check_env(self, env: TokenVectorEnv) -> None:
+        """Fail early, with the field to change, if this policy cannot drive ``env``."""
+        if env.vocab_size != self.vocab_size or env.tokenizer.get_vocab() != self.tokenizer.get_vocab():
+            raise ValueError(
+                f"env tokenizer ({env.vocab_size} ids) differs from the policy's "
+                f"({self.vocab_size} ids); build the env with the policy's tokenizer"
+            )
+        ctx = self.context_length
+        if ctx is not None and env.seq_len > ctx:
+            raise ValueError(
+                f"max_prompt_length + max_new_tokens = {env.prompt_width} + "
+                f"{env.max_new_tokens} = {env.seq_len} exceeds the model's context of "
+                f"{ctx} tokens; lower max_new_tokens or use shorter prompts"
+            )
+
+    # --------------------------------------------------------------- pieces
+    def _head(self) -> tuple[Tensor, Tensor | None]:
+        """The LM head restricted to the tokenizer's ids: ``([V, H], [V] | None)``."""
+        head = self.model.get_output_embeddings()
+        bias = head.bias[: self.vocab_size] if head.bias is not None else None
+        return head.weight[: self.vocab_size], bias
+
+    def hidden_states(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        position_ids: Tensor,
+        cache: DynamicCache | None = None,
+    ) -> Tensor:
+        """Final hidden states of the trunk: ``[N, S, H]`` for ``[N, S]`` inputs."""
+        kwargs = {self._cache_kwarg: cache, "use_cache": cache is not None}
+        out = self.model.base_model(
+            input_ids=input_ids,
+            attention_mask=attention_mask.long(),
+            position_ids=position_ids,
+            **kwargs,
+        )
+        return out.last_hidden_state
+
+    def next_token_logits(self, hidden: Tensor) -> Tensor:
+        """``[N, H]`` hidden -> ``[N, V] float32`` logits over the tokenizer's ids."""
+        weight, bias = self._head()
+        return torch.nn.functional.linear(hidden, weight, bias).float()
+
+    # ------------------------------------------------------------------ act
+    def _prefill(self, ids: Tensor, mask: Tensor, last_col: Tensor) -> tuple[Tensor, PolicyState]:
+        """Feed every row's text up to its last real column into a fresh cache."""
+        width = int(last_col.max()) + 1
+        ids, mask = ids[:, :width], mask[:, :width]
+        positions = (mask.long().cumsum(1) - 1).clamp(min=0)
+        cache = DynamicCache(config=self.model.config)
+        hidden = self.hidden_states(ids, mask, positions, cache)
+        rows = torch.arange(ids.shape[0], device=ids.device)
+        state = PolicyState(cache, mask, mask.sum(1), last_col)
+        return hidden[rows, last_col], state
+
+    def _decode(self, ids: Tensor, last_col: Tensor, state: PolicyState) -> tuple[Tensor, PolicyState]:
+        """Feed the one new column of every row that advanced; others feed a masked pad."""
+        advanced = last_col > state.last_col
+        tokens = ids.gather(1, last_col[:, None])
+        cache_mask = torch.cat([state.cache_mask, advanced[:, None]], dim=1)
+        hidden = self.hidden_states(tokens, cache_mask, state.positions[:, None], state.cache)
+        new_state = PolicyState(
+            state.cache, cache_mask, state.positions + advanced.long(), torch.maximum(last_col, state.last_col)
+        )
+        return hidden[:, 0], new_state
+
+    @torch.no_grad()
+    def act(
+        self,
+        obs: dict[str, Tensor],
+        state: PolicyState | None = None,
+        episode_starts: Tensor | None = None,
+        generator: torch.Generator | None = None,
+    ) -> tuple[Tensor, Tensor, PolicyState]:
+        """Sample the next token of every row.
+
+        Args:
+            obs: the env's observation, ``input_ids [N, S] int64`` and
+                ``attention_mask [N, S] bool``; each row's last real column is the
+                newest token.
+            state: the state returned by the previous call (``None`` at a batch start).
+            episode_starts: ``[N] bool`` rows whose episode restarted since the last
+                call (next-step autoreset); the cache is rebuilt when any row did.
+            generator: RNG for sampling.
+
+        Returns:
+            ``(actions [N] int64, sampler_logprobs [N] float32, new_state)``.
+        """
+        ids = obs["input_ids"].to(self.device)
+        mask = obs["attention_mask"].to(self.device).bool()
+        columns = torch.arange(ids.shape[1], device=ids.device)
+        last_col = (mask.long() * columns).argmax(dim=1)
+        rebuild = state is None
+        if not rebuild:
+            if episode_starts is not None:
+                rebuild = bool(episode_starts.any())
+            # A row that moved by more than one column (or back) cannot be extended.
+            step = last_col - state.last_col
+            rebuild = rebuild or bool(((step < 0) | (step > 1)).any())
+        if rebuild:
+            # Correct but refeeds every row; refilling only restarted rows is an
+            # optimisation left for continuous batching.
+            hidden, state = self._prefill(ids, mask, last_col)
+        else:
+            hidden, state = self._decode(ids, last_col, state)
+        actions, logprobs = sample_tokens(
+            self.next_token_logits(hidden), self.temperature, self.top_k, self.top_p, generator
+        )
+        return actions, logprobs, state
+
+    # ------------------------------------------------------------- learner
+    def logprobs(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        num_targets: int,
+        with_entropy: bool = True,
+        chunk_size: int | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """Teacher-forced log-probs of the last ``num_targets`` columns.
+
+        Args:
+            input_ids: ``[B, S] int64`` prompt then completion (e.g.
+                ``RolloutBatch.input_ids()``).
+            attention_mask: ``[B, S] bool``; padding may sit anywhere.
+            num_targets: ``L``; the targets are ``input_ids[:, S-L:]``.
+
+        Returns:
+            ``(logprobs [B, L] float32, entropy [B, L] float32)`` at the sampling
+            temperature; values at padded targets are meaningless (mask them).
+        """
+        hidden = self.sequence_hidden(input_ids, attention_mask, num_targets)
+        weight, bias = self._head()
+        targets = input_ids[:, input_ids.shape[1] - num_targets :]
+        return token_logprobs(
+            hidden, weight, bias, targets, self.temperature, with_entropy, chunk_size
+        )
+
+    def sequence_hidden(self, input_ids: Tensor, attention_mask: Tensor, num_targets: int) -> Tensor:
+        """Hidden states that predict the last ``num_targets`` columns: ``[B, L, H]``."""
+        mask = attention_mask.bool()
+        positions = (mask.long().cumsum(1) - 1).clamp(min=0)
+        hidden = self.hidden_states(input_ids, mask, positions)
+        s = input_ids.shape[1]
+        return hidden[:, s - num_targets - 1 : s - 1]

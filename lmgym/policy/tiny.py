@@ -1,0 +1,120 @@
+"""Tiny causal LMs and a character-level tokenizer, built locally with no download.
+
+Tests, examples and the default demo use these instead of a hub model. They go
+through the real transformers path: ``save_tiny`` writes a directory with
+``save_pretrained`` and ``CausalLMPolicy.from_pretrained`` reads it back exactly
+as it would read a hub checkpoint.
+"""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedModel, PreTrainedTokenizerFast
+
+PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
+DEFAULT_CHARS = string.ascii_lowercase + string.digits + " +-*=:.,?!"
+
+
+def make_char_tokenizer(
+    chars: str = DEFAULT_CHARS, pad_equals_eos: bool = False
+) -> PreTrainedTokenizerFast:
+    """A character-level tokenizer made with the ``tokenizers`` library.
+
+    Ids: ``<pad>`` = 0, ``<eos>`` = 1, ``<unk>`` = 2, then one id per character of
+    ``chars`` in order. Decoding concatenates characters without spaces.
+
+    Args:
+        chars: The characters of the vocabulary (duplicates are an error).
+        pad_equals_eos: Use ``<eos>`` as the pad token too (pad id == eos id), as
+            many real tokenizers do; there is then no separate ``<pad>`` entry.
+    """
+    if len(set(chars)) != len(chars):
+        raise ValueError("chars: contains duplicate characters; pass each character once")
+    specials = [EOS, UNK] if pad_equals_eos else [PAD, EOS, UNK]
+    vocab = {tok: i for i, tok in enumerate(specials)}
+    for c in chars:
+        vocab[c] = len(vocab)
+    backend = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token=EOS if pad_equals_eos else PAD,
+        eos_token=EOS,
+        unk_token=UNK,
+        padding_side="left",
+    )
+
+
+def make_tiny_model(
+    vocab_size: int,
+    n_layer: int = 2,
+    n_embd: int = 64,
+    n_head: int = 4,
+    n_positions: int = 256,
+    seed: int = 0,
+    eos_token_id: int | None = None,
+    pad_token_id: int | None = None,
+) -> PreTrainedModel:
+    """A small GPT-2 built from a config, float32, in eval mode, deterministic under ``seed``.
+
+    Args:
+        vocab_size: Number of token ids; pass ``len(tokenizer)``.
+        n_layer, n_embd, n_head, n_positions: GPT-2 shape (``n_positions`` is the
+            context length: prompt plus completion must fit in it).
+        seed: Seed of the weight initialisation.
+    """
+    config = GPT2Config(
+        vocab_size=vocab_size,
+        n_positions=n_positions,
+        n_embd=n_embd,
+        n_layer=n_layer,
+        n_head=n_head,
+        eos_token_id=eos_token_id,
+        bos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
+        # No dropout: RL fine-tuning needs the learner's log-probs to match the sampler's.
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = GPT2LMHeadModel(config)
+    return model.eval()
+
+
+def save_tiny(
+    path: str | Path,
+    chars: str = DEFAULT_CHARS,
+    pad_equals_eos: bool = False,
+    n_layer: int = 2,
+    n_embd: int = 64,
+    n_head: int = 4,
+    n_positions: int = 256,
+    seed: int = 0,
+) -> Path:
+    """Build a tiny model and tokenizer and ``save_pretrained`` both into ``path``.
+
+    The directory is then loadable with ``CausalLMPolicy.from_pretrained(path)``
+    or ``AutoModelForCausalLM.from_pretrained(path)``.
+    """
+    path = Path(path)
+    tokenizer = make_char_tokenizer(chars, pad_equals_eos=pad_equals_eos)
+    model = make_tiny_model(
+        len(tokenizer),
+        n_layer=n_layer,
+        n_embd=n_embd,
+        n_head=n_head,
+        n_positions=n_positions,
+        seed=seed,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path

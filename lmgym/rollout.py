@@ -1,0 +1,190 @@
+"""The one place the env/policy loop lives: drive ``reset``/``step`` and build a ``RolloutBatch``.
+
+- ``collect(env, policy)``: episode-synchronous (``autoreset=False``) batches: reset
+  every row, step all rows at once until every row is done, return the batch.
+- ``ContinuousCollector``: next-step autoreset (continuous batching): the env keeps
+  running across calls, finished rows are refilled at once, and ``collect`` returns
+  the first ``num_groups`` groups whose ``group_size`` completions have all ended.
+  Episodes of groups still in flight carry over to the next call; their sampler
+  log-probs record the policy that actually sampled them, so the ratio/TIS
+  corrections see the staleness.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from lmgym.envs.token_env import TokenVectorEnv
+from lmgym.policy.causal_lm import CausalLMPolicy, PolicyState
+from lmgym.types import RolloutBatch
+
+
+def _make_generator(seed: int | None, device: torch.device) -> torch.Generator | None:
+    if seed is None:
+        return None
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed)
+    return generator
+
+
+def _episodes(
+    env: TokenVectorEnv,
+    obs: dict[str, Tensor],
+    info: dict[str, Tensor],
+    rows: Tensor,
+    sampler_logprobs: Tensor,
+    rewards: Tensor,
+    terminated: Tensor,
+    truncated: Tensor,
+) -> RolloutBatch:
+    """A ``RolloutBatch`` of the finished episodes in ``rows``, read from the env's final obs."""
+    lp = env.prompt_width
+    ids, mask = obs["input_ids"][rows], obs["attention_mask"][rows]
+    completion_mask = mask[:, lp:]
+    lengths = completion_mask.sum(dim=1)
+    columns = torch.arange(env.max_new_tokens, device=ids.device)
+    return RolloutBatch(
+        prompt_ids=ids[:, :lp],
+        prompt_mask=mask[:, :lp],
+        completion_ids=ids[:, lp:],
+        completion_mask=completion_mask,
+        sampler_logprobs=sampler_logprobs[rows] * completion_mask,
+        rewards=rewards[rows] * completion_mask,
+        dones=columns[None, :] == (lengths - 1)[:, None],
+        group_ids=info["group_id"][rows],
+        prompt_index=info["prompt_index"][rows],
+        lengths=lengths,
+        terminated=terminated[rows],
+        truncated=truncated[rows],
+        valid=info["valid"][rows],
+    )
+
+
+def collect(
+    env: TokenVectorEnv,
+    policy: CausalLMPolicy,
+    *,
+    seed: int | None = None,
+    generator: torch.Generator | None = None,
+) -> RolloutBatch:
+    """Roll out one episode-synchronous batch of ``env.num_envs`` completions.
+
+    Args:
+        env: a ``TokenVectorEnv`` with ``autoreset=False``.
+        policy: samples all rows at once, keeping a KV cache across steps.
+        seed: seeds both the env's prompt stream and (if ``generator`` is None) the
+            sampler, so the same seed gives an identical batch.
+        generator: sampler RNG, on the policy's device.
+
+    Returns:
+        ``RolloutBatch`` with ``B = env.num_envs`` rows and ``L = env.max_new_tokens``.
+    """
+    if env.autoreset:
+        raise ValueError(
+            "env: collect() needs an episode-synchronous env (autoreset=False); "
+            "use ContinuousCollector for autoreset envs"
+        )
+    policy.check_env(env)
+    if generator is None:
+        generator = _make_generator(seed, policy.device)
+    obs, info = env.reset(seed=seed)
+    n, length = env.num_envs, env.max_new_tokens
+    sampler_logprobs = torch.zeros(n, length, device=env.device)
+    rewards = torch.zeros(n, length, device=env.device)
+    done = torch.zeros(n, dtype=torch.bool, device=env.device)
+    state: PolicyState | None = None
+    for t in range(length):
+        actions, logprobs, state = policy.act(obs, state, generator=generator)
+        obs, reward, terminated, truncated, info = env.step(actions.to(env.device))
+        # Rows finished before this step ignored their action: record nothing for them.
+        sampler_logprobs[:, t] = torch.where(done, 0.0, logprobs.to(env.device))
+        rewards[:, t] = torch.where(done, 0.0, reward)
+        done = terminated | truncated
+        if bool(done.all()):
+            break
+    rows = torch.arange(n, device=env.device)
+    return _episodes(env, obs, info, rows, sampler_logprobs, rewards, terminated, truncated)
+
+
+def concat_batches(batches: list[RolloutBatch]) -> RolloutBatch:
+    """Stack batches row-wise (same ``Lp`` and ``L``)."""
+    fields = RolloutBatch.__dataclass_fields__
+    return RolloutBatch(**{f: torch.cat([getattr(b, f) for b in batches]) for f in fields})
+
+
+class ContinuousCollector:
+    """Continuous batching over a next-step-autoreset ``TokenVectorEnv``.
+
+    Args:
+        env: a ``TokenVectorEnv`` with ``autoreset=True``.
+        policy: the sampling policy.
+        seed: seeds the env's prompt stream (first reset) and the sampler.
+    """
+
+    def __init__(self, env: TokenVectorEnv, policy: CausalLMPolicy, seed: int | None = None):
+        if not env.autoreset:
+            raise ValueError("env: ContinuousCollector needs an env built with autoreset=True")
+        policy.check_env(env)
+        self.env, self.policy = env, policy
+        self.generator = _make_generator(seed, policy.device)
+        self._obs, self._info = env.reset(seed=seed)
+        n, length = env.num_envs, env.max_new_tokens
+        self._logprobs = torch.zeros(n, length, device=env.device)
+        self._rewards = torch.zeros(n, length, device=env.device)
+        self._restarting = torch.zeros(n, dtype=torch.bool, device=env.device)
+        self._pool: list[RolloutBatch] = []
+        self.tokens_generated = 0
+
+    def _pooled(self) -> RolloutBatch | None:
+        if not self._pool:
+            return None
+        pooled = concat_batches(self._pool)
+        self._pool = [pooled]
+        return pooled
+
+    def _complete_groups(self) -> Tensor:
+        """Group ids (sorted) whose every completion has ended."""
+        pooled = self._pooled()
+        if pooled is None:
+            return torch.empty(0, dtype=torch.long)
+        groups, counts = torch.unique(pooled.group_ids, return_counts=True)
+        return groups[counts == self.env.group_size]
+
+    def collect(self, num_groups: int) -> RolloutBatch:
+        """Step the env until ``num_groups`` whole groups have ended; return them.
+
+        Returns:
+            ``RolloutBatch`` of ``num_groups * group_size`` rows, ordered by group id.
+        """
+        env = self.env
+        # Weights may have changed since the last call: rebuild the cache once.
+        state: PolicyState | None = None
+        while self._complete_groups().numel() < num_groups:
+            actions, logprobs, state = self.policy.act(
+                self._obs, state, episode_starts=self._restarting, generator=self.generator
+            )
+            column = self._info["length"].clamp(max=env.max_new_tokens - 1)
+            live = ~self._restarting
+            write = (torch.arange(env.max_new_tokens, device=env.device) == column[:, None]) & live[:, None]
+            obs, reward, terminated, truncated, info = env.step(actions.to(env.device))
+            self._logprobs = torch.where(write, logprobs.to(env.device)[:, None], self._logprobs)
+            self._rewards = torch.where(write, reward[:, None], self._rewards)
+            self.tokens_generated += int(live.sum())
+            finished = terminated | truncated
+            rows = finished.nonzero().squeeze(1)
+            if rows.numel() > 0:
+                self._pool.append(
+                    _episodes(env, obs, info, rows, self._logprobs, self._rewards, terminated, truncated)
+                )
+            # Finished rows restart next step: clear their per-episode buffers now.
+            self._logprobs = self._logprobs * ~finished[:, None]
+            self._rewards = self._rewards * ~finished[:, None]
+            self._restarting = finished
+            self._obs, self._info = obs, info
+        pooled = self._pooled()
+        chosen = self._complete_groups()[:num_groups]
+        take = torch.isin(pooled.group_ids, chosen)
+        self._pool = [pooled.select(~take)]
+        batch = pooled.select(take)
+        return batch.select(torch.argsort(batch.group_ids, stable=True))

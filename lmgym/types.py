@@ -1,0 +1,153 @@
+"""The records that flow through lmgym and the protocols users plug in.
+
+Data flow: a ``PromptSource`` feeds the env; the env's ``RewardModel`` scores
+completions inside ``step``; ``lmgym.rollout.collect`` drives env and policy and
+returns one ``RolloutBatch``; agents read only that batch, never ``info``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
+from functools import cached_property
+from typing import Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class RolloutBatch:
+    """One batch of finished episodes, batch-major.
+
+    ``B`` rows = ``P`` prompts x ``G`` completions; ``Lp`` = longest prompt (left
+    padded); ``L`` = ``max_new_tokens`` of the run. Completion token ``t`` of row
+    ``i`` sits at ``completion_ids[i, t]``; position ``t`` is real iff
+    ``completion_mask[i, t]``.
+
+    Attributes:
+        prompt_ids: ``[B, Lp] int64`` left-padded prompt ids.
+        prompt_mask: ``[B, Lp] bool`` True on real prompt tokens.
+        completion_ids: ``[B, L] int64`` sampled ids, pad id after the last token.
+        completion_mask: ``[B, L] bool`` True on real completion tokens, the
+            terminating EOS included.
+        sampler_logprobs: ``[B, L] float32`` log-prob of each sampled token under
+            the sampling distribution (``lp_s`` in ALGORITHMS.md); 0 on padding.
+        rewards: ``[B, L] float32`` reward of each step as returned by ``env.step``
+            (bandit mode: nonzero only at the last token); 0 on padding.
+        dones: ``[B, L] bool`` True at each row's last completion token.
+        group_ids: ``[B] int64`` one id per drawn prompt instance, shared by its
+            ``G`` completions (never inferred from prompt text or row order).
+        prompt_index: ``[B] int64`` index of the prompt in the prompt source.
+        lengths: ``[B] int64`` number of completion tokens (``T_i``).
+        terminated: ``[B] bool`` ended on a stop id.
+        truncated: ``[B] bool`` cut at ``max_new_tokens`` without a stop id.
+        valid: ``[B] bool`` False for rows the env's unfinished-completion policy
+            ``"mask"`` dropped from the loss.
+    """
+
+    prompt_ids: Tensor
+    prompt_mask: Tensor
+    completion_ids: Tensor
+    completion_mask: Tensor
+    sampler_logprobs: Tensor
+    rewards: Tensor
+    dones: Tensor
+    group_ids: Tensor
+    prompt_index: Tensor
+    lengths: Tensor
+    terminated: Tensor
+    truncated: Tensor
+    valid: Tensor
+
+    @property
+    def batch_size(self) -> int:
+        return self.completion_ids.shape[0]
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self.completion_ids.shape[1]
+
+    @property
+    def scores(self) -> Tensor:
+        """``[B] float32`` episode return without discount: the sum of step rewards."""
+        return self.rewards.sum(dim=1)
+
+    def input_ids(self) -> tuple[Tensor, Tensor]:
+        """Prompt and completion joined for a teacher-forced pass.
+
+        Returns:
+            ``(ids [B, Lp + L] int64, attention_mask [B, Lp + L] bool)``.
+        """
+        ids = torch.cat([self.prompt_ids, self.completion_ids], dim=1)
+        mask = torch.cat([self.prompt_mask, self.completion_mask], dim=1)
+        return ids, mask
+
+    def select(self, rows: Tensor) -> RolloutBatch:
+        """The sub-batch of the given rows (``[b] int64`` indices or ``[B] bool`` mask)."""
+        return RolloutBatch(**{f.name: getattr(self, f.name)[rows] for f in fields(self)})
+
+    def to(self, device: torch.device | str) -> RolloutBatch:
+        return RolloutBatch(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
+
+
+class RewardInput:
+    """What a reward model sees for ``N`` rows at one scoring call.
+
+    Completion text is decoded only if a reward model reads ``completions``, so
+    token-level reward models pay nothing for text.
+
+    Attributes:
+        prompt_ids: ``[N, Lp] int64`` left-padded prompts.
+        prompt_mask: ``[N, Lp] bool``.
+        completion_ids: ``[N, T] int64`` completions so far (right-padded).
+        completion_mask: ``[N, T] bool``.
+        prompts: the prompt strings as given by the prompt source, ``N`` of them.
+        prompt_index: ``[N] int64`` index of each prompt in the prompt source
+            (lets a task look up per-prompt data such as a reference answer).
+        finished: ``[N] bool`` True where the completion has ended (stop id or budget).
+    """
+
+    def __init__(
+        self,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        completion_ids: Tensor,
+        completion_mask: Tensor,
+        prompts: Sequence[str],
+        prompt_index: Tensor,
+        finished: Tensor,
+        decode: Callable[[Tensor], list[str]],
+    ) -> None:
+        self.prompt_ids = prompt_ids
+        self.prompt_mask = prompt_mask
+        self.completion_ids = completion_ids
+        self.completion_mask = completion_mask
+        self.prompts = prompts
+        self.prompt_index = prompt_index
+        self.finished = finished
+        self._decode = decode
+
+    @cached_property
+    def completions(self) -> list[str]:
+        """Decoded completion strings, special tokens (EOS, padding) skipped."""
+        return self._decode(self.completion_ids)
+
+    def __len__(self) -> int:
+        return self.completion_ids.shape[0]
+
+
+@runtime_checkable
+class RewardModel(Protocol):
+    """Scores whole completions: ``[N]`` float rewards, one per row of the input."""
+
+    def __call__(self, batch: RewardInput) -> Tensor | Sequence[float]: ...
+
+
+@runtime_checkable
+class PromptSource(Protocol):
+    """A finite, indexable collection of prompt strings."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> str: ...
