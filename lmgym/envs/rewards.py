@@ -157,7 +157,9 @@ class TokenModuleReward:
     (or ``[N, 1]``) scores.
     """
 
-    def __init__(self, module: torch.nn.Module | Callable[[Tensor, Tensor], Tensor], name: str | None = None):
+    def __init__(
+        self, module: torch.nn.Module | Callable[[Tensor, Tensor], Tensor], name: str | None = None
+    ):
         self.module = module
         self.name = name or type(module).__name__
 

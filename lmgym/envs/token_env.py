@@ -241,7 +241,9 @@ class TokenVectorEnv(VectorEnv):
             (k, self.max_new_tokens), self.pad_token_id, dtype=torch.long, device=self.device
         )
         new_ids = torch.cat([table.ids[prompt_index], completion_pad], dim=1)
-        new_mask = torch.cat([table.mask[prompt_index], torch.zeros_like(completion_pad, dtype=torch.bool)], dim=1)
+        new_mask = torch.cat(
+            [table.mask[prompt_index], torch.zeros_like(completion_pad, dtype=torch.bool)], dim=1
+        )
 
         def put(t: Tensor, values: Tensor) -> Tensor:
             return t.index_put((rows,), values)
@@ -259,9 +261,12 @@ class TokenVectorEnv(VectorEnv):
         self._group_ids = put(self._group_ids, group_ids)
         self._prompt_index = put(self._prompt_index, prompt_index)
         potential = torch.zeros(k, device=self.device)
-        if self.reward_mode == "per_token" and self.per_token_form == "potential":
-            if self.center_potential:
-                potential = self._score(rows, self._ids, self._mask, self._done[rows])
+        if (
+            self.reward_mode == "per_token"
+            and self.per_token_form == "potential"
+            and self.center_potential
+        ):
+            potential = self._score(rows, self._ids, self._mask, self._done[rows])
         self._potential = put(self._potential, potential)
 
     # ------------------------------------------------------------------- reset

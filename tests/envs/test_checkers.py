@@ -1,0 +1,37 @@
+"""The single env passes Gymnasium's checker; the vector env declares proper spaces."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.utils.env_checker import check_env
+
+import lmgym  # noqa: F401
+
+
+def test_single_env_passes_gymnasium_check_env():
+    env = gym.make("lmgym/TargetString-v0")
+    check_env(env.unwrapped, skip_render_check=True)
+
+
+def test_single_env_episode_follows_the_gymnasium_contract():
+    env = gym.make("lmgym/TargetString-v0", target="hi", prompt="say hi:")
+    obs, info = env.reset(seed=0)
+    assert set(info) >= {"group_id", "prompt_index", "prompt_length"}
+    h, i = (env.unwrapped.vector_env.tokenizer.convert_tokens_to_ids(c) for c in "hi")
+    obs, reward, terminated, truncated, _ = env.step(h)
+    assert (reward, terminated, truncated) == (0.0, False, False)
+    obs, reward, terminated, truncated, _ = env.step(np.int64(i))
+    assert (reward, terminated, truncated) == (1.0, False, True)
+    assert env.unwrapped.decode(obs) == "say hi:hi"
+    assert env.observation_space.contains(obs)
+
+
+def test_vector_spaces_are_batched_single_spaces():
+    env = gym.make_vec("lmgym/TargetString-v0", num_envs=4)
+    assert env.observation_space["input_ids"].shape == (4, env.seq_len)
+    assert env.action_space.shape == (4,)
+    assert env.single_action_space.n == env.vocab_size
+    obs, _ = env.reset(seed=0)
+    numpy_obs = {k: v.numpy().astype(env.single_observation_space[k].dtype) for k, v in obs.items()}
+    assert env.observation_space.contains(numpy_obs)

@@ -1,0 +1,173 @@
+"""CausalLMPolicy: KV-cached sampling equals teacher forcing; loading; sampling filters."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from lmgym.envs import TokenVectorEnv
+from lmgym.policy import CausalLMPolicy, make_char_tokenizer, make_tiny_model, save_tiny
+from lmgym.policy.logprobs import token_logprobs
+from lmgym.policy.sampling import filter_logits, sample_tokens
+from lmgym.rollout import ContinuousCollector, collect
+
+
+def teacher_forced(policy, batch):
+    ids, mask = batch.input_ids()
+    with torch.no_grad():
+        lp, _ = policy.logprobs(ids, mask, batch.max_new_tokens)
+    return lp * batch.completion_mask
+
+
+def test_cached_sampler_logprobs_equal_teacher_forced(make_env, make_eos_policy, tokenizer):
+    policy = make_eos_policy(tokenizer)
+    env = make_env(
+        prompts=["ab", "hello there", "x"], num_prompts=3, group_size=4, max_new_tokens=12
+    )
+    batch = collect(env, policy, seed=0)
+    assert batch.lengths.min() < batch.lengths.max()  # ragged: rows stopped at different steps
+    diff = (teacher_forced(policy, batch) - batch.sampler_logprobs).abs().max().item()
+    assert diff < 1e-4
+
+
+def test_eos_keeps_logprob_and_mask_when_pad_equals_eos(make_env, make_eos_policy):
+    tokenizer = make_char_tokenizer(pad_equals_eos=True)
+    assert tokenizer.pad_token_id == tokenizer.eos_token_id
+    policy = make_eos_policy(tokenizer)
+    env = make_env(
+        prompts=["ab", "cd"], num_prompts=2, group_size=4, max_new_tokens=10, tokenizer=tokenizer
+    )
+    batch = collect(env, policy, seed=0)
+    ended = batch.terminated.nonzero().squeeze(1)
+    assert ended.numel() > 0
+    last = batch.lengths[ended] - 1
+    assert (batch.completion_ids[ended, last] == tokenizer.eos_token_id).all()
+    assert batch.completion_mask[ended, last].all()
+    assert (batch.sampler_logprobs[ended, last] < 0).all()  # a real log-prob, not masked to 0
+    diff = (teacher_forced(policy, batch) - batch.sampler_logprobs).abs().max().item()
+    assert diff < 1e-4
+
+
+def test_continuous_batching_logprobs_equal_teacher_forced(make_env, make_eos_policy, tokenizer):
+    policy = make_eos_policy(tokenizer)
+    env = make_env(
+        prompts=["ab", "xyz", "q"], num_prompts=2, group_size=3, max_new_tokens=8, autoreset=True
+    )
+    collector = ContinuousCollector(env, policy, seed=0)
+    for _ in range(2):
+        batch = collector.collect(num_groups=3)
+        assert batch.batch_size == 9
+        _, counts = torch.unique(batch.group_ids, return_counts=True)
+        assert (counts == 3).all()
+        diff = (teacher_forced(policy, batch) - batch.sampler_logprobs).abs().max().item()
+        assert diff < 1e-4
+
+
+def test_group_samples_are_drawn_independently(make_env, policy):
+    env = make_env(prompts=["ab"], num_prompts=1, group_size=16, max_new_tokens=4)
+    batch = collect(env, policy, seed=0)
+    # A sampler that drew once per prompt and copied it would give 1 distinct row.
+    assert len({tuple(r) for r in batch.completion_ids.tolist()}) > 12
+    assert len(set(batch.completion_ids[:, 0].tolist())) > 5
+
+
+def test_from_pretrained_round_trips_a_local_directory(tmp_path):
+    path = save_tiny(tmp_path / "tiny", n_layer=1, seed=3)
+    loaded = CausalLMPolicy.from_pretrained(path)
+    tokenizer = make_char_tokenizer()
+    reference = make_tiny_model(
+        len(tokenizer),
+        n_layer=1,
+        seed=3,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    assert loaded.tokenizer.get_vocab() == tokenizer.get_vocab()
+    ids = torch.tensor([tokenizer("hello", add_special_tokens=False)["input_ids"]])
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.model(ids).logits, reference(ids).logits)
+    assert isinstance(AutoModelForCausalLM.from_pretrained(path), type(reference))
+
+
+def test_chunked_logprobs_match_a_full_log_softmax_with_gradient():
+    torch.manual_seed(0)
+    hidden = torch.randn(3, 7, 8, requires_grad=True)
+    weight = torch.randn(11, 8, requires_grad=True)
+    targets = torch.randint(0, 11, (3, 7))
+    full = (hidden @ weight.T / 0.7).log_softmax(-1)
+    expected = full.gather(-1, targets[..., None]).squeeze(-1)
+    expected_entropy = -(full.exp() * full).sum(-1)
+    lp, ent = token_logprobs(hidden, weight, None, targets, temperature=0.7, chunk_size=2)
+    torch.testing.assert_close(lp, expected)
+    torch.testing.assert_close(ent, expected_entropy)
+    g_chunked = torch.autograd.grad(lp.sum() + ent.sum(), (hidden, weight))
+    g_full = torch.autograd.grad(expected.sum() + expected_entropy.sum(), (hidden, weight))
+    for a, b in zip(g_chunked, g_full, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_top_k_and_top_p_filters():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    kept_k = torch.isfinite(filter_logits(logits, 1.0, top_k=2, top_p=None))
+    assert kept_k.tolist() == [[True, True, False, False]]
+    # Mass before the 3rd id is 0.8 >= 0.7: dropped; before the 2nd it is 0.5 < 0.7: kept.
+    kept_p = torch.isfinite(filter_logits(logits, 1.0, top_k=None, top_p=0.7))
+    assert kept_p.tolist() == [[True, True, False, False]]
+    gen = torch.Generator().manual_seed(0)
+    actions, lp = sample_tokens(logits.expand(500, 4), top_p=0.7, generator=gen)
+    assert set(actions.tolist()) == {0, 1}
+    expected = {0: math.log(0.5 / 0.8), 1: math.log(0.3 / 0.8)}
+    for a, value in zip(actions.tolist(), lp.tolist(), strict=True):
+        assert value == pytest.approx(expected[a], abs=1e-6)
+
+
+def test_temperature_scales_the_sampler_logprob():
+    logits = torch.tensor([[2.0, 0.0]])
+    actions, lp = sample_tokens(
+        logits.expand(50, 2), temperature=2.0, generator=torch.Generator().manual_seed(1)
+    )
+    probs = torch.tensor([1.0, 0.0]).softmax(0)  # softmax(logits / 2)
+    assert set(actions.tolist()) == {0, 1}
+    torch.testing.assert_close(lp, probs[actions].log())
+
+
+# ------------------------------------------------------------------ bad input
+def test_tokenizer_larger_than_model_vocabulary_is_rejected(tokenizer):
+    model = make_tiny_model(len(tokenizer) - 5)
+    with pytest.raises(ValueError, match=r"tokenizer has \d+ ids but the model's output layer has"):
+        CausalLMPolicy(model, tokenizer)
+
+
+def test_model_with_larger_embedding_never_samples_extra_ids(make_env, tokenizer):
+    model = make_tiny_model(len(tokenizer) + 20)
+    with torch.no_grad():
+        model.get_output_embeddings().weight[len(tokenizer) :] = 0
+        model.get_output_embeddings().weight[len(tokenizer) :, 0] = 1e4  # would dominate
+    policy = CausalLMPolicy(model, tokenizer)
+    batch = collect(make_env(num_prompts=2, group_size=4), policy, seed=0)
+    assert (batch.completion_ids < len(tokenizer)).all()
+
+
+def test_env_with_another_tokenizer_is_rejected(make_env, policy):
+    other = make_char_tokenizer("abcxyz")
+    env = make_env(tokenizer=other)
+    with pytest.raises(ValueError, match="build the env with the policy's tokenizer"):
+        collect(env, policy)
+
+
+def test_prompt_plus_budget_longer_than_context_is_rejected(tokenizer):
+    policy = CausalLMPolicy(make_tiny_model(len(tokenizer), n_positions=16), tokenizer)
+    env = TokenVectorEnv(tokenizer, ["hello world"], lambda b: [0.0] * len(b), max_new_tokens=8)
+    with pytest.raises(ValueError, match=r"11 \+ 8 = 19 exceeds the model's context of 16"):
+        collect(env, policy)
+
+
+def test_bad_sampling_settings(tokenizer):
+    model = make_tiny_model(len(tokenizer))
+    with pytest.raises(ValueError, match="temperature=0"):
+        CausalLMPolicy(model, tokenizer, temperature=0)
+    with pytest.raises(ValueError, match="top_p=1.5"):
+        CausalLMPolicy(model, tokenizer, top_p=1.5)
