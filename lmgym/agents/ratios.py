@@ -1,0 +1,177 @@
+"""Per-token policy losses ℓ (to be minimised) and importance weights (ALGORITHMS.md).
+
+Every loss treats `old_logprobs` and `advantages` as constants (they are detached
+here too, so a caller's graph cannot leak into the policy gradient). Returned
+ratios are detached: they are for metrics.
+
+Two different things bound a ratio, and they must not be confused:
+
+- the numerical guard (`clamp`): `lp − lp_old` is clamped to ±20 before `exp` so
+  nothing overflows; in normal training it never binds;
+- the algorithm's bound: PPO's clip interval, GSPO's sequence clip, CISPO's weight
+  band, or TIS's one-sided cap `C` (§6.3.4).
+
+CISPO bounds and other libraries' forms (§6.2.10). Here the importance weight is
+`sg(clip(ρ, 1 − weight_low, 1 + weight_high))`, with its own names so nobody reads
+them as PPO's ε.
+
+(a) A form that caps the weight only above at an absolute value, `w = min(ρ, ε_max)`,
+    is `weight_high = ε_max − 1` with `weight_low = 1`: the lower bound 1 − 1 = 0 never
+    binds because ρ > 0. The MiniMax-M1 paper likewise sets no lower bound and tunes
+    only the upper one.
+(b) An implementation that forgets the stop-gradient on the clipped weight (for
+    example `−clip(ρ)·A`, or PPO's max-of-two-branches form) gives every token outside
+    the band zero gradient, which is exactly what CISPO exists to avoid. That is wrong,
+    not a variant; here a clipped token still gets `−clip(ρ)·A` as dℓ/d lp.
+"""
+
+import torch
+from torch import Tensor
+
+from lmgym.agents.metrics import masked_mean
+
+
+def log_ratio(logprobs: Tensor, old_logprobs: Tensor, clamp: float = 20.0) -> Tensor:
+    """`lp − lp_old` clamped to ±clamp: the numerical guard before `exp`, not clipping.
+
+    Args:
+        logprobs: `[B, T]` float, current policy (may carry gradient).
+        old_logprobs: `[B, T]` float, treated as a constant.
+        clamp: bound on |lp − lp_old|; exp(20) ≈ 4.9e8 is finite in float32 and bfloat16.
+
+    Returns:
+        `[B, T]` float.
+    """
+    return (logprobs - old_logprobs.detach()).clamp(-clamp, clamp)
+
+
+def policy_gradient_loss(logprobs: Tensor, advantages: Tensor) -> Tensor:
+    """One-step policy gradient, ℓ = −A·lp (§6.3.1); same gradient as −A·exp(lp − sg(lp)).
+
+    Args:
+        logprobs: `[B, T]` float, with gradient.
+        advantages: `[B, T]` float (broadcast sequence advantages first).
+
+    Returns:
+        `[B, T]` float per-token loss.
+    """
+    return -advantages.detach() * logprobs
+
+
+def clipped_surrogate_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    clamp: float = 20.0,
+) -> tuple[Tensor, Tensor]:
+    """PPO / GRPO token clip: ℓ = max(−A·ρ, −A·clip(ρ, 1 − clip_low, 1 + clip_high)).
+
+    The max is pessimistic: once ρ has moved past the interval in the direction A
+    pushes, the clipped branch wins and the token's gradient is zero (§6.2.6).
+
+    Args:
+        logprobs: `[B, T]` float, with gradient.
+        old_logprobs: `[B, T]` float.
+        advantages: `[B, T]` float.
+        clip_low: ε_low.
+        clip_high: ε_high (DAPO's clip-higher raises it, e.g. 0.28).
+        clamp: numerical guard, see `log_ratio`.
+
+    Returns:
+        `(loss, ratio)`: `[B, T]` float per-token loss and `[B, T]` detached ρ.
+    """
+    advantages = advantages.detach()
+    ratio = log_ratio(logprobs, old_logprobs, clamp).exp()
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    return torch.maximum(unclipped, clipped), ratio.detach()
+
+
+def gspo_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_low: float = 3e-4,
+    clip_high: float = 4e-4,
+    clamp: float = 20.0,
+) -> tuple[Tensor, Tensor]:
+    """GSPO (§6.2.9): one length-normalised ratio per sequence, clipped like PPO.
+
+    s_i = exp((1/T_i)·Σ_t mask·(lp − lp_old)),
+    ℓ_i = max(−A_i·s_i, −A_i·clip(s_i, 1 − clip_low, 1 + clip_high)).
+    The 1/T_i makes s_i a per-token geometric mean, so its range does not grow with
+    length and the paper's tiny clip ranges apply to every sequence alike.
+
+    Args:
+        logprobs: `[B, T]` float, with gradient.
+        old_logprobs: `[B, T]` float.
+        advantages: `[B]` float, one (GRPO) advantage per sequence.
+        mask: `[B, T]` bool or float; T_i is the row's count of real tokens.
+        clip_low: ε_low on s_i.
+        clip_high: ε_high on s_i.
+        clamp: numerical guard, applied to the mean log-ratio.
+
+    Returns:
+        `(loss, seq_ratio)`: `[B]` float per-sequence loss (aggregate with
+        `aggregation.aggregate_sequences`) and `[B]` detached s_i.
+    """
+    advantages = advantages.detach()
+    mean_log_ratio = masked_mean(logprobs - old_logprobs.detach(), mask, dim=-1)
+    seq_ratio = mean_log_ratio.clamp(-clamp, clamp).exp()
+    unclipped = -advantages * seq_ratio
+    clipped = -advantages * seq_ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    return torch.maximum(unclipped, clipped), seq_ratio.detach()
+
+
+def cispo_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    weight_low: float,
+    weight_high: float,
+    clamp: float = 20.0,
+) -> tuple[Tensor, Tensor]:
+    """CISPO (§6.2.10): ℓ = −sg(clip(ρ, 1 − weight_low, 1 + weight_high))·A·lp.
+
+    The weight, not the objective, is clipped, and it is detached, so every token
+    keeps the gradient `−clip(ρ)·A` w.r.t. its log-prob. See the module docstring
+    for how these bounds map to other libraries' forms.
+
+    Args:
+        logprobs: `[B, T]` float, with gradient.
+        old_logprobs: `[B, T]` float.
+        advantages: `[B, T]` float.
+        weight_low: the weight's lower bound is 1 − weight_low (1 means no bound).
+        weight_high: the weight's upper bound is 1 + weight_high.
+        clamp: numerical guard, see `log_ratio`.
+
+    Returns:
+        `(loss, ratio)`: `[B, T]` float per-token loss and `[B, T]` detached ρ.
+    """
+    ratio = log_ratio(logprobs, old_logprobs, clamp).exp().detach()
+    weight = ratio.clamp(1.0 - weight_low, 1.0 + weight_high)
+    return -weight * advantages.detach() * logprobs, ratio
+
+
+def tis_weights(
+    old_logprobs: Tensor, sampler_logprobs: Tensor, cap: float = 2.0, clamp: float = 20.0
+) -> Tensor:
+    """Truncated importance sampling weights w = min(exp(lp_old − lp_s), C) (§6.3.4).
+
+    Corrects the learner–sampler mismatch; use as `ℓ ← w·ℓ`. The cap C is one-sided:
+    small weights pass through unchanged, unlike a clip around 1.
+
+    Args:
+        old_logprobs: `[B, T]` float, learner log-probs before this batch's updates.
+        sampler_logprobs: `[B, T]` float, log-probs reported by the sampler.
+        cap: C, the upper cap on the weight.
+        clamp: numerical guard on the log-ratio before `exp` (not the cap).
+
+    Returns:
+        `[B, T]` float, detached, in (0, C].
+    """
+    weight = log_ratio(old_logprobs.detach(), sampler_logprobs, clamp).exp()
+    return weight.clamp(max=cap).detach()

@@ -1,0 +1,143 @@
+import math
+
+import pytest
+import torch
+
+from lmgym.agents.ratios import (
+    cispo_loss,
+    clipped_surrogate_loss,
+    gspo_loss,
+    log_ratio,
+    policy_gradient_loss,
+    tis_weights,
+)
+
+F64 = torch.float64
+
+
+def t(values: list | float) -> torch.Tensor:
+    return torch.tensor(values, dtype=F64)
+
+
+def grad_of(loss: torch.Tensor, logprobs: torch.Tensor) -> torch.Tensor:
+    (grad,) = torch.autograd.grad(loss.sum(), logprobs)
+    return grad
+
+
+def test_log_ratio_is_a_clamp_not_a_clip() -> None:
+    lr = log_ratio(t([50.0, -50.0, 0.3]), t([0.0, 0.0, 0.0]))
+    torch.testing.assert_close(lr, t([20.0, -20.0, 0.3]))
+
+
+def test_policy_gradient_loss_value_and_gradient() -> None:
+    logprobs = t([[-1.0, -2.0]]).requires_grad_()
+    advantages = t([[2.0, -3.0]])
+    loss = policy_gradient_loss(logprobs, advantages)
+    torch.testing.assert_close(loss, t([[2.0, -6.0]]))
+    torch.testing.assert_close(grad_of(loss, logprobs), t([[-2.0, 3.0]]))
+
+
+# (advantage, ratio, loss, d loss / d logprob) with eps = 0.2 on both sides (§6.2.6).
+# Where the clip binds the gradient is 0; elsewhere it is -A * rho.
+SIX_CASES = [
+    pytest.param(2.0, 0.5, -1.0, -1.0, id="A>0 below: unclipped wins, pushes rho up"),
+    pytest.param(2.0, 1.1, -2.2, -2.2, id="A>0 inside"),
+    pytest.param(2.0, 1.5, -2.4, 0.0, id="A>0 above: clipped, no gradient"),
+    pytest.param(-2.0, 0.5, 1.6, 0.0, id="A<0 below: clipped, no gradient"),
+    pytest.param(-2.0, 1.1, 2.2, 2.2, id="A<0 inside"),
+    pytest.param(-2.0, 1.5, 3.0, 3.0, id="A<0 above: unclipped wins, pushes rho down"),
+]
+
+
+@pytest.mark.parametrize(("advantage", "ratio", "expected_loss", "expected_grad"), SIX_CASES)
+def test_clipped_surrogate_six_cases(
+    advantage: float, ratio: float, expected_loss: float, expected_grad: float
+) -> None:
+    logprobs = t([[math.log(ratio)]]).requires_grad_()
+    old_logprobs = t([[0.0]])
+    loss, rho = clipped_surrogate_loss(logprobs, old_logprobs, t([[advantage]]))
+    torch.testing.assert_close(rho, t([[ratio]]))
+    assert not rho.requires_grad
+    assert loss.item() == pytest.approx(expected_loss)
+    assert grad_of(loss, logprobs).item() == pytest.approx(expected_grad)
+
+
+def test_clip_higher_widens_the_upper_side_only() -> None:
+    logprobs = t([[math.log(1.25), math.log(0.75)]]).requires_grad_()
+    advantages = t([[1.0, -1.0]])
+    loss, _ = clipped_surrogate_loss(logprobs, t([[0.0, 0.0]]), advantages, 0.2, 0.28)
+    torch.testing.assert_close(loss, t([[-1.25, 0.8]]))
+    # 1.25 < 1.28: inside, gradient -A*rho; 0.75 < 0.8 with A < 0: clipped.
+    torch.testing.assert_close(grad_of(loss, logprobs), t([[-1.25, 0.0]]))
+
+
+def test_losses_treat_advantages_and_old_logprobs_as_constants() -> None:
+    logprobs = t([[-1.0]]).requires_grad_()
+    old_logprobs = t([[-1.1]]).requires_grad_()
+    advantages = t([[1.0]]).requires_grad_()
+    loss, _ = clipped_surrogate_loss(logprobs, old_logprobs, advantages)
+    loss.sum().backward()
+    assert old_logprobs.grad is None and advantages.grad is None
+
+
+def test_gspo_length_normalisation_and_mask() -> None:
+    # Same per-token log-ratio 0.1 on 2 and on 4 real tokens; row 0's padding holds 5.0.
+    old_logprobs = t([[-1.0, -1.0, -1.0, -1.0], [-2.0, -2.0, -2.0, -2.0]])
+    logprobs = (old_logprobs + t([[0.1, 0.1, 5.0, 5.0], [0.1, 0.1, 0.1, 0.1]])).requires_grad_()
+    mask = t([[1, 1, 0, 0], [1, 1, 1, 1]])
+    loss, seq_ratio = gspo_loss(logprobs, old_logprobs, t([1.0, -1.0]), mask)
+    s = math.exp(0.1)  # 1.10517..., far above 1 + 4e-4
+    torch.testing.assert_close(seq_ratio, t([s, s]))
+    # A > 0 above the interval: clipped to 1 + 4e-4; A < 0 above: unclipped.
+    torch.testing.assert_close(loss, t([-1.0004, s]))
+    # Row 0 clipped: no gradient. Row 1: -A * s / T_i on each real token.
+    torch.testing.assert_close(grad_of(loss, logprobs), t([[0, 0, 0, 0], [s / 4] * 4]))
+
+
+def test_gspo_inside_the_interval_is_unclipped() -> None:
+    logprobs = t([[1e-4, 1e-4, 0.0]]).requires_grad_()
+    mask = t([[1, 1, 0]])
+    loss, seq_ratio = gspo_loss(logprobs, t([[0.0, 0.0, 0.0]]), t([2.0]), mask)
+    s = math.exp(1e-4)
+    torch.testing.assert_close(seq_ratio, t([s]))
+    torch.testing.assert_close(loss, t([-2 * s]))
+    torch.testing.assert_close(grad_of(loss, logprobs), t([[-s, -s, 0.0]]))
+
+
+def test_cispo_keeps_gradient_of_tokens_outside_the_band() -> None:
+    ratios = [1.5, 0.5, 1.0]
+    logprobs = t([[math.log(r) for r in ratios]]).requires_grad_()
+    old_logprobs = t([[0.0, 0.0, 0.0]])
+    advantages = t([[1.0, 1.0, -1.0]])
+    loss, rho = cispo_loss(logprobs, old_logprobs, advantages, weight_low=0.2, weight_high=0.2)
+    torch.testing.assert_close(rho, t([ratios]))
+    # weights clip(rho, 0.8, 1.2) = [1.2, 0.8, 1.0]; loss = -w * A * lp
+    torch.testing.assert_close(loss, t([[-1.2 * math.log(1.5), -0.8 * math.log(0.5), 0.0]]))
+    # d loss / d lp = -clip(rho) * A exactly, even for the clipped tokens 0 and 1 ...
+    torch.testing.assert_close(grad_of(loss, logprobs), t([[-1.2, -0.8, 1.0]]))
+    # ... while PPO gives token 0 (A > 0, rho above 1 + eps) no gradient at all.
+    ppo_loss, _ = clipped_surrogate_loss(logprobs, old_logprobs, advantages)
+    assert grad_of(ppo_loss, logprobs)[0, 0].item() == 0.0
+
+
+def test_cispo_absolute_upper_cap_mapping() -> None:
+    # min(rho, eps_max) with eps_max = 5 is weight_high = 4, weight_low = 1 (no lower bound).
+    logprobs = t([[math.log(0.01), math.log(7.0)]]).requires_grad_()
+    loss, _ = cispo_loss(logprobs, t([[0.0, 0.0]]), t([[1.0, 1.0]]), 1.0, 4.0)
+    torch.testing.assert_close(grad_of(loss, logprobs), t([[-0.01, -5.0]]))
+
+
+def test_tis_cap_versus_numerical_clamp() -> None:
+    old_logprobs = t([[50.0, 0.5, -1.0, 100.0]]).requires_grad_()
+    sampler_logprobs = t([[0.0, 0.0, 0.0, 0.0]])
+    weights = tis_weights(old_logprobs, sampler_logprobs, cap=2.0)
+    # The cap gives exactly C; small weights pass through (one-sided).
+    torch.testing.assert_close(weights, t([[2.0, math.exp(0.5), math.exp(-1.0), 2.0]]))
+    assert weights[0, 0].item() == 2.0
+    assert not weights.requires_grad
+    # Without a cap only the clamp bounds the weight: exp(20), finite even for 100.
+    uncapped = tis_weights(old_logprobs, sampler_logprobs, cap=math.inf)
+    assert uncapped[0, 0].item() == pytest.approx(4.851651954097903e8)
+    assert torch.isfinite(uncapped).all()
+    float32_weights = tis_weights(t([[100.0]]).float(), t([[0.0]]).float(), cap=math.inf)
+    assert torch.isfinite(float32_weights).all()
