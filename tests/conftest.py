@@ -12,8 +12,10 @@ from lmgym.policy import CausalLMPolicy, make_char_tokenizer, make_tiny_model
 
 
 @pytest.fixture(autouse=True)
-def _two_threads() -> None:
-    torch.set_num_threads(2)
+def _one_thread() -> None:
+    # Tiny models: one thread is several times faster than two (OpenMP overhead
+    # dominates [32, 64] matmuls, and a busy second core makes it far worse).
+    torch.set_num_threads(1)
 
 
 @pytest.fixture

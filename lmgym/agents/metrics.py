@@ -176,6 +176,29 @@ def entropy_mean(entropy: Tensor, mask: Tensor) -> float:
 
 
 @torch.no_grad()
+def flat_groups(scores: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor]:
+    """Which groups have rewards that are all equal.
+
+    Args:
+        scores: `[B]` float, one reward per completion.
+        group_ids: `[B]` int64 labels (any values, any row order).
+
+    Returns:
+        `(flat [G] bool, inverse [B] int64)`: one flag per distinct group and each
+        row's group position, so `flat[inverse]` flags rows.
+    """
+    _, inverse = torch.unique(group_ids, return_inverse=True)
+    num_groups = int(inverse.max().item()) + 1
+    highest = scores.new_zeros(num_groups).scatter_reduce(
+        0, inverse, scores, "amax", include_self=False
+    )
+    lowest = scores.new_zeros(num_groups).scatter_reduce(
+        0, inverse, scores, "amin", include_self=False
+    )
+    return highest == lowest, inverse
+
+
+@torch.no_grad()
 def frac_reward_zero_std(scores: Tensor, group_ids: Tensor) -> float:
     """Share of groups whose rewards are all equal (`frac_reward_zero_std`).
 
@@ -189,12 +212,4 @@ def frac_reward_zero_std(scores: Tensor, group_ids: Tensor) -> float:
     Returns:
         Share of distinct groups with max == min, a float in [0, 1].
     """
-    _, inverse = torch.unique(group_ids, return_inverse=True)
-    num_groups = int(inverse.max().item()) + 1
-    highest = scores.new_zeros(num_groups).scatter_reduce(
-        0, inverse, scores, "amax", include_self=False
-    )
-    lowest = scores.new_zeros(num_groups).scatter_reduce(
-        0, inverse, scores, "amin", include_self=False
-    )
-    return (highest == lowest).float().mean().item()
+    return flat_groups(scores, group_ids)[0].float().mean().item()

@@ -154,7 +154,10 @@ class CausalLMPolicy(nn.Module):
 
     def check_env(self, env: TokenVectorEnv) -> None:
         """Fail early, with the field to change, if this policy cannot drive ``env``."""
-        if env.vocab_size != self.vocab_size or env.tokenizer.get_vocab() != self.tokenizer.get_vocab():
+        if (
+            env.vocab_size != self.vocab_size
+            or env.tokenizer.get_vocab() != self.tokenizer.get_vocab()
+        ):
             raise ValueError(
                 f"env tokenizer ({env.vocab_size} ids) differs from the policy's "
                 f"({self.vocab_size} ids); build the env with the policy's tokenizer"
@@ -208,14 +211,19 @@ class CausalLMPolicy(nn.Module):
         state = PolicyState(cache, mask, mask.sum(1), last_col)
         return hidden[rows, last_col], state
 
-    def _decode(self, ids: Tensor, last_col: Tensor, state: PolicyState) -> tuple[Tensor, PolicyState]:
+    def _decode(
+        self, ids: Tensor, last_col: Tensor, state: PolicyState
+    ) -> tuple[Tensor, PolicyState]:
         """Feed the one new column of every row that advanced; others feed a masked pad."""
         advanced = last_col > state.last_col
         tokens = ids.gather(1, last_col[:, None])
         cache_mask = torch.cat([state.cache_mask, advanced[:, None]], dim=1)
         hidden = self.hidden_states(tokens, cache_mask, state.positions[:, None], state.cache)
         new_state = PolicyState(
-            state.cache, cache_mask, state.positions + advanced.long(), torch.maximum(last_col, state.last_col)
+            state.cache,
+            cache_mask,
+            state.positions + advanced.long(),
+            torch.maximum(last_col, state.last_col),
         )
         return hidden[:, 0], new_state
 
@@ -285,13 +293,29 @@ class CausalLMPolicy(nn.Module):
             temperature; values at padded targets are meaningless (mask them).
         """
         hidden = self.sequence_hidden(input_ids, attention_mask, num_targets)
+        return self.logprobs_from_hidden(hidden, input_ids, with_entropy, chunk_size)
+
+    def logprobs_from_hidden(
+        self,
+        hidden: Tensor,
+        input_ids: Tensor,
+        with_entropy: bool = True,
+        chunk_size: int | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """Log-probs and entropies from ``sequence_hidden``'s ``[B, L, H]`` output.
+
+        Lets a caller that also needs the hidden states (a shared value head) run
+        the trunk once. The targets are the last ``L`` columns of ``input_ids``.
+        """
         weight, bias = self._head()
-        targets = input_ids[:, input_ids.shape[1] - num_targets :]
+        targets = input_ids[:, input_ids.shape[1] - hidden.shape[1] :]
         return token_logprobs(
             hidden, weight, bias, targets, self.temperature, with_entropy, chunk_size
         )
 
-    def sequence_hidden(self, input_ids: Tensor, attention_mask: Tensor, num_targets: int) -> Tensor:
+    def sequence_hidden(
+        self, input_ids: Tensor, attention_mask: Tensor, num_targets: int
+    ) -> Tensor:
         """Hidden states that predict the last ``num_targets`` columns: ``[B, L, H]``."""
         mask = attention_mask.bool()
         positions = (mask.long().cumsum(1) - 1).clamp(min=0)

@@ -6,7 +6,9 @@ import torch
 from torch import Tensor
 
 
-def filter_logits(logits: Tensor, temperature: float, top_k: int | None, top_p: float | None) -> Tensor:
+def filter_logits(
+    logits: Tensor, temperature: float, top_k: int | None, top_p: float | None
+) -> Tensor:
     """Temperature-scale and filter logits; filtered ids get ``-inf``.
 
     Args:

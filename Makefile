@@ -1,0 +1,30 @@
+# Two entry points (see README): `make run` and `make test`. Both set up .venv first.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# Pinned so pip takes the CPU wheel where one is provided locally; a loose range can
+# pull a multi-GB CUDA build. Override, e.g. `make test TORCH=torch`, elsewhere.
+TORCH ?= torch==2.13.0
+
+.PHONY: setup run test lint bench clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet "$(TORCH)"
+	$(BIN)/pip install --quiet -e ".[dev]"
+	touch $@
+
+setup: $(BIN)/.installed
+
+run: setup
+	$(BIN)/lmgym train
+
+test: setup
+	$(BIN)/python -m pytest
+
+lint: setup
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,3 @@
+from lmgym.cli import main
+
+raise SystemExit(main())

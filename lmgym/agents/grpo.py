@@ -1,0 +1,117 @@
+"""GRPO (§6.2.8, §6.3.6) and Dr. GRPO: group-normalised advantages, PPO's token clip.
+
+    A_i = (R_i - mean_{g(i)} R) / (std_{g(i)} R + 1e-4)       (Dr. GRPO: no division)
+    rho_t = exp(lp_t - lp_old_t)
+    l_t = max(-A_i rho_t, -A_i clip(rho_t, 1 - clip_low, 1 + clip_high)) + beta * k3_t
+
+Departures from the paper, all configurable: ``beta`` defaults to 0 (no reference
+model is loaded; the paper used 0.04 with k3 in the loss), and one update epoch
+by default, in which case the ratio is 1 and the clip never binds (§6.3.5).
+DAPO's knobs: ``clip_high=0.28`` (clip-higher), ``dynamic_sampling=True``,
+``overlong_cache``, ``loss_aggregation="token-mean"``.
+
+Process supervision (``advantage="process"``, per-token env mode): every token's
+reward is a step reward, normalised across the group's steps; token t gets the sum
+of the normalised rewards at or after t.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from torch import Tensor
+
+from lmgym.agents.advantages import broadcast_to_tokens, grpo_advantages, process_grpo_advantages
+from lmgym.agents.base import Agent
+from lmgym.agents.config import AgentConfig, Aggregation
+from lmgym.agents.ratios import clipped_surrogate_loss
+from lmgym.types import RolloutBatch
+
+
+@dataclass
+class GRPOConfig(AgentConfig):
+    loss_aggregation: Aggregation = "seq-mean-token-mean"
+    """How per-token losses become a scalar (GRPO's paper: per-sequence mean)."""
+    scale: Literal["group", "batch", "none"] = "group"
+    """Advantage scale: group std (GRPO), batch std, or none (Dr. GRPO)."""
+    advantage: Literal["outcome", "process"] = "outcome"
+    """Outcome supervision (one reward per completion) or process supervision (step rewards)."""
+    clip_low: float = 0.2
+    """Lower clip half-width epsilon_low: the ratio is clipped at 1 - clip_low."""
+    clip_high: float = 0.2
+    """Upper clip half-width epsilon_high (DAPO's clip-higher: 0.28)."""
+
+
+def check_clip(
+    low: float, high: float, low_name: str = "clip_low", high_name: str = "clip_high"
+) -> None:
+    """Clip half-widths must be >= 0, and the lower bound ``1 - low`` must stay >= 0."""
+    if low < 0 or high < 0:
+        raise ValueError(f"{low_name}={low}, {high_name}={high}: clip ranges must be >= 0")
+    if low > 1:
+        raise ValueError(f"{low_name}={low}: must be <= 1 (the lower bound is 1 - {low_name})")
+
+
+class GRPO(Agent[GRPOConfig]):
+    """Group relative policy optimization."""
+
+    config_class = GRPOConfig
+    name = "grpo"
+
+    def check_config(self) -> None:
+        check_clip(self.config.clip_low, self.config.clip_high)
+        if self.config.scale not in ("group", "batch", "none"):
+            raise ValueError(
+                f"scale={self.config.scale!r} is not one of ['group', 'batch', 'none']"
+            )
+        if self.config.advantage not in ("outcome", "process"):
+            raise ValueError(
+                f"advantage={self.config.advantage!r} is not one of ['outcome', 'process']"
+            )
+        if self.config.advantage == "process" and self.env.reward_mode != "per_token":
+            raise ValueError(
+                "advantage='process' needs step rewards: build the env with reward_mode='per_token'"
+            )
+        if self.env.group_size < 2:
+            raise ValueError(
+                f"group_size={self.env.group_size}: {self.name} compares completions of the "
+                "same prompt; build the env with group_size >= 2"
+            )
+
+    def advantages(
+        self, batch: RolloutBatch, rewards: Tensor, mask: Tensor, values: Tensor | None
+    ) -> tuple[Tensor, None]:
+        if self.config.advantage == "process":
+            return process_grpo_advantages(rewards, mask, batch.group_ids, mask), None
+        scores = (rewards * mask).sum(dim=1)
+        advantages = grpo_advantages(scores, batch.group_ids, self.config.scale)
+        return broadcast_to_tokens(advantages, mask), None
+
+    def policy_loss(
+        self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        return clipped_surrogate_loss(
+            logprobs, old_logprobs, advantages, self.config.clip_low, self.config.clip_high
+        )
+
+    def clip_range(self) -> tuple[float, float]:
+        return self.config.clip_low, self.config.clip_high
+
+
+@dataclass
+class DrGRPOConfig(GRPOConfig):
+    scale: Literal["group", "batch", "none"] = "none"
+    """Advantage scale: none (Dr. GRPO removes the std division)."""
+    loss_aggregation: Aggregation = "seq-mean-token-sum-norm"
+    """Fixed-length normalisation sum(l) / (B * L_max) (Dr. GRPO)."""
+
+
+class DrGRPO(GRPO):
+    """Dr. GRPO: GRPO without the std division and with a constant normaliser.
+
+    Its advantage is RLOO's times (G - 1)/G (§6.2.8).
+    """
+
+    config_class = DrGRPOConfig
+    name = "drgrpo"

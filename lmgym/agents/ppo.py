@@ -1,0 +1,101 @@
+"""PPO with GAE and a learned critic (§6.2.5-6.2.7, §6.3.5, §6.4.1).
+
+    r_t <- r_t - beta * (lp_old_t - lp_ref_t)                       (KL in the reward)
+    delta_t = r_t + gamma V_{t+1} (1 - done_t) - V_t
+    A_t = delta_t + gamma lambda (1 - done_t) A_{t+1},   R_t = A_t + V_t
+    rho_t = exp(lp_t - lp_old_t)
+    l_t = max(-A_t rho_t, -A_t clip(rho_t, 1 - clip_low, 1 + clip_high))
+          + vf_coef * 1/2 max((V - R)^2, (V_old + clip(V - V_old, +-value_clip) - R)^2)
+
+The critic is a linear value head on the policy's trunk (``value_model="shared"``,
+one forward pass serves both losses) or on a separate copy of the initial model
+(``"separate"``). ``value_init="zeros"`` starts from V = 0. Advantages are
+whitened by default, as in most RLHF PPO implementations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from torch import Tensor
+
+from lmgym.agents.advantages import gae
+from lmgym.agents.base import Agent
+from lmgym.agents.config import AgentConfig, KLPlacement
+from lmgym.agents.grpo import check_clip
+from lmgym.agents.ratios import clipped_surrogate_loss
+from lmgym.policy.value import Critic, ValueInit
+from lmgym.types import RolloutBatch
+
+
+@dataclass
+class PPOConfig(AgentConfig):
+    learning_rate: float = 3e-4
+    """AdamW learning rate (lower than single-pass agents: PPO takes several steps per batch)."""
+    update_epochs: int = 4
+    """Passes over each rollout batch."""
+    num_minibatches: int = 2
+    """Optimizer steps per epoch."""
+    whiten_advantages: bool = True
+    """Normalise advantages to zero mean, unit std over real tokens."""
+    kl_placement: KLPlacement = "reward"
+    """Where the KL term goes: the per-token reward (classic RLHF PPO) or the loss."""
+    clip_low: float = 0.2
+    """Lower clip half-width epsilon_low."""
+    clip_high: float = 0.2
+    """Upper clip half-width epsilon_high."""
+    gae_lambda: float = 0.95
+    """GAE lambda: 0 is one-step TD, 1 is Monte Carlo returns."""
+    vf_coef: float = 0.5
+    """Weight of the value loss."""
+    value_clip: float | None = 0.2
+    """Value clipping range epsilon_v around the rollout-time values; None disables it."""
+    value_model: Literal["shared", "separate"] = "shared"
+    """Critic on the policy's trunk (shared) or on a separate copy of the model."""
+    value_init: ValueInit = "zeros"
+    """Initialisation of the value head: zeros (V = 0) or normal."""
+
+
+class PPO(Agent[PPOConfig]):
+    """Proximal policy optimization with generalized advantage estimation."""
+
+    config_class = PPOConfig
+    name = "ppo"
+    uses_critic = True
+
+    def check_config(self) -> None:
+        cfg = self.config
+        check_clip(cfg.clip_low, cfg.clip_high)
+        if cfg.value_model not in ("shared", "separate"):
+            raise ValueError(
+                f"value_model={cfg.value_model!r}: PPO needs a critic, 'shared' (value head on "
+                "the policy trunk) or 'separate'; for a critic-free method use GRPO or RLOO"
+            )
+        if not 0.0 <= cfg.gae_lambda <= 1.0:
+            raise ValueError(f"gae_lambda={cfg.gae_lambda}: must be in [0, 1]")
+        if cfg.vf_coef <= 0:
+            raise ValueError(f"vf_coef={cfg.vf_coef}: must be > 0, or the critic never learns")
+        if cfg.value_clip is not None and cfg.value_clip <= 0:
+            raise ValueError(f"value_clip={cfg.value_clip}: must be > 0 or None")
+
+    def make_critic(self) -> Critic:
+        return Critic(
+            self.policy, shared=self.config.value_model == "shared", init=self.config.value_init
+        )
+
+    def advantages(
+        self, batch: RolloutBatch, rewards: Tensor, mask: Tensor, values: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
+        assert values is not None
+        return gae(rewards, values, batch.dones, mask, self.config.gamma, self.config.gae_lambda)
+
+    def policy_loss(
+        self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        return clipped_surrogate_loss(
+            logprobs, old_logprobs, advantages, self.config.clip_low, self.config.clip_high
+        )
+
+    def clip_range(self) -> tuple[float, float]:
+        return self.config.clip_low, self.config.clip_high
