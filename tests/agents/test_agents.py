@@ -177,7 +177,10 @@ def test_dynamic_sampling_drops_flat_groups_and_refills():
     prompts = ["flat", "count"]
 
     def reward(prompt_list, completions):
-        return [0.0 if p == "flat" else float(len(c)) for p, c in zip(prompt_list, completions)]
+        return [
+            0.0 if p == "flat" else float(len(c))
+            for p, c in zip(prompt_list, completions, strict=True)
+        ]
 
     from lmgym.envs import TokenVectorEnv
 
