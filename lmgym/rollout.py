@@ -166,7 +166,9 @@ class ContinuousCollector:
             )
             column = self._info["length"].clamp(max=env.max_new_tokens - 1)
             live = ~self._restarting
-            write = (torch.arange(env.max_new_tokens, device=env.device) == column[:, None]) & live[:, None]
+            write = (torch.arange(env.max_new_tokens, device=env.device) == column[:, None]) & live[
+                :, None
+            ]
             obs, reward, terminated, truncated, info = env.step(actions.to(env.device))
             self._logprobs = torch.where(write, logprobs.to(env.device)[:, None], self._logprobs)
             self._rewards = torch.where(write, reward[:, None], self._rewards)
@@ -175,7 +177,9 @@ class ContinuousCollector:
             rows = finished.nonzero().squeeze(1)
             if rows.numel() > 0:
                 self._pool.append(
-                    _episodes(env, obs, info, rows, self._logprobs, self._rewards, terminated, truncated)
+                    _episodes(
+                        env, obs, info, rows, self._logprobs, self._rewards, terminated, truncated
+                    )
                 )
             # Finished rows restart next step: clear their per-episode buffers now.
             self._logprobs = self._logprobs * ~finished[:, None]
