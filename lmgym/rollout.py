@@ -160,9 +160,10 @@ class ContinuousCollector:
         env = self.env
         # Weights may have changed since the last call: rebuild the cache once.
         state: PolicyState | None = None
+        starts = torch.zeros_like(self._restarting)
         while self._complete_groups().numel() < num_groups:
             actions, logprobs, state = self.policy.act(
-                self._obs, state, episode_starts=self._restarting, generator=self.generator
+                self._obs, state, episode_starts=starts, generator=self.generator
             )
             column = self._info["length"].clamp(max=env.max_new_tokens - 1)
             live = ~self._restarting
@@ -184,6 +185,8 @@ class ContinuousCollector:
             # Finished rows restart next step: clear their per-episode buffers now.
             self._logprobs = self._logprobs * ~finished[:, None]
             self._rewards = self._rewards * ~finished[:, None]
+            # Rows reset by this step (their action was ignored) show a new prompt now.
+            starts = self._restarting
             self._restarting = finished
             self._obs, self._info = obs, info
         pooled = self._pooled()

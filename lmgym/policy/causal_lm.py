@@ -211,21 +211,39 @@ class CausalLMPolicy(nn.Module):
         state = PolicyState(cache, mask, mask.sum(1), last_col)
         return hidden[rows, last_col], state
 
-    def _decode(
-        self, ids: Tensor, last_col: Tensor, state: PolicyState
+    def _extend(
+        self, ids: Tensor, mask: Tensor, last_col: Tensor, restart: Tensor, state: PolicyState
     ) -> tuple[Tensor, PolicyState]:
-        """Feed the one new column of every row that advanced; others feed a masked pad."""
-        advanced = last_col > state.last_col
-        tokens = ids.gather(1, last_col[:, None])
-        cache_mask = torch.cat([state.cache_mask, advanced[:, None]], dim=1)
-        hidden = self.hidden_states(tokens, cache_mask, state.positions[:, None], state.cache)
+        """Append one block of new columns to the cache and return each row's newest hidden state.
+
+        A row that advanced by one column feeds that token; a restarted row feeds
+        its whole text (a fresh prompt) and forgets its old cache columns; any other
+        row feeds nothing. The block is right-aligned at every row's ``last_col``,
+        ``width`` columns wide (1 when no row restarted), so the last column holds
+        every row's newest token.
+        """
+        width = int(last_col[restart].max()) + 1 if bool(restart.any()) else 1
+        offsets = torch.arange(width - 1, -1, -1, device=ids.device)
+        window = last_col[:, None] - offsets[None, :]  # [N, width], ends at last_col
+        inside = window >= 0
+        window = window.clamp(min=0)
+        advanced = (last_col > state.last_col) & ~restart
+        block_ids = ids.gather(1, window)
+        block_mask = mask.gather(1, window) & inside
+        last_only = torch.zeros_like(block_mask)
+        last_only[:, -1] = advanced
+        block_mask = torch.where(restart[:, None], block_mask, last_only)
+        base = torch.where(restart, 0, state.positions)
+        positions = (base[:, None] + block_mask.long().cumsum(1) - 1).clamp(min=0)
+        cache_mask = torch.cat([state.cache_mask & ~restart[:, None], block_mask], dim=1)
+        hidden = self.hidden_states(block_ids, cache_mask, positions, state.cache)
         new_state = PolicyState(
             state.cache,
             cache_mask,
-            state.positions + advanced.long(),
-            torch.maximum(last_col, state.last_col),
+            base + block_mask.sum(1),
+            torch.where(restart | advanced, last_col, state.last_col),
         )
-        return hidden[:, 0], new_state
+        return hidden[:, -1], new_state
 
     @torch.no_grad()
     def act(
@@ -242,8 +260,10 @@ class CausalLMPolicy(nn.Module):
                 ``attention_mask [N, S] bool``; each row's last real column is the
                 newest token.
             state: the state returned by the previous call (``None`` at a batch start).
-            episode_starts: ``[N] bool`` rows whose episode restarted since the last
-                call (next-step autoreset); the cache is rebuilt when any row did.
+            episode_starts: ``[N] bool`` rows whose observation is the first of a new
+                episode (next-step autoreset: the rows reset by the last ``step``).
+                Those rows are re-fed from their prompt; the others keep their cache.
+                Rows that moved back or jumped are detected without the flag.
             generator: RNG for sampling.
 
         Returns:
@@ -253,19 +273,17 @@ class CausalLMPolicy(nn.Module):
         mask = obs["attention_mask"].to(self.device).bool()
         columns = torch.arange(ids.shape[1], device=ids.device)
         last_col = (mask.long() * columns).argmax(dim=1)
-        rebuild = state is None
-        if not rebuild:
-            if episode_starts is not None:
-                rebuild = bool(episode_starts.any())
-            # A row that moved by more than one column (or back) cannot be extended.
-            step = last_col - state.last_col
-            rebuild = rebuild or bool(((step < 0) | (step > 1)).any())
-        if rebuild:
-            # Correct but refeeds every row; refilling only restarted rows is an
-            # optimisation left for continuous batching.
+        if state is None or state.cache_mask.shape[1] > 2 * ids.shape[1]:
+            # A fresh batch, or a cache grown long through many restarts: refill it.
             hidden, state = self._prefill(ids, mask, last_col)
         else:
-            hidden, state = self._decode(ids, last_col, state)
+            # A row that moved back or by more than one column was restarted (a new
+            # episode's text); so was any row the caller flags.
+            step = last_col - state.last_col
+            restart = (step < 0) | (step > 1)
+            if episode_starts is not None:
+                restart = restart | episode_starts.to(restart.device).bool()
+            hidden, state = self._extend(ids, mask, last_col, restart, state)
         actions, logprobs = sample_tokens(
             self.next_token_logits(hidden), self.temperature, self.top_k, self.top_p, generator
         )

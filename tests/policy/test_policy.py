@@ -171,3 +171,34 @@ def test_bad_sampling_settings(tokenizer):
         CausalLMPolicy(model, tokenizer, temperature=0)
     with pytest.raises(ValueError, match="top_p=1.5"):
         CausalLMPolicy(model, tokenizer, top_p=1.5)
+
+
+def test_restarting_some_rows_keeps_the_others_cache_and_matches_a_fresh_prefill(
+    make_env, policy, ids
+):
+    env = make_env(
+        prompts=["ab", "hello", "xyz"],
+        num_prompts=3,
+        max_new_tokens=6,
+        prompt_order="sequential",
+        autoreset=True,
+    )
+    obs, _ = env.reset(seed=0)
+    _, _, state = policy.act(obs)
+    obs, *_ = env.step(torch.tensor(ids("aaa")))
+    _, _, state = policy.act(obs, state)
+    obs, *_ = env.step(torch.tensor([ids("b")[0], 1, ids("c")[0]]))  # row 1 ends (EOS)
+    _, _, state = policy.act(obs, state)
+    obs, *_ = env.step(torch.tensor(ids("ddd")))  # row 1 restarts on "ab"; others go on
+    starts = torch.tensor([False, True, False])
+    kept_columns = state.cache_mask.shape[1]
+
+    cached = policy.act(
+        obs, state, episode_starts=starts, generator=torch.Generator().manual_seed(3)
+    )
+    fresh = policy.act(obs, None, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(cached[0], fresh[0])
+    torch.testing.assert_close(cached[1], fresh[1], atol=1e-5, rtol=1e-5)
+    # The restarted row was re-fed as one block; the old columns stayed in the cache.
+    assert cached[2].cache_mask.shape[1] == kept_columns + env.prompt_width
+    assert not cached[2].cache_mask[1, :kept_columns].any()
