@@ -177,14 +177,9 @@ def train(argv: Sequence[str]) -> int:
 
 
 def tasks(argv: Sequence[str]) -> int:
-    import lmgym.envs as envs
+    from lmgym.envs import format_task_table
 
-    formatter = getattr(envs.registration, "format_task_table", None)
-    if formatter is not None:
-        print(formatter())
-    else:
-        for info in envs.TASKS.values():
-            print(f"{info.id:32s} solved >= {info.solved_threshold:<5} {info.description}")
+    print(format_task_table())
     return 0
 
 

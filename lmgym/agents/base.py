@@ -53,6 +53,7 @@ from lmgym.agents.metrics import (
 )
 from lmgym.agents.ratios import tis_weights
 from lmgym.agents.value import clipped_value_loss, explained_variance
+from lmgym.envs.rewards import reward_component_means
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.policy.causal_lm import CausalLMPolicy
 from lmgym.policy.value import Critic
@@ -448,6 +449,7 @@ class Agent(Generic[ConfigT]):
         metrics["tokens_generated"] = float(self.tokens_generated)
         if self.config.dynamic_sampling:
             metrics["groups_dropped"] = float(dropped)
+        metrics.update(reward_component_means(self.env))  # CombinedReward's parts, if any
         return metrics
 
     @torch.no_grad()

@@ -1,18 +1,38 @@
 """Reward-model adapters and the validation every reward output goes through.
 
 A reward model is any callable ``RewardInput -> [N] floats`` (``lmgym.types.RewardModel``).
-Three adapters cover the usual sources:
+The adapters cover the usual sources:
 
-- ``FunctionReward``: a plain Python function over decoded prompt/completion strings;
+- ``FunctionReward``: a plain Python function over decoded prompt/completion strings,
+  batched or per-sample, sync or ``async``, returning floats or tensors;
+- ``TokenScoreReward``: a per-token scorer ``RewardInput -> [N, T]``; the completion's
+  reward is the sum of its token scores, so the env's per-token potential form hands
+  back exactly each token's score;
 - ``SequenceClassifierReward``: a transformers ``AutoModelForSequenceClassification``
   (re-tokenises the text with its own tokenizer, so it need not share the policy's);
-- ``TokenModuleReward``: any torch module over token ids.
+- ``TokenModuleReward``: any torch module over token ids;
+- ``CombinedReward``: a weighted sum of reward models whose components are kept
+  apart for logging (``last_components``, ``pop_component_means``).
+
+Errors. Anything unusable becomes a ``RewardError`` that names the reward (its
+``name``) and, where one row is at fault, the row with its prompt and completion:
+a function that raises, returns the wrong number of values, NaN/inf, or something
+that is not a number. ``TokenVectorEnv.step`` computes every reward before it
+commits any state, so after a ``RewardError`` the env is exactly as it was and the
+same step can be retried.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import asyncio
+import inspect
+import math
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from numbers import Real
+from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -21,10 +41,15 @@ from lmgym.types import RewardInput, RewardModel
 
 
 class RewardError(ValueError):
-    """A reward model returned something lmgym cannot use (wrong count, NaN, not a number)."""
+    """A reward model failed or returned something lmgym cannot use.
+
+    Raised for a reward function that raises, a wrong number of values, a value
+    that is not a real number, or NaN/inf. The message names the reward model and,
+    where one row is at fault, the row (with its prompt and completion).
+    """
 
 
-def reward_name(reward: RewardModel) -> str:
+def reward_name(reward: object) -> str:
     """A readable name for error messages and per-reward logs."""
     name = getattr(reward, "name", None)
     if isinstance(name, str):
@@ -32,10 +57,43 @@ def reward_name(reward: RewardModel) -> str:
     return getattr(reward, "__qualname__", type(reward).__qualname__)
 
 
+def _row_text(batch: RewardInput, row: int) -> str:
+    return f"prompt={batch.prompts[row]!r}, completion={batch.completions[row]!r}"
+
+
+def _to_float(value: Any) -> float:
+    """One reward value as a float; ``TypeError`` for anything but a real number."""
+    if isinstance(value, Real | np.number):  # bool is an int, so it counts
+        return float(value)
+    if isinstance(value, Tensor) and value.numel() == 1:
+        return float(value.reshape(-1)[0].item())
+    if isinstance(value, np.ndarray) and value.size == 1:
+        return float(value.reshape(-1)[0])
+    raise TypeError(f"{value!r} ({type(value).__name__}) is not a real number")
+
+
+def _first_non_number(values: Sequence[Any]) -> int | None:
+    """Index of the first element that is not a real number, or ``None``."""
+    for i, value in enumerate(values):
+        try:
+            _to_float(value)
+        except TypeError:
+            return i
+    return None
+
+
 def validate_rewards(
     values: Tensor | Sequence[float], batch: RewardInput, reward: RewardModel
 ) -> Tensor:
     """Convert a reward output to ``[N] float32`` and reject anything unusable.
+
+    Args:
+        values: the reward model's output: ``[N]`` (or ``[N, 1]``) numbers.
+        batch: the input it was computed on (``N`` rows).
+        reward: the reward model, for the error message.
+
+    Returns:
+        ``[N] float32`` on the completions' device.
 
     Raises:
         RewardError: wrong number of values, a value that is not a real number,
@@ -43,12 +101,22 @@ def validate_rewards(
     """
     name = reward_name(reward)
     n = batch.completion_ids.shape[0]
+    if isinstance(values, str | bytes):
+        raise RewardError(
+            f"reward {name!r} returned {type(values).__name__} that is not a sequence of "
+            "numbers; return one float per completion"
+        )
     try:
         scores = torch.as_tensor(values, dtype=torch.float32)
     except (TypeError, ValueError, RuntimeError) as err:
+        where = ""
+        if isinstance(values, list | tuple):
+            row = _first_non_number(values)
+            if row is not None:
+                where = f"; row {row} is {values[row]!r}"
         raise RewardError(
             f"reward {name!r} returned {type(values).__name__} that is not a sequence of "
-            f"numbers ({err}); return one float per completion"
+            f"numbers ({err}){where}; return one float per completion"
         ) from err
     scores = scores.to(batch.completion_ids.device).reshape(-1)
     if scores.shape[0] != n:
@@ -61,26 +129,70 @@ def validate_rewards(
         row = int(bad.nonzero()[0, 0])
         raise RewardError(
             f"reward {name!r} returned {scores[row].item()} for row {row} "
-            f"(prompt={batch.prompts[row]!r}, completion={batch.completions[row]!r}); "
+            f"({_row_text(batch, row)}); "
             "rewards must be finite: map failures to a finite penalty instead"
         )
     return scores
+
+
+def call_reward(reward: RewardModel, batch: RewardInput) -> Tensor:
+    """Call ``reward`` on ``batch`` and validate the output: ``[N] float32``.
+
+    An exception raised by the reward model becomes a ``RewardError`` naming it
+    (a ``RewardError`` passes through unchanged).
+    """
+    try:
+        values = reward(batch)
+    except RewardError:
+        raise
+    except Exception as err:
+        raise RewardError(
+            f"reward {reward_name(reward)!r} raised {type(err).__name__}: {err} "
+            f"on a batch of {len(batch)} completions; fix the reward or catch the "
+            "failure and return a finite penalty"
+        ) from err
+    return validate_rewards(values, batch, reward)
+
+
+# ----------------------------------------------------------------- functions
+def _run_awaitable(awaitable: Awaitable[Any]) -> Any:
+    """Run an awaitable (a coroutine) to completion from synchronous code.
+
+    Inside a running event loop (a notebook, an async server) ``asyncio.run`` is
+    not allowed, so the coroutine then runs on a fresh loop in a worker thread.
+    """
+
+    async def wrapper() -> Any:
+        return await awaitable
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(wrapper())
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, wrapper()).result()
 
 
 class FunctionReward:
     """Wrap a Python function over decoded strings as a reward model.
 
     Args:
-        fn: ``fn(prompts: list[str], completions: list[str]) -> Sequence[float]``
-            when ``batched`` (default), else ``fn(prompt: str, completion: str) -> float``
-            called once per row.
+        fn: ``fn(prompts: list[str], completions: list[str]) -> [N] floats`` when
+            ``batched`` (default), else ``fn(prompt: str, completion: str) -> float``
+            called once per row. It may return floats, a list of floats, a tensor or
+            a numpy array, and may be an ``async def`` function (per-sample async
+            functions run concurrently with ``asyncio.gather``).
         batched: Whether ``fn`` takes whole lists.
         name: Name used in errors and logs (default: the function's name).
+
+    Raises (when called):
+        RewardError: ``fn`` raised (per-sample: names the row, its prompt and
+            completion), or returned something that is not a real number.
     """
 
     def __init__(
         self,
-        fn: Callable[..., Sequence[float] | Tensor | float],
+        fn: Callable[..., Any],
         batched: bool = True,
         name: str | None = None,
     ) -> None:
@@ -90,13 +202,121 @@ class FunctionReward:
         self.batched = batched
         self.name = name or getattr(fn, "__name__", type(fn).__name__)
 
+    def _raised(self, err: Exception, batch: RewardInput, row: int | None) -> RewardError:
+        where = (
+            f"on row {row} ({_row_text(batch, row)})"
+            if row is not None
+            else f"on a batch of {len(batch)} completions"
+        )
+        return RewardError(
+            f"reward {self.name!r} raised {type(err).__name__}: {err} {where}; fix the "
+            "function or catch the failure and return a finite penalty"
+        )
+
     def __call__(self, batch: RewardInput) -> Tensor | Sequence[float]:
         prompts, completions = list(batch.prompts), list(batch.completions)
         if self.batched:
-            return self.fn(prompts, completions)
-        return [self.fn(p, c) for p, c in zip(prompts, completions, strict=True)]
+            try:
+                out = self.fn(prompts, completions)
+                if inspect.isawaitable(out):
+                    out = _run_awaitable(out)
+            except RewardError:
+                raise
+            except Exception as err:
+                raise self._raised(err, batch, None) from err
+            return out
+        values = self._per_sample(prompts, completions, batch)
+        floats = []
+        for row, value in enumerate(values):
+            try:
+                floats.append(_to_float(value))
+            except TypeError as err:
+                raise RewardError(
+                    f"reward {self.name!r} returned {value!r} for row {row} "
+                    f"({_row_text(batch, row)}), which is not a real number; "
+                    "return one float per completion"
+                ) from err
+        return torch.tensor(floats, dtype=torch.float32)
+
+    def _per_sample(
+        self, prompts: list[str], completions: list[str], batch: RewardInput
+    ) -> list[Any]:
+        values: list[Any] = []
+        pending: dict[int, Awaitable[Any]] = {}
+        for row, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
+            try:
+                value = self.fn(prompt, completion)
+            except Exception as err:
+                for awaitable in pending.values():  # never awaited: close to avoid a warning
+                    close = getattr(awaitable, "close", None)
+                    if close is not None:
+                        close()
+                raise self._raised(err, batch, row) from err
+            if inspect.isawaitable(value):
+                pending[row] = value
+            values.append(value)
+        if pending:
+
+            async def gather() -> list[Any]:
+                return await asyncio.gather(*pending.values(), return_exceptions=True)
+
+            for row, result in zip(pending, _run_awaitable(gather()), strict=True):
+                if isinstance(result, Exception):
+                    raise self._raised(result, batch, row) from result
+                values[row] = result
+        return values
 
 
+class TokenScoreReward:
+    """A per-token scorer as a reward model.
+
+    ``fn(batch) -> [N, T]`` scores every completion token (``T`` = the batch's
+    completion width); the completion's reward is
+    ``R = sum_t completion_mask[:, t] * s[:, t]``. With the env's
+    ``reward_mode="per_token"`` (potential form) step ``t`` then receives exactly
+    ``s_t``, provided appending a token does not change earlier tokens' scores (a
+    causal scorer); in bandit mode the completion gets the sum.
+
+    Args:
+        fn: ``RewardInput -> [N, T] float`` tensor of per-token scores.
+        name: Name used in errors and logs (default: the function's name).
+    """
+
+    def __init__(self, fn: Callable[[RewardInput], Tensor], name: str | None = None) -> None:
+        if not callable(fn):
+            raise TypeError(f"fn: expected a callable, got {type(fn).__name__}")
+        self.fn = fn
+        self.name = name or getattr(fn, "__name__", type(fn).__name__)
+
+    def __call__(self, batch: RewardInput) -> Tensor:
+        try:
+            out = self.fn(batch)
+        except RewardError:
+            raise
+        except Exception as err:
+            raise RewardError(
+                f"reward {self.name!r} raised {type(err).__name__}: {err} on a batch of "
+                f"{len(batch)} completions; fix the scorer or return a finite penalty"
+            ) from err
+        mask = batch.completion_mask
+        if not isinstance(out, Tensor) or out.shape != mask.shape:
+            shape = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+            raise RewardError(
+                f"reward {self.name!r} returned {shape}; a per-token scorer must return a "
+                f"tensor of shape {tuple(mask.shape)} ([N, T]: one score per completion token)"
+            )
+        scores = torch.where(mask, out.float(), 0.0)
+        bad = ~torch.isfinite(scores)
+        if bool(bad.any()):
+            row, col = (int(x) for x in bad.nonzero()[0])
+            raise RewardError(
+                f"reward {self.name!r} returned {scores[row, col].item()} for row {row}, token "
+                f"{col} ({_row_text(batch, row)}); token scores must be finite"
+            )
+        return scores.sum(dim=1)
+
+
+# ------------------------------------------------------------------- models
 class SequenceClassifierReward:
     """Score prompt + completion with a transformers sequence-classification model.
 
@@ -134,10 +354,10 @@ class SequenceClassifierReward:
         self.name = name
 
     @torch.no_grad()
-    def __call__(self, batch: RewardInput) -> Tensor:
-        texts = [p + c for p, c in zip(batch.prompts, batch.completions, strict=True)]
+    def score_texts(self, texts: Sequence[str]) -> Tensor:
+        """``[N] float32`` scores of whole texts (prompt and completion already joined)."""
         enc = self.tokenizer(
-            texts,
+            list(texts),
             return_tensors="pt",
             padding=True,
             truncation=self.max_length is not None,
@@ -146,6 +366,10 @@ class SequenceClassifierReward:
         device = next(self.model.parameters()).device
         out = self.model(**{k: v.to(device) for k, v in enc.items()})
         return out.logits[:, self.label_index].float()
+
+    def __call__(self, batch: RewardInput) -> Tensor:
+        texts = [p + c for p, c in zip(batch.prompts, batch.completions, strict=True)]
+        return self.score_texts(texts)
 
 
 class TokenModuleReward:
@@ -168,3 +392,105 @@ class TokenModuleReward:
         ids = torch.cat([batch.prompt_ids, batch.completion_ids], dim=1)
         mask = torch.cat([batch.prompt_mask, batch.completion_mask], dim=1)
         return self.module(ids, mask).reshape(-1)
+
+
+# ----------------------------------------------------------------- combined
+class CombinedReward:
+    """A weighted sum of reward models, ``R = sum_k w_k * R_k``, components logged apart.
+
+    Logging design: the env's ``step`` returns only the total (agents never read
+    ``info``), so the components live on this object:
+
+    - ``last_components``: ``{name: [N] float32}``, each component's unweighted
+      values from the most recent call (its rows are that call's rows);
+    - ``pop_component_means()``: the mean of each unweighted component over every
+      *finished* completion scored since the previous pop, then reset. In bandit
+      mode each completion is scored once, when it ends, so this is the per-batch
+      mean of each component; in per-token mode only the final (whole-completion)
+      score of each row is counted, never a prefix's. A learn loop calls it once
+      per iteration and logs ``reward/<name>`` (``lmgym.envs.reward_component_means``
+      does it for any env, returning ``{}`` when the reward is not combined).
+      A completion the env never scores (``unfinished="penalty"``) is not counted.
+
+    Args:
+        terms: ``[(reward_model, weight), ...]``; component names (``reward.name``)
+            must be distinct.
+        name: Name of the total in errors and logs.
+
+    Raises (when called):
+        RewardError: a component raised or returned unusable values; the message
+            names that component. The statistics are left as they were.
+    """
+
+    def __init__(self, terms: Sequence[tuple[RewardModel, float]], name: str = "combined") -> None:
+        terms = list(terms)
+        if not terms:
+            raise ValueError("terms: pass at least one (reward, weight) pair")
+        names: list[str] = []
+        for i, term in enumerate(terms):
+            if not (isinstance(term, tuple) and len(term) == 2):
+                raise TypeError(f"terms[{i}]: expected a (reward, weight) pair, got {term!r}")
+            reward, weight = term
+            if not callable(reward):
+                raise TypeError(
+                    f"terms[{i}]: {type(reward).__name__} is not a reward model; wrap a plain "
+                    "function with FunctionReward"
+                )
+            if not isinstance(weight, Real) or not math.isfinite(float(weight)):
+                raise ValueError(f"terms[{i}]: weight={weight!r} must be a finite number")
+            component = reward_name(reward)
+            if component in names:
+                raise ValueError(
+                    f"terms[{i}]: two components are named {component!r}; give each a distinct "
+                    "name (e.g. FunctionReward(fn, name='...')) so they can be logged apart"
+                )
+            names.append(component)
+        self.rewards = [reward for reward, _ in terms]
+        self.weights = [float(weight) for _, weight in terms]
+        self.component_names = names
+        self.name = name
+        self.last_components: dict[str, Tensor] = {}
+        self._sums = dict.fromkeys(names, 0.0)
+        self._count = 0
+
+    def __call__(self, batch: RewardInput) -> Tensor:
+        components = {
+            component: call_reward(reward, batch)
+            for component, reward in zip(self.component_names, self.rewards, strict=True)
+        }
+        total = torch.zeros(len(batch), device=batch.completion_ids.device)
+        for weight, values in zip(self.weights, components.values(), strict=True):
+            total = total + weight * values
+        # Commit statistics only once every component has succeeded.
+        self.last_components = components
+        finished = batch.finished.to(total.device)
+        self._count += int(finished.sum())
+        for component, values in components.items():
+            self._sums[component] += float(values[finished].sum())
+        return total
+
+    def pop_component_means(self) -> dict[str, float]:
+        """Mean of each component over finished completions since the last pop; resets.
+
+        Returns:
+            ``{name: mean}``; empty if no completion finished since the last pop.
+        """
+        means = (
+            {name: total / self._count for name, total in self._sums.items()} if self._count else {}
+        )
+        self._sums = dict.fromkeys(self.component_names, 0.0)
+        self._count = 0
+        return means
+
+
+def reward_component_means(env_or_reward: object) -> dict[str, float]:
+    """``pop_component_means()`` of an env's reward model (or of a reward model).
+
+    Returns ``{"reward/<name>": mean}`` for a ``CombinedReward`` (see its docstring),
+    ``{}`` for any other reward model.
+    """
+    reward = getattr(env_or_reward, "reward_model", env_or_reward)
+    pop = getattr(reward, "pop_component_means", None)
+    if pop is None:
+        return {}
+    return {f"reward/{name}": value for name, value in pop().items()}

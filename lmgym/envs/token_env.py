@@ -59,7 +59,7 @@ from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
 from lmgym.envs.prompts import build_prompt_table
-from lmgym.envs.rewards import validate_rewards
+from lmgym.envs.rewards import call_reward
 from lmgym.types import PromptSource, RewardInput, RewardModel
 
 RewardMode = Literal["bandit", "per_token"]
@@ -409,7 +409,7 @@ class TokenVectorEnv(VectorEnv):
             finished=finished,
             decode=lambda t: self.tokenizer.batch_decode(t.tolist(), skip_special_tokens=True),
         )
-        return validate_rewards(self.reward_model(batch), batch, self.reward_model)
+        return call_reward(self.reward_model, batch)
 
     def _rewards(
         self,

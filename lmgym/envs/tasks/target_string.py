@@ -16,34 +16,26 @@ from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
 from lmgym.envs.single import TokenEnv
+from lmgym.envs.tasks._common import PositionMatchReward, build_env, encode
 from lmgym.envs.token_env import RewardMode, TokenVectorEnv, Unfinished
 from lmgym.policy.tiny import make_char_tokenizer
-from lmgym.types import RewardInput
 
 SOLVED_THRESHOLD = 0.9
 
 
-class TargetMatchReward:
+class TargetMatchReward(PositionMatchReward):
     """Fraction of the target's tokens reproduced in place; vectorised over rows.
 
     Args:
         target_ids: ``[K] int64`` the target's token ids.
     """
 
-    name = "target_match"
-
     def __init__(self, target_ids: Tensor) -> None:
         if target_ids.numel() == 0:
             raise ValueError("target: tokenises to zero tokens; pass a non-empty target")
-        self.target_ids = target_ids
-
-    def __call__(self, batch: RewardInput) -> Tensor:
-        k = self.target_ids.numel()
-        ids = batch.completion_ids[:, :k]
-        mask = batch.completion_mask[:, :k]
-        target = self.target_ids.to(ids.device)[: ids.shape[1]]
-        hits = (ids == target[None, :]) & mask
-        return hits.float().sum(dim=1) / k
+        super().__init__(
+            target_ids.reshape(1, -1), torch.tensor([target_ids.numel()]), "target_match"
+        )
 
 
 def make_target_string_vector(
@@ -68,18 +60,13 @@ def make_target_string_vector(
         max_new_tokens: token budget (default ``len(target)`` tokens).
         tokenizer: default the built-in character tokenizer.
     """
-    if num_envs % group_size != 0:
-        raise ValueError(
-            f"num_envs={num_envs} is not a multiple of group_size={group_size}; "
-            "num_envs = num_prompts * group_size"
-        )
     tokenizer = tokenizer or make_char_tokenizer()
-    target_ids = torch.tensor(tokenizer(target, add_special_tokens=False)["input_ids"])
-    return TokenVectorEnv(
+    target_ids = torch.tensor(encode(tokenizer, target), dtype=torch.long)
+    return build_env(
         tokenizer,
         [prompt],
         TargetMatchReward(target_ids),
-        num_prompts=num_envs // group_size,
+        num_envs=num_envs,
         group_size=group_size,
         max_new_tokens=max_new_tokens or len(target_ids),
         reward_mode=reward_mode,

@@ -1,0 +1,199 @@
+"""Pieces the built-in tasks share: token-level target rewards, splits, the env builder,
+and the random-policy baseline."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import torch
+from torch import Tensor
+from transformers import PreTrainedTokenizerBase
+
+from lmgym.envs.prompts import split_prompts
+from lmgym.envs.token_env import RewardMode, TokenVectorEnv, Unfinished
+from lmgym.types import RewardInput, RewardModel
+
+Split = Literal["train", "eval", "all"]
+
+
+def num_prompts_of(num_envs: int, group_size: int) -> int:
+    """``num_envs // group_size``, after checking the division is exact."""
+    if not isinstance(group_size, int) or group_size < 1:
+        raise ValueError(f"group_size={group_size!r}: must be a positive integer")
+    if not isinstance(num_envs, int) or num_envs < 1 or num_envs % group_size != 0:
+        raise ValueError(
+            f"num_envs={num_envs} is not a multiple of group_size={group_size}; "
+            "num_envs = num_prompts * group_size"
+        )
+    return num_envs // group_size
+
+
+def encode(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    """Token ids of ``text`` without special tokens."""
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def target_table(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]:
+    """Right-pad per-prompt target ids into one tensor.
+
+    Returns:
+        ``(ids [P, K] int64, lengths [P] int64)``, ``K`` = the longest target.
+
+    Raises:
+        ValueError: an empty target (the message gives its row).
+    """
+    for i, row in enumerate(rows):
+        if len(row) == 0:
+            raise ValueError(f"target {i} tokenises to zero tokens; every target needs text")
+    width = max(len(row) for row in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    for i, row in enumerate(rows):  # once at construction, not a hot path
+        ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+    return ids, torch.tensor([len(row) for row in rows], dtype=torch.long)
+
+
+def _in_place_hits(
+    batch: RewardInput, target_ids: Tensor, target_lengths: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Which target positions the completion reproduces, looked up per prompt.
+
+    Args:
+        target_ids: ``[P, K] int64`` right-padded targets, one row per prompt (``P = 1``:
+            the same target for every prompt).
+        target_lengths: ``[P] int64``.
+
+    Returns:
+        ``(hits [N, K] bool, lengths [N] int64)``; ``hits[i, t]`` is True iff
+        completion token ``t`` of row ``i`` is real and equals the target's.
+    """
+    device = batch.completion_ids.device
+    rows = batch.prompt_index.to(device) if target_ids.shape[0] > 1 else None
+    targets = target_ids.to(device)
+    lengths = target_lengths.to(device)
+    if rows is None:
+        targets = targets.expand(len(batch), -1)
+        lengths = lengths.expand(len(batch))
+    else:
+        targets, lengths = targets[rows], lengths[rows]
+    k = min(targets.shape[1], batch.completion_ids.shape[1])
+    positions = torch.arange(targets.shape[1], device=device)
+    hits = torch.zeros(targets.shape, dtype=torch.bool, device=device)
+    hits[:, :k] = (batch.completion_ids[:, :k] == targets[:, :k]) & batch.completion_mask[:, :k]
+    return hits & (positions[None, :] < lengths[:, None]), lengths
+
+
+class PositionMatchReward:
+    """Fraction of the prompt's target tokens reproduced in place; vectorised over rows.
+
+    ``R_i = (1/K_i) * sum_{t < K_i} [y_{i,t} == target_{p(i),t}]`` with ``p(i)`` the
+    row's prompt index and ``K_i`` its target length; range ``[0, 1]``. Tokens past
+    ``K_i`` do not count. On a prefix the same formula counts the positions written
+    so far, so the env's per-token potential form gives ``r_t = [y_t correct] / K``
+    exactly: a reward per correct step (process supervision).
+
+    Args:
+        target_ids: ``[P, K] int64`` right-padded targets (``P = 1``: one target for all).
+        target_lengths: ``[P] int64``.
+        name: Name in errors and logs.
+    """
+
+    def __init__(self, target_ids: Tensor, target_lengths: Tensor, name: str) -> None:
+        self.target_ids, self.target_lengths, self.name = target_ids, target_lengths, name
+
+    def __call__(self, batch: RewardInput) -> Tensor:
+        hits, lengths = _in_place_hits(batch, self.target_ids, self.target_lengths)
+        return hits.float().sum(dim=1) / lengths.float()
+
+
+class ExactMatchReward:
+    """1 if the completion reproduces the prompt's whole target, else 0 (outcome reward).
+
+    ``R_i = prod_{t < K_i} [y_{i,t} == target_{p(i),t}]``. Put the stop id at the
+    end of each target to demand that the completion ends right after the answer.
+
+    Args:
+        target_ids: ``[P, K] int64`` right-padded targets.
+        target_lengths: ``[P] int64``.
+        name: Name in errors and logs.
+    """
+
+    def __init__(self, target_ids: Tensor, target_lengths: Tensor, name: str) -> None:
+        self.target_ids, self.target_lengths, self.name = target_ids, target_lengths, name
+
+    def __call__(self, batch: RewardInput) -> Tensor:
+        hits, lengths = _in_place_hits(batch, self.target_ids, self.target_lengths)
+        return (hits.sum(dim=1) == lengths).float()
+
+
+def select_split(
+    items: Sequence[tuple[str, str]], split: Split, eval_fraction: float, data_seed: int
+) -> list[tuple[str, str]]:
+    """The ``split`` part of ``(prompt, answer)`` pairs (see ``split_prompts``)."""
+    if split == "all":
+        return list(items)
+    if split not in ("train", "eval"):
+        raise ValueError(f"split={split!r} is not one of ['train', 'eval', 'all']")
+    train, held_out = split_prompts([prompt for prompt, _ in items], eval_fraction, data_seed)
+    part = train if split == "train" else held_out
+    return [items[i] for i in part.indices]
+
+
+def build_env(
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[str],
+    reward: RewardModel,
+    *,
+    num_envs: int,
+    group_size: int,
+    max_new_tokens: int,
+    reward_mode: RewardMode,
+    unfinished: Unfinished,
+    autoreset: bool,
+    device: torch.device | str,
+    unfinished_penalty: float = -1.0,
+) -> TokenVectorEnv:
+    """A ``TokenVectorEnv`` with ``num_envs`` rows (checked against ``group_size``)."""
+    return TokenVectorEnv(
+        tokenizer,
+        list(prompts),
+        reward,
+        num_prompts=num_prompts_of(num_envs, group_size),
+        group_size=group_size,
+        max_new_tokens=max_new_tokens,
+        reward_mode=reward_mode,
+        unfinished=unfinished,
+        unfinished_penalty=unfinished_penalty,
+        autoreset=autoreset,
+        device=device,
+    )
+
+
+def random_policy_return(env: TokenVectorEnv, num_batches: int = 4, seed: int = 0) -> float:
+    """Mean episode return of the uniform random policy: every step, every row draws a
+    token id uniformly from ``[0, vocab_size)``.
+
+    Args:
+        env: an episode-synchronous env (``autoreset=False``); it is reset.
+        num_batches: batches of ``env.num_envs`` episodes to average over.
+        seed: seeds both the env's prompt stream and the action sampler.
+
+    Returns:
+        The mean over ``num_batches * num_envs`` episodes of the summed step rewards.
+    """
+    if env.autoreset:
+        raise ValueError("env: random_policy_return needs an env built with autoreset=False")
+    generator = torch.Generator()
+    generator.manual_seed(seed)
+    total = 0.0
+    for batch in range(num_batches):
+        env.reset(seed=seed + batch)
+        returns = torch.zeros(env.num_envs)
+        for _ in range(env.max_new_tokens):
+            actions = torch.randint(0, env.vocab_size, (env.num_envs,), generator=generator)
+            _, reward, terminated, truncated, _ = env.step(actions.to(env.device))
+            returns += reward.cpu()
+            if bool((terminated | truncated).all()):
+                break
+        total += float(returns.sum())
+    return total / (num_batches * env.num_envs)
