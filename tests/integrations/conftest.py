@@ -1,0 +1,65 @@
+"""Fixtures for the integration tests: every registered task, and the small SB3 toy task."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from lmgym.envs import TokenVectorEnv
+from lmgym.envs.tasks.target_string import make_target_string_vector
+from lmgym.policy import make_char_tokenizer
+
+#: The SB3 toy task: vocabulary 8 (<pad>, <eos>, <unk>, a..e), a 6-token target,
+#: a reward every token. Random policy: about 0.1 per episode; solved: 0.9.
+TOY = {"target": "decade", "prompt": "bad", "reward_mode": "per_token"}
+
+
+def toy_vector_env(num_envs: int, autoreset: bool = True, **overrides) -> TokenVectorEnv:
+    kwargs = {**TOY, **overrides}
+    return make_target_string_vector(
+        num_envs, autoreset=autoreset, tokenizer=make_char_tokenizer("abcde"), **kwargs
+    )
+
+
+def vector_accepts(env_id: str, name: str) -> bool:
+    """Whether the task's vector entry point takes keyword ``name``."""
+    entry = gym.spec(env_id).vector_entry_point
+    factory = gym.envs.registration.load_env_creator(entry) if isinstance(entry, str) else entry
+    return name in inspect.signature(factory).parameters
+
+
+def random_actions(
+    env: TokenVectorEnv, steps: int, seed: int, stop_p: float = 0.25
+) -> list[np.ndarray]:
+    """``steps`` arrays of ``[N]`` token ids; a stop id with probability ``stop_p`` so
+    episodes end at varied lengths."""
+    rng = np.random.default_rng(seed)
+    stops = env.stop_token_ids.cpu().numpy()
+    out = []
+    for _ in range(steps):
+        ids = rng.integers(0, env.vocab_size, env.num_envs)
+        stop = rng.random(env.num_envs) < stop_p
+        out.append(np.where(stop, rng.choice(stops, env.num_envs), ids).astype(np.int64))
+    return out
+
+
+@pytest.fixture
+def toy_env() -> Callable[..., TokenVectorEnv]:
+    """``toy_env(num_envs, autoreset=True, **overrides)``: the toy task's vector env."""
+    return toy_vector_env
+
+
+@pytest.fixture
+def make_actions() -> Callable[..., list[np.ndarray]]:
+    """``make_actions(env, steps, seed, stop_p=0.25)``: see ``random_actions``."""
+    return random_actions
+
+
+@pytest.fixture
+def accepts() -> Callable[[str, str], bool]:
+    """``accepts(env_id, name)``: see ``vector_accepts``."""
+    return vector_accepts
