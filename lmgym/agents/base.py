@@ -25,10 +25,11 @@ One update, top to bottom (``train_on_batch``):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
@@ -62,9 +63,16 @@ from lmgym.types import RolloutBatch
 
 ConfigT = TypeVar("ConfigT", bound=AgentConfig)
 Callback = Callable[["Agent", dict[str, float]], bool | None]
-"""Called after every iteration with the agent and its metrics; returning False stops learning."""
+"""Called after every iteration with the agent and its metrics; returning False stops learning.
+
+A callback object may also define ``on_learn_start(agent)`` and
+``on_learn_end(agent, history)``; ``learn`` calls them, when present, before the
+first and after the last iteration (``lmgym.training.callbacks`` has ready ones:
+early stop at a threshold, periodic evaluation, sample printing, logging,
+checkpoints)."""
 
 STATE_FILE = "agent_state.pt"
+MANIFEST_FILE = "manifest.json"
 CONFIG_FILE = "agent_config.json"
 POLICY_DIR = "policy"
 
@@ -402,13 +410,21 @@ class Agent(Generic[ConfigT]):
 
     # ------------------------------------------------------------------ learn
     def learn(
-        self, iterations: int, callback: Callback | None = None, progress_bar: bool = False
+        self,
+        iterations: int,
+        callback: Callback | Sequence[Callback] | None = None,
+        progress_bar: bool = False,
     ) -> list[dict[str, float]]:
         """Run ``iterations`` of collect + update.
 
         Args:
             iterations: rollout batches to collect and train on.
-            callback: ``callback(agent, metrics)`` after each iteration; ``False`` stops.
+            callback: ``callback(agent, metrics)`` after each iteration, or a list of
+                them, called in order; if any returns ``False`` learning stops after
+                every callback has seen the iteration. Objects with
+                ``on_learn_start(agent)`` / ``on_learn_end(agent, history)`` get
+                those calls too (``on_learn_end`` only when learning ends normally,
+                early stops included, not after an exception).
             progress_bar: show a tqdm bar with live reward/KL/length.
 
         Returns:
@@ -416,12 +432,22 @@ class Agent(Generic[ConfigT]):
         """
         if iterations < 0:
             raise ValueError(f"iterations={iterations}: must be >= 0")
+        if callback is None:
+            callbacks: list[Callback] = []
+        elif callable(callback):
+            callbacks = [callback]
+        else:
+            callbacks = list(callback)
         history: list[dict[str, float]] = []
         bar = None
         if progress_bar:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=iterations, desc=self.name, unit="it")
+        for cb in callbacks:
+            start = getattr(cb, "on_learn_start", None)
+            if start is not None:
+                start(self)
         try:
             for _ in range(iterations):
                 metrics = self.step()
@@ -433,11 +459,16 @@ class Agent(Generic[ConfigT]):
                         kl=f"{metrics.get('kl_ref_k3', metrics.get('approx_kl', 0.0)):.4f}",
                         len=f"{metrics['completion_length']:.1f}",
                     )
-                if callback is not None and callback(self, metrics) is False:
+                answers = [cb(self, metrics) for cb in callbacks]
+                if any(answer is False for answer in answers):
                     break
         finally:
             if bar is not None:
                 bar.close()
+        for cb in callbacks:
+            end_hook = getattr(cb, "on_learn_end", None)
+            if end_hook is not None:
+                end_hook(self, history)
         return history
 
     def step(self) -> dict[str, float]:
@@ -460,15 +491,33 @@ class Agent(Generic[ConfigT]):
 
     # -------------------------------------------------------------- save/load
     def save(self, path: str | Path) -> Path:
-        """Write policy (``save_pretrained``, safetensors), critic, optimizer, RNG and
-        config to the directory ``path``, atomically: a crash mid-write leaves any
-        previous checkpoint at ``path`` intact."""
+        """Write a checkpoint to the directory ``path``, atomically.
+
+        Contents: the policy (``save_pretrained``: safetensors weights, tokenizer),
+        ``agent_state.pt`` (optimizer, sampler and shuffle RNG, the env's prompt
+        stream, iteration and token counters, critic head, stateful helpers such as
+        REINFORCE's EMA baseline, sampling settings), ``agent_config.json``, and last
+        ``manifest.json`` (size and SHA-256 of every file). Everything is written
+        under a temporary name and renamed into place at the end, so a crash
+        mid-write leaves any previous checkpoint at ``path`` intact and never a
+        partial one under that name; ``load`` verifies the manifest, so a file
+        damaged later fails with a clear error.
+        """
+        from lmgym.training.manifest import write_manifest
+
         path = Path(path)
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
         self.policy.save_pretrained(tmp / POLICY_DIR)
+        helpers = {
+            name: dataclasses.asdict(value)
+            for name, value in vars(self).items()
+            if dataclasses.is_dataclass(value)
+            and not isinstance(value, type)
+            and value is not self.config
+        }
         state = {
             "algorithm": self.name,
             "iteration": self.iteration,
@@ -477,6 +526,8 @@ class Agent(Generic[ConfigT]):
             "generator": self.generator.get_state(),
             "shuffle": self._shuffle.get_state(),
             "critic": self.critic.state_dict_for_save() if self.critic is not None else None,
+            "env": self.env.get_state() if self._env_seeded else None,
+            "helpers": helpers,
             "sampling": {
                 "temperature": self.policy.temperature,
                 "top_k": self.policy.top_k,
@@ -487,6 +538,7 @@ class Agent(Generic[ConfigT]):
         (tmp / CONFIG_FILE).write_text(
             json.dumps({"algorithm": self.name, **asdict(self.config)}, indent=2)
         )
+        write_manifest(tmp)
         if path.exists():
             old = path.with_name(f".{path.name}.old-{os.getpid()}")
             path.rename(old)
@@ -504,14 +556,26 @@ class Agent(Generic[ConfigT]):
         ref_policy: CausalLMPolicy | None = None,
         device: torch.device | str = "cpu",
     ) -> Agent:
-        """Rebuild an agent saved with ``save``: same weights, optimizer, RNG, config."""
+        """Rebuild an agent saved with ``save``: same weights, optimizer, RNG, config,
+        and the env's prompt stream (so the next batches are the ones the saved
+        agent would have drawn).
+
+        Raises:
+            FileNotFoundError: ``path`` is not a checkpoint.
+            lmgym.training.manifest.CheckpointError: a file is missing, truncated or
+                altered (checked against ``manifest.json`` before anything is read).
+            ValueError: the checkpoint holds another algorithm.
+        """
+        from lmgym.training.manifest import verify_manifest
+
         path = Path(path)
-        for needed in (CONFIG_FILE, STATE_FILE, POLICY_DIR):
+        for needed in (CONFIG_FILE, STATE_FILE, POLICY_DIR, MANIFEST_FILE):
             if not (path / needed).exists():
                 raise FileNotFoundError(
                     f"{path} is not an lmgym checkpoint: {needed} is missing "
                     "(was it written by Agent.save?)"
                 )
+        verify_manifest(path)
         saved = json.loads((path / CONFIG_FILE).read_text())
         algorithm = saved.pop("algorithm")
         if algorithm != cls.name:
@@ -524,11 +588,18 @@ class Agent(Generic[ConfigT]):
         )
         agent = cls(policy, env, ref_policy, config=cls.config_class(**saved))
         agent.optimizer.load_state_dict(state["optimizer"])
-        agent.generator.set_state(state["generator"])
-        agent._shuffle.set_state(state["shuffle"])
+        agent.generator.set_state(state["generator"].cpu())
+        agent._shuffle.set_state(state["shuffle"].cpu())
         if agent.critic is not None and state["critic"] is not None:
             agent.critic.load_from_save(state["critic"])
+        for name, values in state.get("helpers", {}).items():
+            helper = getattr(agent, name, None)
+            if helper is not None:
+                for key, value in values.items():
+                    setattr(helper, key, value)
         agent.iteration = state["iteration"]
         agent.tokens_generated = state["tokens_generated"]
-        agent._env_seeded = True
+        if state.get("env") is not None:
+            env.set_state(state["env"])
+            agent._env_seeded = True
         return agent

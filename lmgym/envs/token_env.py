@@ -194,6 +194,52 @@ class TokenVectorEnv(VectorEnv):
         self._group_prompt = torch.empty(0, dtype=torch.long)  # prompt of group _group_base + k
         self._group_base = 0
 
+    def get_state(self) -> dict[str, Any]:
+        """The prompt stream's state, for checkpoints: ``set_state`` makes the env draw
+        the same prompts and group ids from here on.
+
+        Covers the stream's RNG, the current pass order and cursor, and the slot and
+        group counters. Rows in flight are not part of it: an episode-synchronous
+        rollout resets every row anyway; an autoreset env restored with ``set_state``
+        starts fresh rows on its next ``reset()``.
+
+        Returns:
+            A dict of CPU tensors and ints (``torch.save``-able).
+        """
+        return {
+            "rng": self._rng.get_state(),
+            "order": self._order.clone(),
+            "cursor": self._cursor,
+            "next_slot": self._next_slot,
+            "group_prompt": self._group_prompt.clone(),
+            "group_base": self._group_base,
+            "num_source_prompts": len(self.prompt_table),
+            "group_size": self.group_size,
+        }
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restore a prompt stream saved with ``get_state``.
+
+        Raises:
+            ValueError: the state comes from an env over a different number of prompts
+                or with a different ``group_size`` (its indices would be wrong here).
+        """
+        for key, mine in (
+            ("num_source_prompts", len(self.prompt_table)),
+            ("group_size", self.group_size),
+        ):
+            if state[key] != mine:
+                raise ValueError(
+                    f"set_state: the saved prompt stream has {key}={state[key]}, this env "
+                    f"has {mine}; build the env with the same prompts and group_size"
+                )
+        self._rng.set_state(state["rng"].cpu())
+        self._order = state["order"].cpu().clone()
+        self._cursor = int(state["cursor"])
+        self._next_slot = int(state["next_slot"])
+        self._group_prompt = state["group_prompt"].cpu().clone()
+        self._group_base = int(state["group_base"])
+
     def _draw_prompts(self, k: int) -> Tensor:
         """``[k]`` prompt indices, continuing the current pass over the source."""
         out = []

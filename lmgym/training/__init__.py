@@ -1,0 +1,54 @@
+"""Training runs around the agents: run directories, logging, checkpoints, callbacks,
+evaluation (mean reward, pass@k, length) and the agent benchmark.
+
+What ``lmgym train`` / ``eval`` / ``bench`` do, as a library:
+
+- ``Trainer(TrainConfig(...), agent_config).run()``: one training run with a run
+  directory (``config.json``, ``progress.csv``, TensorBoard events, ``samples.jsonl``,
+  ``checkpoints/``); ``Trainer.resume(run_dir)`` continues one.
+- ``CheckpointManager``: atomic, manifest-verified checkpoints.
+- ``EarlyStopAtThreshold``, ``PeriodicEval``, ``SamplePrinter``, ``MetricsLogger``,
+  ``CheckpointCallback``: callbacks for ``Agent.learn``.
+- ``evaluate_policy``: mean reward, pass@k and mean length on a task's eval prompts.
+- ``run_bench``: agents x tasks x seeds with equal budgets, a Markdown table and PNG curves.
+
+Names are imported lazily (``lmgym.agents`` imports ``lmgym.training.manifest``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "CheckpointError": "lmgym.training.manifest",
+    "verify_manifest": "lmgym.training.manifest",
+    "write_manifest": "lmgym.training.manifest",
+    "CheckpointManager": "lmgym.training.checkpoint",
+    "TrainingCallback": "lmgym.training.callbacks",
+    "EarlyStopAtThreshold": "lmgym.training.callbacks",
+    "PeriodicEval": "lmgym.training.callbacks",
+    "SamplePrinter": "lmgym.training.callbacks",
+    "MetricsLogger": "lmgym.training.callbacks",
+    "CheckpointCallback": "lmgym.training.callbacks",
+    "EvalResult": "lmgym.training.evaluation",
+    "evaluate_policy": "lmgym.training.evaluation",
+    "make_eval_env": "lmgym.training.evaluation",
+    "pass_at_k": "lmgym.training.evaluation",
+    "make_logger": "lmgym.training.logger",
+    "RunDirectory": "lmgym.training.run",
+    "TrainConfig": "lmgym.training.run",
+    "Trainer": "lmgym.training.trainer",
+    "TrainResult": "lmgym.training.trainer",
+    "BenchSpec": "lmgym.training.bench",
+    "run_bench": "lmgym.training.bench",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lmgym.training' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -1,0 +1,355 @@
+"""Callbacks for ``Agent.learn``: early stopping, periodic evaluation, samples, logging, checkpoints.
+
+Any ``callback(agent, metrics) -> bool | None`` works with ``Agent.learn``
+(``False`` stops). ``TrainingCallback`` adds the optional hooks ``learn`` calls
+(``on_learn_start``, ``on_learn_end``) and ``state_dict`` / ``load_state_dict``,
+which the run's checkpoints save and restore so a resumed run's callbacks carry on
+where they were (e.g. the early-stop window).
+
+Order matters: a callback may add entries to ``metrics`` (``PeriodicEval`` adds
+``eval/*``), which later callbacks in the list see (``MetricsLogger`` logs them).
+The ``Trainer`` uses: PeriodicEval, EarlyStopAtThreshold, MetricsLogger,
+SamplePrinter, the user's callbacks, CheckpointCallback.
+
+Evaluation and sampling here use their own env and generator (seeded from the
+run's seed and the iteration), so they never change what the training run draws:
+a run is the same with or without them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from stable_baselines3.common.logger import Logger
+
+from lmgym.agents.base import Agent
+from lmgym.envs.token_env import TokenVectorEnv
+from lmgym.rollout import collect
+from lmgym.training.checkpoint import CheckpointManager
+from lmgym.training.evaluation import EvalResult, evaluate_policy
+from lmgym.training.logger import record_metrics
+from lmgym.training.run import RunDirectory
+
+Printer = Callable[[str], None]
+
+
+def tqdm_print(text: str) -> None:
+    """Print a line without tearing a tqdm progress bar."""
+    from tqdm.auto import tqdm
+
+    tqdm.write(text)
+
+
+def derived_seed(seed: int, iteration: int, stream: int) -> int:
+    """A seed for side stream ``stream`` (eval, samples, ...) at ``iteration``: a fixed
+    function of the run's seed, so a resumed run draws the same evaluations."""
+    return (seed * 1_000_003 + iteration * 7_919 + stream * 104_729) % (2**62)
+
+
+class TrainingCallback:
+    """Base class: a callable with optional start/end hooks and checkpointable state.
+
+    Attributes:
+        state_key: the name its state is saved under in a checkpoint.
+    """
+
+    state_key = "callback"
+
+    def on_learn_start(self, agent: Agent) -> None:
+        """Called once before the first iteration of ``learn``."""
+
+    def __call__(self, agent: Agent, metrics: dict[str, float]) -> bool | None:
+        """Called after every iteration; return ``False`` to stop."""
+        return None
+
+    def on_learn_end(self, agent: Agent, history: list[dict[str, float]]) -> None:
+        """Called once after the last iteration (not after an exception)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps of this callback."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore ``state_dict()``'s output."""
+
+
+class EarlyStopAtThreshold(TrainingCallback):
+    """Stop when the mean ``reward_mean`` of the last ``window`` iterations reaches ``threshold``.
+
+    Args:
+        threshold: e.g. the task's solved threshold (``TASKS[task].solved_threshold``).
+        window: iterations in the rolling mean.
+        key: the metric watched.
+        out: where to print the stop message (``None``: silent).
+
+    Attributes:
+        solved_at: the iteration at which it stopped, or ``None``.
+    """
+
+    state_key = "early_stop"
+
+    def __init__(
+        self,
+        threshold: float,
+        window: int = 5,
+        key: str = "reward_mean",
+        out: Printer | None = tqdm_print,
+    ) -> None:
+        if window < 1:
+            raise ValueError(f"window={window}: must be >= 1")
+        self.threshold, self.window, self.key, self.out = threshold, window, key, out
+        self.recent: list[float] = []
+        self.solved_at: int | None = None
+
+    def __call__(self, agent: Agent, metrics: dict[str, float]) -> bool | None:
+        self.recent = (self.recent + [metrics[self.key]])[-self.window :]
+        if len(self.recent) == self.window:
+            mean = sum(self.recent) / self.window
+            if mean >= self.threshold - 1e-6:  # float32 metrics: 0.9 arrives as 0.89999998
+                self.solved_at = agent.iteration
+                if self.out is not None:
+                    self.out(
+                        f"early stop at iteration {agent.iteration}: mean {self.key} over the "
+                        f"last {self.window} iterations is {mean:.3f} >= {self.threshold:g}"
+                    )
+                return False
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"recent": list(self.recent), "solved_at": self.solved_at}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.recent = list(state["recent"])
+        self.solved_at = state["solved_at"]
+
+
+class PeriodicEval(TrainingCallback):
+    """Every ``every`` iterations, evaluate the policy and add ``eval/*`` to the metrics.
+
+    Args:
+        env: an evaluation env (``make_eval_env``).
+        every: iterations between evaluations.
+        num_prompts: prompts per evaluation.
+        seed: the run's seed (each evaluation derives its own from it).
+        correct_threshold: reward counted as correct for pass@k (``None``: no pass@k).
+        split: recorded with the results.
+        run: where to append ``eval.jsonl`` (``None``: nowhere).
+        out: where to print the one-line summary (``None``: silent).
+
+    Attributes:
+        results: ``(iteration, EvalResult)`` of every evaluation so far.
+    """
+
+    state_key = "periodic_eval"
+
+    def __init__(
+        self,
+        env: TokenVectorEnv,
+        every: int,
+        num_prompts: int,
+        seed: int = 0,
+        correct_threshold: float | None = None,
+        split: str = "",
+        run: RunDirectory | None = None,
+        out: Printer | None = tqdm_print,
+    ) -> None:
+        if every < 1:
+            raise ValueError(f"every={every}: must be >= 1")
+        self.env, self.every, self.num_prompts, self.seed = env, every, num_prompts, seed
+        self.correct_threshold, self.split, self.run, self.out = correct_threshold, split, run, out
+        self.results: list[tuple[int, EvalResult]] = []
+
+    def evaluate(self, agent: Agent) -> EvalResult:
+        """Evaluate now (seeded by the iteration), without touching the training streams."""
+        return evaluate_policy(
+            agent.policy,
+            self.env,
+            self.num_prompts,
+            seed=derived_seed(self.seed, agent.iteration, 1),
+            correct_threshold=self.correct_threshold,
+            split=self.split,
+        )
+
+    def __call__(self, agent: Agent, metrics: dict[str, float]) -> bool | None:
+        if agent.iteration % self.every != 0:
+            return None
+        result = self.evaluate(agent)
+        self.results.append((agent.iteration, result))
+        metrics.update(result.metrics())
+        if self.run is not None:
+            self.run.append_jsonl(
+                RunDirectory.EVAL, {"iteration": agent.iteration, **result.to_json()}
+            )
+        if self.out is not None:
+            self.out(f"[eval @ {agent.iteration}] {result.summary()}")
+        return None
+
+
+class SamplePrinter(TrainingCallback):
+    """Every ``every`` iterations, print ``count`` sampled completions (and record them).
+
+    Args:
+        env: the env to sample from (e.g. the evaluation env).
+        every: iterations between prints.
+        count: completions printed.
+        seed: the run's seed (each print derives its own).
+        run: where to append ``samples.jsonl`` (``None``: nowhere).
+        out: where to print.
+    """
+
+    state_key = "samples"
+
+    def __init__(
+        self,
+        env: TokenVectorEnv,
+        every: int,
+        count: int = 4,
+        seed: int = 0,
+        run: RunDirectory | None = None,
+        out: Printer | None = tqdm_print,
+    ) -> None:
+        if every < 1:
+            raise ValueError(f"every={every}: must be >= 1")
+        self.env, self.every, self.count, self.seed, self.run, self.out = (
+            env,
+            every,
+            count,
+            seed,
+            run,
+            out,
+        )
+
+    def sample(self, agent: Agent) -> list[tuple[str, str, float]]:
+        """``count`` ``(prompt, completion, reward)``, one per prompt first."""
+        import torch
+
+        generator = torch.Generator(device=agent.policy.device)
+        seed = derived_seed(self.seed, agent.iteration, 2)
+        generator.manual_seed(seed)
+        with torch.no_grad():
+            batch = collect(self.env, agent.policy, seed=seed, generator=generator)
+        k = self.env.group_size
+        texts = self.env.decode_completions(batch.completion_ids)
+        order = sorted(range(len(texts)), key=lambda i: (i % k, i // k))[: self.count]
+        prompts = self.env.prompt_table.texts
+        return [
+            (prompts[int(batch.prompt_index[i])], texts[i], float(batch.scores[i])) for i in order
+        ]
+
+    def __call__(self, agent: Agent, metrics: dict[str, float]) -> bool | None:
+        if self.count == 0 or agent.iteration % self.every != 0:
+            return None
+        samples = self.sample(agent)
+        lines = [f"[samples @ {agent.iteration}]"] + [
+            f"  reward {reward:.2f}: {prompt!r} -> {completion!r}"
+            for prompt, completion, reward in samples
+        ]
+        if self.out is not None:
+            self.out("\n".join(lines))
+        if self.run is not None:
+            for prompt, completion, reward in samples:
+                self.run.append_jsonl(
+                    RunDirectory.SAMPLES,
+                    {
+                        "iteration": agent.iteration,
+                        "prompt": prompt,
+                        "completion": completion,
+                        "reward": reward,
+                    },
+                )
+        return None
+
+
+class MetricsLogger(TrainingCallback):
+    """Send every iteration's metrics to an SB3 file logger, and to stdout every ``log_interval``.
+
+    Adds ``time/elapsed_s`` (seconds since this session's ``learn`` started) and
+    ``time/iterations_per_s``.
+
+    Args:
+        logger: the file logger (``make_logger``): CSV (+ TensorBoard).
+        stdout: a stdout logger (``make_stdout_logger``), or ``None``.
+        log_interval: iterations between stdout tables (0: never).
+    """
+
+    state_key = "metrics_logger"
+
+    def __init__(self, logger: Logger, stdout: Logger | None = None, log_interval: int = 0):
+        self.logger, self.stdout, self.log_interval = logger, stdout, log_interval
+        self._start = time.perf_counter()
+        self._iterations = 0
+
+    def on_learn_start(self, agent: Agent) -> None:
+        self._start = time.perf_counter()
+        self._iterations = 0
+
+    def __call__(self, agent: Agent, metrics: dict[str, float]) -> bool | None:
+        self._iterations += 1
+        elapsed = time.perf_counter() - self._start
+        row = {
+            **metrics,
+            "time/elapsed_s": elapsed,
+            "time/iterations_per_s": self._iterations / max(elapsed, 1e-9),
+        }
+        record_metrics(self.logger, row, agent.iteration)
+        if (
+            self.stdout is not None
+            and self.log_interval
+            and agent.iteration % self.log_interval == 0
+        ):
+            record_metrics(self.stdout, row, agent.iteration)
+        return None
+
+    def on_learn_end(self, agent: Agent, history: list[dict[str, float]]) -> None:
+        self.logger.output_formats[0].file.flush()  # type: ignore[attr-defined]
+
+
+class CheckpointCallback(TrainingCallback):
+    """Save a checkpoint every ``every`` iterations and once more at the end of ``learn``.
+
+    Args:
+        manager: where checkpoints go.
+        every: iterations between checkpoints (0: only at the end).
+        trainer_state: returns the extra state to save with each (callback states, ...).
+        out: where to print "checkpoint written" lines (``None``: silent).
+
+    Attributes:
+        last: the newest checkpoint written, if any.
+    """
+
+    state_key = "checkpoint"
+
+    def __init__(
+        self,
+        manager: CheckpointManager,
+        every: int = 0,
+        trainer_state: Callable[[], dict[str, Any]] | None = None,
+        out: Printer | None = None,
+    ) -> None:
+        self.manager, self.every, self.trainer_state, self.out = manager, every, trainer_state, out
+        self.last = None
+        self._saved_at: int | None = None
+
+    def save(self, agent: Agent) -> None:
+        """Write a checkpoint of the agent now."""
+        state = self.trainer_state() if self.trainer_state is not None else {}
+        self.last = self.manager.save(agent, state)
+        self._saved_at = agent.iteration
+        if self.out is not None:
+            self.out(f"checkpoint: {self.last}")
+
+    def on_learn_start(self, agent: Agent) -> None:
+        latest = self.manager.latest()
+        current = latest is not None and latest.name == f"iter_{agent.iteration:06d}"
+        self._saved_at = agent.iteration if current else None
+
+    def __call__(self, agent: Agent, metrics: dict[str, float]) -> bool | None:
+        if self.every and agent.iteration % self.every == 0:
+            self.save(agent)
+        return None
+
+    def on_learn_end(self, agent: Agent, history: list[dict[str, float]]) -> None:
+        if self._saved_at != agent.iteration:
+            self.save(agent)

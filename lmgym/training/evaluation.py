@@ -1,0 +1,272 @@
+"""Evaluation: mean reward, pass@k and mean completion length on a task's eval prompts.
+
+``evaluate_policy(policy, env, num_prompts)`` draws ``num_prompts`` prompts from
+``env`` (a pass over its prompts in an order seeded by ``seed``, repeated when the
+source is smaller) and samples ``k = env.group_size`` completions for each, with a
+generator of its own, so evaluating never moves a training run's random streams.
+
+``make_eval_env`` builds that env for a registered task: the task's held-out
+``split="eval"`` where its factory has one (Reverse, Sort, CopyRule, Arithmetic,
+ArithmeticProcess), otherwise the task's only prompts.
+
+pass@k. A completion is *correct* when its reward reaches the task's maximum
+(``TaskInfo.reward_range[1]``, minus 1e-6) on the tasks whose reward is an
+exact-match verifier, listed in ``VERIFIED_TASKS``: reward 1 there means the
+answer is exactly right. Other tasks report no pass@k unless a
+``correct_threshold`` is given. With ``n`` samples of which ``c`` are correct,
+``pass@k = 1 - C(n - c, k) / C(n, k)`` (the unbiased estimator of Chen et al.,
+2021), averaged over prompts; ``pass@1`` is then the mean share of correct samples.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import gymnasium as gym
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from lmgym.envs.token_env import TokenVectorEnv
+from lmgym.policy.causal_lm import CausalLMPolicy
+from lmgym.rollout import collect
+
+VERIFIED_TASKS: dict[str, str] = {
+    "lmgym/TargetString-v0": "the completion starts with the target string",
+    "lmgym/Reverse-v0": "every answer position is right",
+    "lmgym/Sort-v0": "every answer position is right",
+    "lmgym/CopyRule-v0": "every answer position is right",
+    "lmgym/Arithmetic-v0": "the exact answer, then EOS",
+    "lmgym/ArithmeticProcess-v0": "the exact answer, then EOS",
+}
+"""Tasks whose maximal reward means an exactly right answer: pass@k is defined there."""
+
+EVAL_BATCH_PROMPTS = 32
+"""Prompts per evaluation rollout (the env's ``num_prompts``)."""
+
+
+def vector_factory(task: str) -> Callable[..., Any]:
+    """The callable behind ``gymnasium.make_vec(task, ...)`` (its ``vector_entry_point``)."""
+    spec = gym.spec(task)
+    entry = spec.vector_entry_point
+    if entry is None:
+        raise ValueError(
+            f"task {task!r} has no vector_entry_point; lmgym needs a native vector env"
+        )
+    if isinstance(entry, str):
+        from gymnasium.envs.registration import load_env_creator
+
+        return load_env_creator(entry)
+    return entry
+
+
+def factory_accepts(task: str, name: str) -> bool:
+    """Whether the task's vector factory takes the keyword ``name``."""
+    try:
+        params = inspect.signature(vector_factory(task)).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def correct_threshold_for(task: str) -> float | None:
+    """The reward at which a completion counts as correct, or None (no verifier)."""
+    from lmgym.envs.registration import TASKS
+
+    if task in VERIFIED_TASKS and task in TASKS:
+        return TASKS[task].reward_range[1] - 1e-6
+    return None
+
+
+def make_eval_env(
+    task: str,
+    tokenizer: PreTrainedTokenizerBase,
+    num_prompts: int,
+    samples_per_prompt: int,
+    *,
+    split: str = "eval",
+    env_kwargs: dict[str, Any] | None = None,
+    device: torch.device | str = "cpu",
+) -> tuple[TokenVectorEnv, str]:
+    """An episode-synchronous env for evaluating ``task``.
+
+    Args:
+        task: a registered task id.
+        tokenizer: the policy's tokenizer.
+        num_prompts: prompts the evaluation will draw (at most ``EVAL_BATCH_PROMPTS``
+            per rollout).
+        samples_per_prompt: completions per prompt (the env's ``group_size``).
+        split: ``"eval"`` (held-out prompts), ``"train"`` or ``"all"``; used where the
+            task's factory takes a ``split``.
+        env_kwargs: the run's other env factory arguments (reward mode, ...).
+        device: where the env's tensors live.
+
+    Returns:
+        ``(env, split)``, ``split`` saying which prompts were used, e.g. ``"eval"`` or
+        ``"all (no held-out split)"``.
+    """
+    kwargs = dict(env_kwargs or {})
+    kwargs.pop("split", None)
+    if factory_accepts(task, "autoreset"):
+        kwargs["autoreset"] = False
+    used = "all (no held-out split)"
+    if factory_accepts(task, "split"):
+        kwargs["split"] = split
+        used = split
+    batch = min(num_prompts, EVAL_BATCH_PROMPTS)
+    env = gym.make_vec(
+        task,
+        num_envs=batch * samples_per_prompt,
+        group_size=samples_per_prompt,
+        tokenizer=tokenizer,
+        device=device,
+        **kwargs,
+    )
+    return env, used  # type: ignore[return-value]
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from ``n`` samples with ``c`` correct: ``1 - C(n-c, k) / C(n, k)``.
+
+    Raises:
+        ValueError: ``k > n`` or ``c`` outside ``[0, n]``.
+    """
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass_at_k: need 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+@dataclass
+class EvalResult:
+    """What one evaluation measured.
+
+    Attributes:
+        reward_mean, reward_std: over every sampled completion's episode return.
+        completion_length: mean completion tokens (EOS included).
+        pass_at_1, pass_at_k: ``None`` when the task has no verifier.
+        num_prompts, samples_per_prompt: ``n`` prompts times ``k`` completions.
+        split: which prompts (see ``make_eval_env``).
+        correct_threshold: the reward counted as correct, if any.
+        samples: a few ``(prompt, completion, reward)``, one per prompt first.
+    """
+
+    reward_mean: float
+    reward_std: float
+    completion_length: float
+    pass_at_1: float | None
+    pass_at_k: float | None
+    num_prompts: int
+    samples_per_prompt: int
+    split: str = ""
+    correct_threshold: float | None = None
+    samples: list[tuple[str, str, float]] = field(default_factory=list, repr=False)
+
+    def metrics(self, prefix: str = "eval/") -> dict[str, float]:
+        """The numbers as a flat metrics dict (``eval/reward_mean``, ``eval/pass@4``, ...)."""
+        out = {
+            f"{prefix}reward_mean": self.reward_mean,
+            f"{prefix}reward_std": self.reward_std,
+            f"{prefix}completion_length": self.completion_length,
+        }
+        if self.pass_at_1 is not None and self.pass_at_k is not None:
+            out[f"{prefix}pass@1"] = self.pass_at_1
+            out[f"{prefix}pass@{self.samples_per_prompt}"] = self.pass_at_k
+        return out
+
+    def summary(self) -> str:
+        """One line: reward, pass@1/pass@k, length and what was sampled."""
+        parts = [f"reward {self.reward_mean:.3f} (std {self.reward_std:.3f})"]
+        if self.pass_at_1 is not None and self.pass_at_k is not None:
+            parts.append(f"pass@1 {self.pass_at_1:.3f}")
+            parts.append(f"pass@{self.samples_per_prompt} {self.pass_at_k:.3f}")
+        parts.append(f"length {self.completion_length:.2f}")
+        return (
+            ", ".join(parts)
+            + f"  ({self.num_prompts} prompts x {self.samples_per_prompt} samples, "
+            + f"split {self.split or '?'})"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (samples as lists)."""
+        data = asdict(self)
+        data["samples"] = [list(s) for s in self.samples]
+        return data
+
+
+@torch.no_grad()
+def evaluate_policy(
+    policy: CausalLMPolicy,
+    env: TokenVectorEnv,
+    num_prompts: int,
+    *,
+    seed: int = 0,
+    correct_threshold: float | None = None,
+    split: str = "",
+    num_samples_kept: int = 8,
+) -> EvalResult:
+    """Sample ``env.group_size`` completions for each of ``num_prompts`` prompts and score them.
+
+    The env is reset with ``seed`` and the sampler uses its own generator seeded
+    with ``seed``: the same call gives the same result, and no other RNG moves.
+
+    Args:
+        policy: the policy to sample from (not updated).
+        env: an episode-synchronous env (``make_eval_env``); groups = prompts.
+        num_prompts: prompts to draw (``env.num_prompts`` per rollout).
+        seed: seeds the prompt order and the sampler.
+        correct_threshold: reward counted as correct; ``None``: no pass@k.
+        split: recorded in the result.
+        num_samples_kept: how many ``(prompt, completion, reward)`` to keep.
+
+    Returns:
+        An ``EvalResult``.
+    """
+    if num_prompts < 1:
+        raise ValueError(f"num_prompts={num_prompts}: must be >= 1")
+    generator = torch.Generator(device=policy.device)
+    generator.manual_seed(seed)
+    k = env.group_size
+    scores, lengths, groups, prompt_index, completions = [], [], [], [], []
+    have = 0
+    first = True
+    while have < num_prompts:
+        batch = collect(env, policy, seed=seed if first else None, generator=generator)
+        first = False
+        keep = batch.group_ids < num_prompts  # group ids count from 0 after reset(seed)
+        batch = batch.select(keep)
+        scores.append(batch.scores.cpu())
+        lengths.append(batch.lengths.cpu())
+        groups.append(batch.group_ids.cpu())
+        prompt_index.append(batch.prompt_index.cpu())
+        completions += env.decode_completions(batch.completion_ids)
+        have = int(torch.cat(groups).unique().numel())
+    score = torch.cat(scores)
+    group = torch.cat(groups)
+    index = torch.cat(prompt_index)
+    pass1 = passk = None
+    if correct_threshold is not None:
+        correct = score >= correct_threshold
+        per_group = [int(correct[group == g].sum()) for g in group.unique().tolist()]
+        pass1 = sum(pass_at_k(k, c, 1) for c in per_group) / len(per_group)
+        passk = sum(pass_at_k(k, c, k) for c in per_group) / len(per_group)
+    # One sample per prompt first, then the rest, so a few lines show several prompts.
+    order = sorted(range(len(completions)), key=lambda i: (i % k, i // k))[:num_samples_kept]
+    texts = env.prompt_table.texts
+    samples = [(texts[int(index[i])], completions[i], float(score[i])) for i in order]
+    return EvalResult(
+        reward_mean=float(score.mean()),
+        reward_std=float(score.std()) if score.numel() > 1 else 0.0,
+        completion_length=float(torch.cat(lengths).float().mean()),
+        pass_at_1=pass1,
+        pass_at_k=passk,
+        num_prompts=num_prompts,
+        samples_per_prompt=k,
+        split=split,
+        correct_threshold=correct_threshold,
+        samples=samples,
+    )

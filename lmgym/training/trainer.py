@@ -1,0 +1,445 @@
+"""One training run, as ``lmgym train`` does it: build, train with callbacks, checkpoint, evaluate.
+
+```python
+from lmgym.agents import GRPOConfig
+from lmgym.training import TrainConfig, Trainer
+
+result = Trainer(TrainConfig(algo="grpo", iterations=100, run_dir="runs/demo"),
+                 GRPOConfig(learning_rate=2e-3)).run()
+result = Trainer.resume("runs/demo", changes={"iterations": 200}).run()   # 100 more
+```
+
+Determinism. A fresh run seeds the global torch RNG with the agent's ``seed``
+before building the agent (a critic head may draw its initial weights from it).
+Evaluations and printed samples use their own env and generator. So on CPU a run
+of ``N`` iterations and a run of ``M < N`` iterations resumed to ``N`` produce
+the same metrics, row for row (``time/*`` aside): the checkpoint holds the
+weights, optimizer, sampler/shuffle RNG, the env's prompt stream, the global RNG
+and the callbacks' state. (An ``autoreset`` env's rows in flight are not saved:
+such a run resumes with fresh rows.)
+"""
+
+from __future__ import annotations
+
+import importlib
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import torch
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from lmgym.agents.base import Agent, Callback
+from lmgym.agents.config import AgentConfig
+from lmgym.envs.token_env import TokenVectorEnv
+from lmgym.policy.causal_lm import CausalLMPolicy
+from lmgym.training.callbacks import (
+    CheckpointCallback,
+    EarlyStopAtThreshold,
+    MetricsLogger,
+    PeriodicEval,
+    Printer,
+    SamplePrinter,
+    derived_seed,
+    tqdm_print,
+)
+from lmgym.training.checkpoint import CheckpointManager, is_checkpoint
+from lmgym.training.evaluation import (
+    EvalResult,
+    correct_threshold_for,
+    evaluate_policy,
+    make_eval_env,
+)
+from lmgym.training.logger import make_logger, make_stdout_logger
+from lmgym.training.manifest import CheckpointError
+from lmgym.training.run import FIXED_ON_RESUME, RunDirectory, TrainConfig, default_run_dir
+
+
+def check_algo(algo: str) -> None:
+    """Raise ``ValueError`` listing the valid names if ``algo`` is unknown."""
+    from lmgym.agents import ALGORITHMS
+
+    if algo not in ALGORITHMS:
+        raise ValueError(f"unknown algo {algo!r}; valid: {', '.join(sorted(ALGORITHMS))}")
+
+
+def check_task(task: str) -> None:
+    """Raise ``ValueError`` listing the registered tasks if ``task`` is unknown."""
+    import lmgym  # noqa: F401  (registers the tasks)
+
+    if task not in gym.registry:
+        tasks = sorted(k for k in gym.registry if k.startswith("lmgym/"))
+        raise ValueError(f"unknown task {task!r}; registered: {', '.join(tasks)}")
+
+
+def load_policy(
+    model: str | None, temperature: float = 1.0, device: torch.device | str = "cpu"
+) -> CausalLMPolicy:
+    """The policy for ``model`` (hub name or directory); ``None``: the tiny GPT-2, built
+    locally and round-tripped through ``save_pretrained`` / ``from_pretrained``."""
+    from lmgym.policy import save_tiny
+
+    if model is not None:
+        return CausalLMPolicy.from_pretrained(model, device=device, temperature=temperature)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = save_tiny(f"{tmp}/tiny-gpt2")
+        return CausalLMPolicy.from_pretrained(path, device=device, temperature=temperature)
+
+
+def make_train_env(config: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> TokenVectorEnv:
+    """The run's training env: ``gymnasium.make_vec(task, ...)`` with the policy's tokenizer."""
+    env = gym.make_vec(
+        config.task,
+        num_envs=config.num_prompts * config.group_size,
+        group_size=config.group_size,
+        tokenizer=tokenizer,
+        device=config.device,
+        **config.env_kwargs,
+    )
+    if not isinstance(env, TokenVectorEnv):
+        raise TypeError(
+            f"task {config.task!r}: make_vec returned {type(env).__name__}, not an lmgym "
+            "TokenVectorEnv"
+        )
+    return env
+
+
+def load_callback(spec: str) -> Callback:
+    """Import a user callback from ``'package.module:name'``; a class is instantiated."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"callback {spec!r}: expected 'package.module:name'")
+    try:
+        target = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"callback {spec!r}: cannot import it ({exc})") from None
+    if isinstance(target, type):
+        target = target()
+    if not callable(target):
+        raise ValueError(f"callback {spec!r}: {type(target).__name__} is not callable")
+    return target
+
+
+@dataclass
+class TrainResult:
+    """What a run did.
+
+    Attributes:
+        run_dir: its directory.
+        history: one metrics dict per iteration trained in this session.
+        before, after: evaluations at the start and the end of this session.
+        seconds: wall time of ``learn``.
+        iteration: the agent's iteration count at the end (all sessions).
+        tokens_generated: completion tokens sampled (all sessions).
+        checkpoint: the final checkpoint.
+        stopped_early: whether early stopping ended it.
+        agent: the trained agent.
+    """
+
+    run_dir: Path
+    history: list[dict[str, float]]
+    before: EvalResult
+    after: EvalResult
+    seconds: float
+    iteration: int
+    tokens_generated: int
+    checkpoint: Path | None
+    stopped_early: bool
+    agent: Agent = field(repr=False)
+
+
+class Trainer:
+    """Build and run one training run with a run directory.
+
+    Args:
+        config: the run's settings.
+        agent_config: the algorithm's config (default: its documented defaults);
+            its class must be ``ALGORITHMS[config.algo].config_class``.
+        callbacks: extra ``callback(agent, metrics)`` called each iteration, after
+            the built-in ones and before the checkpoint; ``TrainingCallback``s'
+            ``state_dict`` is saved with each checkpoint (under ``state_key``).
+        overwrite: replace ``config.run_dir`` if it exists (only an lmgym run).
+        out: where progress lines go (default: ``print`` through tqdm).
+    """
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        agent_config: AgentConfig | None = None,
+        *,
+        callbacks: Sequence[Callback] = (),
+        overwrite: bool = False,
+        out: Printer = tqdm_print,
+    ) -> None:
+        from lmgym.agents import ALGORITHMS
+
+        check_algo(config.algo)
+        check_task(config.task)
+        config.check()
+        agent_class = ALGORITHMS[config.algo]
+        if agent_config is None:
+            agent_config = agent_class.config_class()
+        if type(agent_config) is not agent_class.config_class:
+            raise TypeError(
+                f"agent_config: {config.algo} takes {agent_class.config_class.__name__}, "
+                f"got {type(agent_config).__name__}"
+            )
+        self.config = config
+        self.agent_config = agent_config
+        self.user_callbacks = list(callbacks)
+        self.overwrite = overwrite
+        self.out = out
+        self.resume_from: Path | None = None
+
+    # -------------------------------------------------------------- resume
+    @staticmethod
+    def find_checkpoint(path: str | Path) -> tuple[RunDirectory, Path]:
+        """``(run, checkpoint)`` for a run directory (its latest checkpoint) or a checkpoint.
+
+        Raises:
+            FileNotFoundError: neither, or a run without checkpoints.
+        """
+        path = Path(path)
+        if is_checkpoint(path):
+            return RunDirectory.open(path.parent.parent), path
+        run = RunDirectory.open(path)
+        latest = CheckpointManager(run.checkpoints).latest()
+        if latest is None:
+            raise FileNotFoundError(f"run directory {run.path} has no checkpoint to resume from")
+        return run, latest
+
+    @classmethod
+    def resume(
+        cls,
+        path: str | Path,
+        *,
+        changes: dict[str, Any] | None = None,
+        callbacks: Sequence[Callback] = (),
+        out: Printer = tqdm_print,
+    ) -> Trainer:
+        """Continue a run from its latest checkpoint (or from the checkpoint ``path``).
+
+        Args:
+            path: a run directory or one of its checkpoints.
+            changes: ``TrainConfig`` fields to change, e.g. ``{"iterations": 200}``
+                (the new total). The algorithm, task, model, batch shape, sampling
+                temperature and env arguments cannot change (``FIXED_ON_RESUME``).
+            callbacks: as in ``Trainer``.
+            out: as in ``Trainer``.
+
+        Raises:
+            ValueError: ``changes`` touches a fixed field.
+        """
+        from lmgym.agents import ALGORITHMS
+
+        run, checkpoint = cls.find_checkpoint(path)
+        saved = run.read_config()
+        changes = dict(changes or {})
+        for name in FIXED_ON_RESUME:
+            if name in changes and changes[name] != saved["run"][name]:
+                raise ValueError(
+                    f"{name}={changes[name]!r} differs from the run's {saved['run'][name]!r}; a "
+                    "resumed run keeps its algorithm, task, model, batch shape, temperature and "
+                    "env arguments (start a new run to change them)"
+                )
+        config = TrainConfig(**{**saved["run"], **changes, "run_dir": str(run.path)})
+        agent_class = ALGORITHMS[saved["algo"]]
+        agent_values = dict(saved["agent"])
+        if "adam_betas" in agent_values:
+            agent_values["adam_betas"] = tuple(agent_values["adam_betas"])
+        trainer = cls(
+            config, agent_class.config_class(**agent_values), callbacks=callbacks, out=out
+        )
+        trainer.resume_from = checkpoint
+        return trainer
+
+    # ----------------------------------------------------------------- run
+    def _reference(
+        self, policy: CausalLMPolicy | None = None, fresh: bool = True
+    ) -> CausalLMPolicy | None:
+        if self.agent_config.beta <= 0:
+            return None
+        from lmgym.policy.value import frozen_copy
+
+        if fresh and policy is not None:
+            return frozen_copy(policy)
+        # The reference is the initial model, not the checkpoint's: rebuild it.
+        return frozen_copy(
+            load_policy(self.config.model, self.config.temperature, self.config.device)
+        )
+
+    def _build(self) -> tuple[RunDirectory, Agent, dict[str, Any]]:
+        """The run directory, the agent (fresh or resumed) and the saved trainer state."""
+        from lmgym.agents import ALGORITHMS
+
+        cfg = self.config
+        torch.set_num_threads(cfg.threads)
+        if self.resume_from is None:
+            run = RunDirectory.create(
+                cfg.run_dir or default_run_dir(cfg.algo, cfg.task), overwrite=self.overwrite
+            )
+            cfg.run_dir = str(run.path)
+            policy = load_policy(cfg.model, cfg.temperature, cfg.device)
+            env = make_train_env(cfg, policy.tokenizer)
+            torch.manual_seed(self.agent_config.seed)
+            agent = ALGORITHMS[cfg.algo](
+                policy, env, self._reference(policy, fresh=True), config=self.agent_config
+            )
+            run.write_config(cfg, self.agent_config)
+            return run, agent, {}
+        run = RunDirectory.open(Path(self.resume_from).parent.parent)
+        # The env needs the tokenizer: read it from the checkpoint's policy directory.
+        tokenizer = AutoTokenizer.from_pretrained(Path(self.resume_from) / "agent" / "policy")
+        env = make_train_env(cfg, tokenizer)
+        ref = self._reference(fresh=False)
+        try:
+            agent, state = CheckpointManager.load(self.resume_from, env, ref, device=cfg.device)
+        except CheckpointError as exc:
+            others = [p.name for p in CheckpointManager(run.checkpoints).checkpoints()]
+            others = [name for name in others if name != Path(self.resume_from).name]
+            hint = (
+                f"; other checkpoints in this run: {', '.join(others)} (pass one to --resume, "
+                f"e.g. --resume {run.checkpoints / others[-1]})"
+                if others
+                else ""
+            )
+            raise CheckpointError(f"{exc}{hint}") from None
+        run.write_config(cfg, self.agent_config)
+        run.truncate_jsonl(RunDirectory.SAMPLES, agent.iteration)
+        run.truncate_jsonl(RunDirectory.EVAL, agent.iteration)
+        return run, agent, state
+
+    def _eval_env(self, agent: Agent) -> tuple[TokenVectorEnv, str]:
+        cfg = self.config
+        return make_eval_env(
+            cfg.task,
+            agent.policy.tokenizer,
+            cfg.eval_prompts,
+            cfg.eval_samples,
+            env_kwargs=cfg.env_kwargs,
+            device=cfg.device,
+        )
+
+    def run(self) -> TrainResult:
+        """Train to ``config.iterations`` (in total), checkpointing and logging on the way.
+
+        Returns:
+            A ``TrainResult``.
+        """
+        from lmgym.envs.registration import TASKS
+
+        cfg = self.config
+        run, agent, state = self._build()
+        eval_env, split = self._eval_env(agent)
+        threshold = correct_threshold_for(cfg.task)
+        seed = self.agent_config.seed
+
+        def evaluate() -> EvalResult:
+            return evaluate_policy(
+                agent.policy,
+                eval_env,
+                cfg.eval_prompts,
+                seed=derived_seed(seed, agent.iteration, 0),
+                correct_threshold=threshold,
+                split=split,
+            )
+
+        callbacks: list[Callback] = []
+        if cfg.eval_every:
+            callbacks.append(
+                PeriodicEval(
+                    eval_env,
+                    cfg.eval_every,
+                    cfg.eval_prompts,
+                    seed,
+                    threshold,
+                    split,
+                    run,
+                    self.out,
+                )
+            )
+        early: EarlyStopAtThreshold | None = None
+        if cfg.early_stop:
+            stop_at = cfg.stop_threshold
+            if stop_at is None:
+                info = TASKS.get(cfg.task)
+                stop_at = info.solved_threshold if info is not None else None
+            if stop_at is None:
+                raise ValueError(
+                    f"early_stop: task {cfg.task!r} states no solved threshold; set stop_threshold"
+                )
+            early = EarlyStopAtThreshold(stop_at, cfg.stop_window, out=self.out)
+            callbacks.append(early)
+        logger = make_logger(
+            run.path, keep_rows_until=agent.iteration if self.resume_from is not None else None
+        )
+        stdout = make_stdout_logger() if cfg.log_interval else None
+        callbacks.append(MetricsLogger(logger, stdout, cfg.log_interval))
+        if cfg.sample_every and cfg.samples:
+            callbacks.append(
+                SamplePrinter(eval_env, cfg.sample_every, cfg.samples, seed, run, self.out)
+            )
+        callbacks += [load_callback(spec) for spec in cfg.callbacks]
+        callbacks += self.user_callbacks
+        for cb in callbacks:
+            key = getattr(cb, "state_key", None)
+            if key is not None and key in state.get("callbacks", {}):
+                cb.load_state_dict(state["callbacks"][key])  # type: ignore[attr-defined]
+
+        def trainer_state() -> dict[str, Any]:
+            return {
+                "callbacks": {
+                    cb.state_key: cb.state_dict()  # type: ignore[attr-defined]
+                    for cb in callbacks
+                    if hasattr(cb, "state_key") and hasattr(cb, "state_dict")
+                }
+            }
+
+        checkpoint = CheckpointCallback(
+            CheckpointManager(run.checkpoints, cfg.keep_checkpoints), cfg.save_every, trainer_state
+        )
+        callbacks.append(checkpoint)
+
+        rows = cfg.num_prompts * cfg.group_size
+        if self.resume_from is None:
+            self.out(
+                f"{cfg.algo} on {cfg.task}: {rows} rows ({cfg.num_prompts} prompts x "
+                f"{cfg.group_size}), {cfg.iterations} iterations, model "
+                f"{cfg.model or 'tiny GPT-2 (built locally)'}"
+            )
+        else:
+            self.out(
+                f"resuming {cfg.algo} on {cfg.task} from {self.resume_from} at iteration "
+                f"{agent.iteration}; training to {cfg.iterations}"
+            )
+        self.out(f"run directory: {run.path}")
+        before = evaluate()
+        remaining = max(0, cfg.iterations - agent.iteration)
+        start = time.perf_counter()
+        try:
+            history = agent.learn(remaining, callback=callbacks, progress_bar=not cfg.no_progress)
+        finally:
+            logger.close()
+            if stdout is not None:
+                stdout.close()
+        seconds = time.perf_counter() - start
+        after = evaluate()
+        self.out(f"checkpoint: {checkpoint.last or CheckpointManager(run.checkpoints).latest()}")
+        self.out(f"eval before: {before.summary()}")
+        self.out(f"eval after:  {after.summary()}")
+        return TrainResult(
+            run_dir=run.path,
+            history=history,
+            before=before,
+            after=after,
+            seconds=seconds,
+            iteration=agent.iteration,
+            tokens_generated=agent.tokens_generated,
+            checkpoint=checkpoint.last or CheckpointManager(run.checkpoints).latest(),
+            stopped_early=early is not None and early.solved_at is not None,
+            agent=agent,
+        )
