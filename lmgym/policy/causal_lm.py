@@ -211,6 +211,24 @@ class CausalLMPolicy(nn.Module):
         state = PolicyState(cache, mask, mask.sum(1), last_col)
         return hidden[rows, last_col], state
 
+    def _decode(
+        self, ids: Tensor, last_col: Tensor, state: PolicyState
+    ) -> tuple[Tensor, PolicyState]:
+        """The common step, no row restarted: feed each advanced row's one new token.
+
+        A row that did not advance (finished) feeds its last token again with that
+        cache column masked out, so it sees nothing new.
+        """
+        advanced = last_col > state.last_col
+        tokens = ids.gather(1, last_col[:, None])
+        cache_mask = torch.cat([state.cache_mask, advanced[:, None]], dim=1)
+        hidden = self.hidden_states(tokens, cache_mask, state.positions[:, None], state.cache)
+        positions = state.positions + advanced.long()
+        new_state = PolicyState(
+            state.cache, cache_mask, positions, torch.maximum(last_col, state.last_col)
+        )
+        return hidden[:, 0], new_state
+
     def _extend(
         self, ids: Tensor, mask: Tensor, last_col: Tensor, restart: Tensor, state: PolicyState
     ) -> tuple[Tensor, PolicyState]:
@@ -222,7 +240,9 @@ class CausalLMPolicy(nn.Module):
         ``width`` columns wide (1 when no row restarted), so the last column holds
         every row's newest token.
         """
-        width = int(last_col[restart].max()) + 1 if bool(restart.any()) else 1
+        if not bool(restart.any()):
+            return self._decode(ids, last_col, state)
+        width = int(last_col[restart].max()) + 1
         offsets = torch.arange(width - 1, -1, -1, device=ids.device)
         window = last_col[:, None] - offsets[None, :]  # [N, width], ends at last_col
         inside = window >= 0

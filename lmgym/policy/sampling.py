@@ -21,7 +21,8 @@ def filter_logits(
     Returns:
         ``[N, V] float32`` new tensor.
     """
-    logits = logits / temperature
+    if temperature != 1.0:
+        logits = logits / temperature
     if top_k is not None and 0 < top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
