@@ -1,0 +1,487 @@
+"""Side-by-side rollout benchmarks: lmgym against the usual baselines, in one process.
+
+Two comparisons, each run alternately (A, B, B, A, ...) after a warm-up, several
+times; the script reports the median of each side and the ratio of medians.
+
+1. ``collect`` vs ``model.generate``: completion tokens/s of
+   ``lmgym.rollout.collect(env, policy)`` against transformers' ``model.generate``
+   (``do_sample=True``) on the same tiny GPT-2, the same 64 prompts of exactly 16
+   tokens, and 64 new tokens per row.
+
+   Equal work. Both sides must generate exactly 64 tokens on every row, with the
+   stop check live on both. The model's output layer is replaced by a linear head
+   that shares GPT-2's tied weight and adds a bias of 0 everywhere except
+   ``-1e9`` on the EOS id, so EOS has probability exactly 0 (``exp`` underflows)
+   under either sampler. The env stops on EOS (its default ``stop_token_ids``) and
+   ``generate`` gets ``eos_token_id=EOS``; neither ever fires, and the script
+   asserts that every row of both sides holds 64 non-EOS tokens. Both sample from
+   the full distribution at temperature 1 (``generate`` gets ``top_k=0``, which
+   disables its default top-k of 50). lmgym additionally returns the sampler
+   log-prob of every token and runs the (trivial, all-zero) reward model; that
+   work is counted against lmgym.
+
+2. Native ``TokenVectorEnv`` vs ``gymnasium.vector.SyncVectorEnv`` over the single
+   env, ``lmgym/TargetString-v0`` with ``max_new_tokens=64``: env steps/s
+   (``num_envs`` x vector steps per second) with pre-generated uniform random
+   token ids (no policy; EOS is among them, so episodes end at random).
+
+   Equal work. ``SyncVectorEnv`` autoresets a finished sub-env on the next step
+   (``AutoresetMode.NEXT_STEP``); the native env is built with ``autoreset=True``,
+   which has the same next-step semantics. Both get the same action stream, and
+   the script checks (untimed) that both report identical per-step
+   ``terminated``/``truncated`` flags, i.e. that they play the same episodes.
+
+Noise. With 2 torch threads on 2 cores, any other busy process slows a side by
+up to 50x (the intra-op threads wait for each other), so every row reports the
+share of the CPUs other processes used while it ran and is flagged above 10%.
+On a shared machine pass ``--wait-idle SECONDS``: each row then waits for an idle
+machine first and is rerun if disturbed, for at most that long in all.
+
+Run from the repository root::
+
+    .venv/bin/python benchmarks/rollout.py [--quick] [--wait-idle S] [--out benchmarks/results/rollout.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import torch
+import transformers
+from torch import nn
+
+# Make ``import lmgym`` work when the package is not installed (run from a checkout).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import lmgym  # noqa: E402  (registers lmgym/<Task>-v0)
+from lmgym import (  # noqa: E402
+    CausalLMPolicy,
+    RewardInput,
+    TokenVectorEnv,
+    collect,
+    make_char_tokenizer,
+    make_tiny_model,
+)
+
+NUM_THREADS = 2
+BATCH = 64
+PROMPT_TOKENS = 16
+NEW_TOKENS = 64
+ENV_ID = "lmgym/TargetString-v0"
+ENV_MAX_NEW_TOKENS = 64
+ROLLOUT_TARGET = 1.0  # lmgym collect / generate, tokens/s
+ENV_TARGET = 20.0  # native / SyncVectorEnv at 256 envs, steps/s
+ENV_TARGET_N = 256
+
+
+class CpuMeter:
+    """Share of the machine's CPUs that *other* processes used while a benchmark ran.
+
+    The benchmark is only meaningful on an otherwise idle machine; this makes a
+    contended run visible instead of silently wrong. Linux only (``/proc/stat``);
+    elsewhere it reports NaN.
+    """
+
+    def __init__(self) -> None:
+        self.start = self._snapshot()
+
+    @staticmethod
+    def _snapshot() -> tuple[float, float, float] | None:
+        try:
+            with open("/proc/stat") as f:
+                fields = [int(x) for x in f.readline().split()[1:]]
+        except OSError:
+            return None
+        idle = fields[3] + fields[4]  # idle + iowait
+        busy = (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+        own = os.times()
+        return time.perf_counter(), busy, own.user + own.system
+
+    def other_load(self) -> float:
+        end = self._snapshot()
+        if self.start is None or end is None:
+            return float("nan")
+        wall = end[0] - self.start[0]
+        others = (end[1] - self.start[1]) - (end[2] - self.start[2])
+        return max(0.0, others / (wall * (os.cpu_count() or 1)))
+
+
+@dataclass
+class Row:
+    """One line of the results table."""
+
+    name: str
+    unit: str
+    lmgym: float
+    baseline: float
+    baseline_name: str
+    repeats: int
+    other_load: float
+
+    @property
+    def ratio(self) -> float:
+        return self.lmgym / self.baseline
+
+
+def alternate(
+    a: Callable[[], float], b: Callable[[], float], warmup: int, repeats: int
+) -> tuple[list[float], list[float]]:
+    """Time ``a`` and ``b`` alternately (ABBA order), after ``warmup`` untimed calls each.
+
+    Each callable does its own timing and returns seconds, so untimed setup stays
+    out of the measurement.
+    """
+    for _ in range(warmup):
+        a()
+        b()
+    ta, tb = [], []
+    for i in range(repeats):
+        if i % 2 == 0:
+            ta.append(a())
+            tb.append(b())
+        else:
+            tb.append(b())
+            ta.append(a())
+    return ta, tb
+
+
+# ---------------------------------------------------------------- rollout vs generate
+class ZeroReward:
+    """A trivial reward model: 0 for every row."""
+
+    name = "zero"
+
+    def __call__(self, batch: RewardInput) -> torch.Tensor:
+        return torch.zeros(batch.completion_ids.shape[0], device=batch.completion_ids.device)
+
+
+def forbid_token(model: nn.Module, token_id: int) -> None:
+    """Give the output layer a bias that makes ``token_id`` unsampleable (probability 0).
+
+    The new head shares the old (tied) weight, so every other logit is unchanged.
+    """
+    old = model.get_output_embeddings()
+    head = nn.Linear(old.in_features, old.out_features, bias=True)
+    head.weight = old.weight
+    with torch.no_grad():
+        head.bias.zero_()
+        head.bias[token_id] = -1e9
+    model.set_output_embeddings(head)
+
+
+def make_prompts(tokenizer, n: int, length: int, seed: int = 0) -> list[str]:
+    """``n`` random strings over the tokenizer's characters, each exactly ``length`` tokens."""
+    chars = list(lmgym.policy.tiny.DEFAULT_CHARS)
+    rng = np.random.default_rng(seed)
+    prompts = ["".join(rng.choice(chars, size=length)) for _ in range(n)]
+    for p in prompts:
+        assert len(tokenizer(p, add_special_tokens=False)["input_ids"]) == length
+    return prompts
+
+
+def bench_generate(n_layer: int, n_embd: int, warmup: int, repeats: int) -> Row:
+    tok = make_char_tokenizer()
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+    model = make_tiny_model(
+        len(tok),
+        n_layer=n_layer,
+        n_embd=n_embd,
+        n_head=4,
+        n_positions=128,
+        eos_token_id=eos,
+        pad_token_id=pad,
+    )
+    forbid_token(model, eos)
+    policy = CausalLMPolicy(model, tok)
+    env = TokenVectorEnv(
+        tok,
+        make_prompts(tok, BATCH, PROMPT_TOKENS),
+        ZeroReward(),
+        num_prompts=BATCH,
+        group_size=1,
+        max_new_tokens=NEW_TOKENS,
+        stop_token_ids=[eos],
+        prompt_order="sequential",
+    )
+    assert env.prompt_width == PROMPT_TOKENS
+    # The very prompts the env serves (sequential order: rows 0..63), no padding.
+    input_ids = env.prompt_table.ids.clone()
+    attention_mask = env.prompt_table.mask.long()
+    assert bool(attention_mask.all())
+    seeds = iter(range(10_000))
+
+    def run_lmgym() -> float:
+        seed = next(seeds)
+        start = time.perf_counter()
+        batch = collect(env, policy, seed=seed)
+        elapsed = time.perf_counter() - start
+        assert batch.completion_ids.shape == (BATCH, NEW_TOKENS)
+        assert bool((batch.lengths == NEW_TOKENS).all()), "lmgym: a row stopped early"
+        assert bool(batch.truncated.all()) and not bool(batch.terminated.any())
+        assert torch.equal(batch.prompt_ids, input_ids)
+        return elapsed
+
+    def run_generate() -> float:
+        torch.manual_seed(next(seeds))
+        start = time.perf_counter()
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                do_sample=True,
+                max_new_tokens=NEW_TOKENS,
+                temperature=1.0,
+                top_k=0,
+                top_p=1.0,
+                eos_token_id=eos,
+                pad_token_id=pad,
+            )
+        elapsed = time.perf_counter() - start
+        completion = out[:, PROMPT_TOKENS:]
+        assert completion.shape == (BATCH, NEW_TOKENS), f"generate: shape {tuple(out.shape)}"
+        assert not bool((completion == eos).any()), "generate: a row stopped early"
+        return elapsed
+
+    meter = CpuMeter()
+    ta, tb = alternate(run_lmgym, run_generate, warmup, repeats)
+    tokens = BATCH * NEW_TOKENS
+    return Row(
+        name=f"rollout, GPT-2 {n_layer}L/{n_embd}d, B={BATCH}, {PROMPT_TOKENS}+{NEW_TOKENS} tok",
+        unit="completion tok/s",
+        lmgym=tokens / statistics.median(ta),
+        baseline=tokens / statistics.median(tb),
+        baseline_name="model.generate",
+        repeats=repeats,
+        other_load=meter.other_load(),
+    )
+
+
+# ------------------------------------------------------------- native vs SyncVectorEnv
+def make_native(n: int) -> TokenVectorEnv:
+    return gym.make_vec(ENV_ID, num_envs=n, max_new_tokens=ENV_MAX_NEW_TOKENS, autoreset=True)
+
+
+def make_sync(n: int) -> gym.vector.SyncVectorEnv:
+    return gym.vector.SyncVectorEnv(
+        [lambda: gym.make(ENV_ID, max_new_tokens=ENV_MAX_NEW_TOKENS) for _ in range(n)]
+    )
+
+
+def check_same_episodes(n: int, steps: int) -> None:
+    """Untimed: with the same actions both envs end the same episodes on the same steps."""
+    native, sync = make_native(n), make_sync(n)
+    vocab = native.single_action_space.n
+    actions = np.random.default_rng(1).integers(0, vocab, size=(steps, n))
+    native.reset(seed=0)
+    sync.reset(seed=0)
+    ended = 0
+    for a in actions:
+        _, r_n, term_n, trunc_n, _ = native.step(torch.as_tensor(a))
+        _, r_s, term_s, trunc_s, _ = sync.step(a)
+        assert np.array_equal(term_n.numpy(), term_s) and np.array_equal(trunc_n.numpy(), trunc_s)
+        assert np.allclose(r_n.numpy(), r_s)
+        ended += int(term_s.sum() + trunc_s.sum())
+    assert ended > 0
+    sync.close()
+
+
+def bench_env(n: int, steps: int, warmup: int, repeats: int) -> Row:
+    native, sync = make_native(n), make_sync(n)
+    vocab = native.single_action_space.n
+    rng = np.random.default_rng(0)
+    # Fresh random actions for each call, pre-generated; both sides see the same stream.
+    calls = warmup + repeats
+    np_actions = [rng.integers(0, vocab, size=(steps, n)) for _ in range(calls)]
+    torch_actions = [torch.as_tensor(a) for a in np_actions]
+    native.reset(seed=0)
+    sync.reset(seed=0)
+    i_native, i_sync = iter(torch_actions), iter(np_actions)
+
+    def run_native() -> float:
+        actions = next(i_native)
+        start = time.perf_counter()
+        for a in actions:
+            native.step(a)
+        return time.perf_counter() - start
+
+    def run_sync() -> float:
+        actions = next(i_sync)
+        start = time.perf_counter()
+        for a in actions:
+            sync.step(a)
+        return time.perf_counter() - start
+
+    meter = CpuMeter()
+    ta, tb = alternate(run_native, run_sync, warmup, repeats)
+    sync.close()
+    return Row(
+        name=f"env steps, {ENV_ID}, {n} envs, {steps} steps/call",
+        unit="env steps/s",
+        lmgym=n * steps / statistics.median(ta),
+        baseline=n * steps / statistics.median(tb),
+        baseline_name="SyncVectorEnv",
+        repeats=repeats,
+        other_load=meter.other_load(),
+    )
+
+
+# ----------------------------------------------------------------------------- report
+NOISY = 0.10  # other processes' share of the CPUs above which a row is flagged
+
+
+def wait_until_idle(deadline: float) -> bool:
+    """Sleep until other processes use at most ``NOISY`` of the CPUs over 2 s, or ``deadline``."""
+    while True:
+        meter = CpuMeter()
+        time.sleep(2.0)
+        load = meter.other_load()
+        if not load > NOISY:  # NaN (no /proc/stat) counts as idle
+            return True
+        if time.perf_counter() >= deadline:
+            return False
+        print(f"  waiting for an idle machine (other CPU load {load:.0%})", flush=True)
+
+
+def measure(bench: Callable[[], Row], deadline: float | None) -> Row:
+    """Run one benchmark row; with a ``deadline``, wait for idle CPUs first and rerun
+    a row that other processes disturbed, until the deadline passes."""
+    while True:
+        if deadline is not None:
+            wait_until_idle(deadline)
+        row = bench()
+        if deadline is None or not row.other_load > NOISY or time.perf_counter() >= deadline:
+            return row
+        print(f"  {row.name}: other CPU load {row.other_load:.0%}, rerunning", flush=True)
+
+
+def table(rows: list[Row]) -> str:
+    lines = [
+        "| benchmark | unit | lmgym (median) | baseline | baseline (median) | ratio | repeats "
+        "| other CPU load |",
+        "|---|---|---:|---|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        flag = " (noisy)" if r.other_load > NOISY else ""
+        lines.append(
+            f"| {r.name} | {r.unit} | {r.lmgym:,.0f} | {r.baseline_name} | {r.baseline:,.0f} "
+            f"| {r.ratio:.2f}x | {r.repeats} | {r.other_load:.0%}{flag} |"
+        )
+    return "\n".join(lines)
+
+
+def verdicts(rows: list[Row]) -> list[str]:
+    out = []
+    for r in rows:
+        if r.baseline_name == "model.generate":
+            met = r.ratio >= ROLLOUT_TARGET
+            out.append(
+                f"- rollout >= {ROLLOUT_TARGET:.1f}x generate, {r.name.split(', ')[1]}: "
+                f"{r.ratio:.2f}x -> {'MET' if met else 'NOT MET'}"
+            )
+        elif f", {ENV_TARGET_N} envs" in r.name:
+            met = r.ratio >= ENV_TARGET
+            out.append(
+                f"- native env >= {ENV_TARGET:.0f}x SyncVectorEnv at {ENV_TARGET_N} envs: "
+                f"{r.ratio:.1f}x -> {'MET' if met else 'NOT MET'}"
+            )
+    if any(r.other_load > NOISY for r in rows):
+        out.append(
+            f"- WARNING: other processes used more than {NOISY:.0%} of the CPUs during a "
+            "benchmark (column 'other CPU load'); those figures are unreliable, rerun on "
+            "an idle machine"
+        )
+    return out
+
+
+def markdown(rows: list[Row], command: str, elapsed: float) -> str:
+    now = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    cpu = platform.processor() or platform.machine()
+    return "\n".join(
+        [
+            "# Rollout benchmarks",
+            "",
+            f"- date: {now}",
+            f"- machine: {os.cpu_count()} CPU cores ({cpu}), torch threads = "
+            f"{torch.get_num_threads()}, no GPU",
+            f"- python {platform.python_version()}, torch {torch.__version__}, "
+            f"transformers {transformers.__version__}, gymnasium {gym.__version__}, "
+            f"lmgym {lmgym.__version__}",
+            f"- command: `{command}` (total {elapsed:.0f} s)",
+            "- method: both sides in one process, alternated (ABBA) after a warm-up; "
+            "median of the repeats; ratio = lmgym median / baseline median (> 1: lmgym "
+            "faster); 'other CPU load' = share of the machine's CPUs used by other "
+            "processes while that row ran",
+            "",
+            table(rows),
+            "",
+            "## Targets",
+            "",
+            *verdicts(rows),
+            "",
+        ]
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repeats (smoke run)")
+    parser.add_argument("--out", type=Path, help="write a Markdown results file here")
+    parser.add_argument(
+        "--wait-idle",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="on a shared machine: before each row wait for the other processes' CPU load "
+        f"to drop below {NOISY:.0%}, and rerun a disturbed row, for at most SECONDS in all",
+    )
+    args = parser.parse_args(argv)
+    torch.set_num_threads(NUM_THREADS)
+    # generate() drops an all-ones attention mask, and GPT-2 then warns whenever a
+    # sampled token equals the pad id; harmless here (no prompt is padded).
+    transformers.logging.set_verbosity_error()
+    t0 = time.perf_counter()
+
+    if args.quick:
+        lm_warmup, lm_repeats, env_warmup, env_repeats, env_steps = 1, 2, 1, 2, 16
+    else:
+        lm_warmup, lm_repeats, env_warmup, env_repeats, env_steps = 1, 7, 1, 5, 64
+    deadline = t0 + args.wait_idle if args.wait_idle > 0 else None
+
+    rows = []
+    for n_layer, n_embd in ((2, 128), (6, 256)):
+        bench = functools.partial(bench_generate, n_layer, n_embd, lm_warmup, lm_repeats)
+        rows.append(measure(bench, deadline))
+        print(f"{rows[-1].name}: {rows[-1].ratio:.2f}x", flush=True)
+    check_same_episodes(64, 2 * ENV_MAX_NEW_TOKENS)
+    for n in (64, ENV_TARGET_N):
+        bench = functools.partial(bench_env, n, env_steps, env_warmup, env_repeats)
+        rows.append(measure(bench, deadline))
+        print(f"{rows[-1].name}: {rows[-1].ratio:.1f}x", flush=True)
+
+    elapsed = time.perf_counter() - t0
+    print()
+    print(table(rows))
+    print()
+    print("\n".join(verdicts(rows)))
+    print(f"\ntotal {elapsed:.0f} s")
+    if args.out is not None:
+        command = " ".join([".venv/bin/python", "benchmarks/rollout.py", *sys.argv[1:]])
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(markdown(rows, command, elapsed))
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
