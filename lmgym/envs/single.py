@@ -7,6 +7,8 @@ wrappers and Stable-Baselines3 work on it unchanged.
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
@@ -79,3 +81,37 @@ class TokenEnv(gym.Env):
         """The text of an observation: prompt and completion so far."""
         ids = obs["input_ids"][obs["attention_mask"].astype(bool)]
         return self.vector_env.tokenizer.decode(ids.tolist(), skip_special_tokens=True)
+
+
+#: Vector-factory arguments a single env fixes: one row, no group, plain reset semantics.
+_SINGLE_FIXED = ("num_envs", "group_size", "autoreset")
+
+
+def single_env_factory(vector_factory: Callable[..., TokenVectorEnv]) -> Callable[..., TokenEnv]:
+    """The single-env face of a task (``gymnasium.make``'s ``entry_point``).
+
+    Returns a factory with the vector factory's keyword arguments except
+    ``num_envs``, ``group_size`` and ``autoreset`` (its signature says so), which
+    builds one row with no group and wraps it in a ``TokenEnv``.
+    """
+    signature = inspect.signature(vector_factory)
+    parameters = [p for name, p in signature.parameters.items() if name not in _SINGLE_FIXED]
+    accepted = {p.name for p in parameters}
+
+    def make(**kwargs: Any) -> TokenEnv:
+        unknown = sorted(set(kwargs) - accepted)
+        if unknown:
+            raise TypeError(
+                f"{make.__name__}() got unknown argument(s) {unknown}; valid: {sorted(accepted)}"
+            )
+        return TokenEnv(vector_factory(num_envs=1, group_size=1, **kwargs))
+
+    name = vector_factory.__name__.removesuffix("_vector")
+    make.__name__ = make.__qualname__ = name
+    make.__module__ = vector_factory.__module__
+    make.__doc__ = (
+        f"``{vector_factory.__name__}`` as a single env (``gymnasium.make``): one row, "
+        "numpy observations; other arguments as the vector factory."
+    )
+    make.__signature__ = signature.replace(parameters=parameters, return_annotation=TokenEnv)  # type: ignore[attr-defined]
+    return make

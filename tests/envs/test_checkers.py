@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gymnasium as gym
 import numpy as np
+import pytest
 from gymnasium.utils.env_checker import check_env
 
 import lmgym  # noqa: F401
@@ -35,3 +36,14 @@ def test_vector_spaces_are_batched_single_spaces():
     obs, _ = env.reset(seed=0)
     numpy_obs = {k: v.numpy().astype(env.single_observation_space[k].dtype) for k, v in obs.items()}
     assert env.observation_space.contains(numpy_obs)
+
+
+def test_single_factory_takes_the_vector_arguments_but_not_batching():
+    import inspect
+
+    from lmgym.envs.tasks.target_string import make_target_string
+
+    params = inspect.signature(make_target_string).parameters
+    assert "target" in params and "num_envs" not in params and "group_size" not in params
+    with pytest.raises(TypeError, match=r"unknown argument\(s\) \['group_size'\]"):
+        gym.make("lmgym/TargetString-v0", group_size=4)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from lmgym.envs.single import TokenEnv
+from lmgym.envs.single import single_env_factory
 from lmgym.envs.tasks._common import (
     ExactMatchReward,
     PositionMatchReward,
@@ -159,31 +159,7 @@ def make_arithmetic_vector(
     )
 
 
-def make_arithmetic(
-    max_operand: int = 9,
-    operations: str = "+",
-    split: Split = "train",
-    eval_fraction: float = 0.25,
-    data_seed: int = 0,
-    max_new_tokens: int | None = None,
-    reward_mode: RewardMode = "bandit",
-    unfinished: Unfinished = "score",
-    tokenizer: PreTrainedTokenizerBase | None = None,
-) -> TokenEnv:
-    """``lmgym/Arithmetic-v0`` as a single env; arguments as ``make_arithmetic_vector``."""
-    return TokenEnv(
-        make_arithmetic_vector(
-            max_operand=max_operand,
-            operations=operations,
-            split=split,
-            eval_fraction=eval_fraction,
-            data_seed=data_seed,
-            max_new_tokens=max_new_tokens,
-            reward_mode=reward_mode,
-            unfinished=unfinished,
-            tokenizer=tokenizer,
-        )
-    )
+make_arithmetic = single_env_factory(make_arithmetic_vector)
 
 
 def make_arithmetic_process_vector(
@@ -221,29 +197,4 @@ def make_arithmetic_process_vector(
     )
 
 
-def make_arithmetic_process(
-    max_operand: int = 9,
-    operations: str = "+",
-    split: Split = "train",
-    eval_fraction: float = 0.25,
-    data_seed: int = 0,
-    max_new_tokens: int | None = None,
-    reward_mode: RewardMode = "per_token",
-    unfinished: Unfinished = "score",
-    tokenizer: PreTrainedTokenizerBase | None = None,
-) -> TokenEnv:
-    """``lmgym/ArithmeticProcess-v0`` as a single env; arguments as
-    ``make_arithmetic_vector``."""
-    return TokenEnv(
-        make_arithmetic_process_vector(
-            max_operand=max_operand,
-            operations=operations,
-            split=split,
-            eval_fraction=eval_fraction,
-            data_seed=data_seed,
-            max_new_tokens=max_new_tokens,
-            reward_mode=reward_mode,
-            unfinished=unfinished,
-            tokenizer=tokenizer,
-        )
-    )
+make_arithmetic_process = single_env_factory(make_arithmetic_process_vector)

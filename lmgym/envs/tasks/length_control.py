@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
-from lmgym.envs.single import TokenEnv
+from lmgym.envs.single import single_env_factory
 from lmgym.envs.tasks._common import build_env
 from lmgym.envs.token_env import RewardMode, TokenVectorEnv, Unfinished
 from lmgym.policy.tiny import make_char_tokenizer
@@ -133,27 +133,4 @@ def make_length_control_vector(
     )
 
 
-def make_length_control(
-    min_length: int = 1,
-    max_length: int = 8,
-    tolerance: float = 4.0,
-    max_new_tokens: int | None = None,
-    reward_mode: RewardMode = "bandit",
-    unfinished: Unfinished = "penalty",
-    unfinished_penalty: float = 0.0,
-    tokenizer: PreTrainedTokenizerBase | None = None,
-) -> TokenEnv:
-    """``lmgym/LengthControl-v0`` as a single env; arguments as
-    ``make_length_control_vector``."""
-    return TokenEnv(
-        make_length_control_vector(
-            min_length=min_length,
-            max_length=max_length,
-            tolerance=tolerance,
-            max_new_tokens=max_new_tokens,
-            reward_mode=reward_mode,
-            unfinished=unfinished,
-            unfinished_penalty=unfinished_penalty,
-            tokenizer=tokenizer,
-        )
-    )
+make_length_control = single_env_factory(make_length_control_vector)

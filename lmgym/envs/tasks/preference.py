@@ -57,7 +57,7 @@ from transformers import (
 )
 
 from lmgym.envs.rewards import SequenceClassifierReward
-from lmgym.envs.single import TokenEnv
+from lmgym.envs.single import single_env_factory
 from lmgym.envs.tasks._common import build_env
 from lmgym.envs.token_env import RewardMode, TokenVectorEnv, Unfinished
 from lmgym.policy.tiny import DEFAULT_CHARS, make_char_tokenizer
@@ -414,24 +414,4 @@ def make_preference_vector(
     )
 
 
-def make_preference(
-    prompts: Sequence[str] = DEFAULT_PROMPTS,
-    max_new_tokens: int = 8,
-    reward_model_path: str | Path | None = None,
-    score: Score = "win_rate",
-    reward_mode: RewardMode = "bandit",
-    unfinished: Unfinished = "score",
-    tokenizer: PreTrainedTokenizerBase | None = None,
-) -> TokenEnv:
-    """``lmgym/Preference-v0`` as a single env; arguments as ``make_preference_vector``."""
-    return TokenEnv(
-        make_preference_vector(
-            prompts=prompts,
-            max_new_tokens=max_new_tokens,
-            reward_model_path=reward_model_path,
-            score=score,
-            reward_mode=reward_mode,
-            unfinished=unfinished,
-            tokenizer=tokenizer,
-        )
-    )
+make_preference = single_env_factory(make_preference_vector)

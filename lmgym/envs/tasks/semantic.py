@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from transformers import AutoModel, AutoTokenizer, PreTrainedTokenizerBase
 
-from lmgym.envs.single import TokenEnv
+from lmgym.envs.single import single_env_factory
 from lmgym.envs.tasks._common import build_env
 from lmgym.envs.token_env import RewardMode, TokenVectorEnv, Unfinished
 from lmgym.policy.tiny import make_char_tokenizer
@@ -178,23 +178,4 @@ def make_semantic_similarity_vector(
     )
 
 
-def make_semantic_similarity(
-    pairs: Sequence[tuple[str, str]] = DEFAULT_PAIRS,
-    max_new_tokens: int = 8,
-    model_path: str | Path | None = None,
-    reward_mode: RewardMode = "bandit",
-    unfinished: Unfinished = "score",
-    tokenizer: PreTrainedTokenizerBase | None = None,
-) -> TokenEnv:
-    """``lmgym/SemanticSimilarity-v0`` as a single env; arguments as
-    ``make_semantic_similarity_vector``."""
-    return TokenEnv(
-        make_semantic_similarity_vector(
-            pairs=pairs,
-            max_new_tokens=max_new_tokens,
-            reward_mode=reward_mode,
-            model_path=model_path,
-            unfinished=unfinished,
-            tokenizer=tokenizer,
-        )
-    )
+make_semantic_similarity = single_env_factory(make_semantic_similarity_vector)

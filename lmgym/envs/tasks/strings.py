@@ -30,7 +30,7 @@ from typing import Literal
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from lmgym.envs.single import TokenEnv
+from lmgym.envs.single import single_env_factory
 from lmgym.envs.tasks._common import (
     PositionMatchReward,
     Split,
@@ -200,33 +200,7 @@ def make_reverse_vector(
     )
 
 
-def make_reverse(
-    length: int = 4,
-    alphabet: str = "abcde",
-    dataset_size: int = 64,
-    split: Split = "train",
-    eval_fraction: float = 0.25,
-    data_seed: int = 0,
-    max_new_tokens: int | None = None,
-    reward_mode: RewardMode = "bandit",
-    unfinished: Unfinished = "score",
-    tokenizer: PreTrainedTokenizerBase | None = None,
-) -> TokenEnv:
-    """``lmgym/Reverse-v0`` as a single env (``gymnasium.make``); arguments as the vector one."""
-    return TokenEnv(
-        make_reverse_vector(
-            length=length,
-            alphabet=alphabet,
-            dataset_size=dataset_size,
-            split=split,
-            eval_fraction=eval_fraction,
-            data_seed=data_seed,
-            max_new_tokens=max_new_tokens,
-            reward_mode=reward_mode,
-            unfinished=unfinished,
-            tokenizer=tokenizer,
-        )
-    )
+make_reverse = single_env_factory(make_reverse_vector)
 
 
 def make_sort_vector(
@@ -267,33 +241,7 @@ def make_sort_vector(
     )
 
 
-def make_sort(
-    length: int = 4,
-    alphabet: str = "abcde",
-    dataset_size: int = 64,
-    split: Split = "train",
-    eval_fraction: float = 0.25,
-    data_seed: int = 0,
-    max_new_tokens: int | None = None,
-    reward_mode: RewardMode = "bandit",
-    unfinished: Unfinished = "score",
-    tokenizer: PreTrainedTokenizerBase | None = None,
-) -> TokenEnv:
-    """``lmgym/Sort-v0`` as a single env; arguments as ``make_reverse_vector``."""
-    return TokenEnv(
-        make_sort_vector(
-            length=length,
-            alphabet=alphabet,
-            dataset_size=dataset_size,
-            split=split,
-            eval_fraction=eval_fraction,
-            data_seed=data_seed,
-            max_new_tokens=max_new_tokens,
-            reward_mode=reward_mode,
-            unfinished=unfinished,
-            tokenizer=tokenizer,
-        )
-    )
+make_sort = single_env_factory(make_sort_vector)
 
 
 def make_copy_rule_vector(
@@ -336,32 +284,4 @@ def make_copy_rule_vector(
     )
 
 
-def make_copy_rule(
-    length: int = 4,
-    alphabet: str = "abcde",
-    shift: int = 1,
-    dataset_size: int = 64,
-    split: Split = "train",
-    eval_fraction: float = 0.25,
-    data_seed: int = 0,
-    max_new_tokens: int | None = None,
-    reward_mode: RewardMode = "bandit",
-    unfinished: Unfinished = "score",
-    tokenizer: PreTrainedTokenizerBase | None = None,
-) -> TokenEnv:
-    """``lmgym/CopyRule-v0`` as a single env; arguments as ``make_copy_rule_vector``."""
-    return TokenEnv(
-        make_copy_rule_vector(
-            length=length,
-            alphabet=alphabet,
-            shift=shift,
-            dataset_size=dataset_size,
-            split=split,
-            eval_fraction=eval_fraction,
-            data_seed=data_seed,
-            max_new_tokens=max_new_tokens,
-            reward_mode=reward_mode,
-            unfinished=unfinished,
-            tokenizer=tokenizer,
-        )
-    )
+make_copy_rule = single_env_factory(make_copy_rule_vector)

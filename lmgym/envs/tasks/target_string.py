@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
-from lmgym.envs.single import TokenEnv
+from lmgym.envs.single import single_env_factory
 from lmgym.envs.tasks._common import PositionMatchReward, build_env, encode
 from lmgym.envs.token_env import RewardMode, TokenVectorEnv, Unfinished
 from lmgym.policy.tiny import make_char_tokenizer
@@ -76,24 +76,4 @@ def make_target_string_vector(
     )
 
 
-def make_target_string(
-    target: str = "hello",
-    prompt: str = "say hello:",
-    max_new_tokens: int | None = None,
-    reward_mode: RewardMode = "bandit",
-    unfinished: Unfinished = "score",
-    tokenizer: PreTrainedTokenizerBase | None = None,
-) -> TokenEnv:
-    """The single env (``gymnasium.make("lmgym/TargetString-v0")``): numpy observations."""
-    return TokenEnv(
-        make_target_string_vector(
-            1,
-            1,
-            target=target,
-            prompt=prompt,
-            max_new_tokens=max_new_tokens,
-            reward_mode=reward_mode,
-            unfinished=unfinished,
-            tokenizer=tokenizer,
-        )
-    )
+make_target_string = single_env_factory(make_target_string_vector)
