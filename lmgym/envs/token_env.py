@@ -28,6 +28,9 @@ Reset semantics (``metadata["autoreset_mode"]``):
   ``group_size`` completions, possibly spread over several refills. The flags are
   True only on the step an episode ends.
 
+In both modes ``reset(options={"reset_mask": mask})`` restarts exactly the masked
+rows at once (the SB3 adapter uses it to give SB3 its same-step autoreset).
+
 Rewards (``ALGORITHMS.md``, Rewards):
 
 - ``reward_mode="bandit"``: the reward model scores each completion once, at its
@@ -325,7 +328,7 @@ class TokenVectorEnv(VectorEnv):
             seed: Reseeds the prompt stream; the same seed gives the same prompts,
                 group ids and order.
             options: ``{"reset_mask": [num_envs] bool}`` restarts only those rows
-                (episode-synchronous mode); otherwise every row restarts.
+                (either autoreset mode); otherwise every row restarts.
 
         Returns:
             ``(obs, info)``; ``obs = {"input_ids": [N, Lp+L] int64,
