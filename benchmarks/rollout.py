@@ -129,6 +129,7 @@ class Row:
     baseline_name: str
     repeats: int
     other_load: float
+    seconds: float = 0.0  # wall time of the run that was kept (set by ``measure``)
 
     @property
     def ratio(self) -> float:
@@ -360,7 +361,9 @@ def measure(bench: Callable[[], Row], deadline: float | None) -> Row:
     while True:
         if deadline is not None:
             wait_until_idle(deadline)
+        start = time.perf_counter()
         row = bench()
+        row.seconds = time.perf_counter() - start
         if deadline is None or not row.other_load > NOISY or time.perf_counter() >= deadline:
             return row
         print(f"  {row.name}: other CPU load {row.other_load:.0%}, rerunning", flush=True)
@@ -418,13 +421,26 @@ def markdown(rows: list[Row], command: str, elapsed: float) -> str:
             f"- python {platform.python_version()}, torch {torch.__version__}, "
             f"transformers {transformers.__version__}, gymnasium {gym.__version__}, "
             f"lmgym {lmgym.__version__}",
-            f"- command: `{command}` (total {elapsed:.0f} s)",
+            f"- command: `{command}`",
+            f"- run time: {sum(r.seconds for r in rows):.0f} s for the rows kept; "
+            f"{elapsed:.0f} s in all (incl. model builds, the episode check, and any "
+            "waiting for idle CPUs / reruns of disturbed rows)",
             "- method: both sides in one process, alternated (ABBA) after a warm-up; "
             "median of the repeats; ratio = lmgym median / baseline median (> 1: lmgym "
             "faster); 'other CPU load' = share of the machine's CPUs used by other "
             "processes while that row ran",
             "",
             table(rows),
+            "",
+            "Equal work: every rollout row makes exactly 64 tokens per row on both sides "
+            "(EOS, the env's stop id and generate's eos_token_id, gets a -1e9 output "
+            "bias so it is never sampled; asserted), full-vocabulary sampling at "
+            "temperature 1 on both (top_k=0 for generate); lmgym also returns sampler "
+            "log-probs and runs an all-zero reward model. The prompts are unpadded, so "
+            "generate drops its attention mask; lmgym always passes one. Env rows: the "
+            "same pre-generated random actions, native env with autoreset=True (next-step "
+            "autoreset, as SyncVectorEnv), checked to end the same episodes on the same "
+            "steps.",
             "",
             "## Targets",
             "",

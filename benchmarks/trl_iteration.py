@@ -126,6 +126,7 @@ MODELS = {
 ALGOS = ("grpo", "rloo")
 NOISY = 0.10  # other processes' share of the CPUs above which a row is flagged
 TARGET_THREADS = 2  # the issue's setting; other thread counts are reported for information
+ISSUE_TRL_SECONDS = {"small": 0.40, "large": 3.7}  # "for scale" figures quoted in issue 7
 
 
 def reward_e(prompts: list[str], completions: list[str], **kwargs: object) -> list[float]:
@@ -611,6 +612,18 @@ def report(results: list[Result], args: argparse.Namespace, wall: float, command
             f"| {r.other_load:.0%}{noisy} |"
         )
     lines += ["", f"## Targets (issue 7 setting: {TARGET_THREADS} torch threads)", ""]
+    measured = {
+        r.model: r.trl_median for r in results if r.algo == "grpo" and r.threads == TARGET_THREADS
+    }
+    if measured:
+        quoted = ", ".join(
+            f"{MODELS[m].name}: quoted {ISSUE_TRL_SECONDS[m]:.2f} s, measured {sec:.3f} s"
+            for m, sec in measured.items()
+        )
+        lines += [
+            f"- TRL GRPOTrainer reference: issue 7 quoted seconds per iteration for TRL on "
+            f"this machine; this run ({TARGET_THREADS} threads, settings above): {quoted}",
+        ]
     for r in results:
         met = r.ratio >= r.spec.target
         verdict = "MET" if met else "NOT MET"
