@@ -92,14 +92,14 @@ def collect(
     n, length = env.num_envs, env.max_new_tokens
     sampler_logprobs = torch.zeros(n, length, device=env.device)
     rewards = torch.zeros(n, length, device=env.device)
-    done = torch.zeros(n, dtype=torch.bool, device=env.device)
     state: PolicyState | None = None
     for t in range(length):
         actions, logprobs, state = policy.act(obs, state, generator=generator)
         obs, reward, terminated, truncated, info = env.step(actions.to(env.device))
-        # Rows finished before this step ignored their action: record nothing for them.
-        sampler_logprobs[:, t] = torch.where(done, 0.0, logprobs.to(env.device))
-        rewards[:, t] = torch.where(done, 0.0, reward)
+        # Rows finished before this step ignored their action; their column t lies past
+        # their length, so _episodes' completion_mask zeroes it (and the env gave 0).
+        sampler_logprobs[:, t] = logprobs.to(env.device)
+        rewards[:, t] = reward
         done = terminated | truncated
         if bool(done.all()):
             break

@@ -289,8 +289,9 @@ class CausalLMPolicy(nn.Module):
         Returns:
             ``(actions [N] int64, sampler_logprobs [N] float32, new_state)``.
         """
-        ids = obs["input_ids"].to(self.device)
-        mask = obs["attention_mask"].to(self.device).bool()
+        device = self.device  # one parameter scan per call, not two
+        ids = obs["input_ids"].to(device)
+        mask = obs["attention_mask"].to(device).bool()
         columns = torch.arange(ids.shape[1], device=ids.device)
         last_col = (mask.long() * columns).argmax(dim=1)
         if state is None or state.cache_mask.shape[1] > 2 * ids.shape[1]:
