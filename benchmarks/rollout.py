@@ -460,7 +460,7 @@ def main(argv: list[str] | None = None) -> None:
         default=0.0,
         metavar="SECONDS",
         help="on a shared machine: before each row wait for the other processes' CPU load "
-        f"to drop below {NOISY:.0%}, and rerun a disturbed row, for at most SECONDS in all",
+        f"to drop below {NOISY * 100:.0f}%%, and rerun a disturbed row, for at most SECONDS in all",
     )
     args = parser.parse_args(argv)
     torch.set_num_threads(NUM_THREADS)
