@@ -309,6 +309,7 @@ class TokenVectorEnv(VectorEnv):
         self._return = put(self._return, torch.zeros(k, device=self.device))
         self._group_ids = put(self._group_ids, group_ids)
         self._prompt_index = put(self._prompt_index, prompt_index)
+        self._prompt_length = put(self._prompt_length, table.lengths[prompt_index])
         potential = torch.zeros(k, device=self.device)
         if (
             self.reward_mode == "per_token"
@@ -353,6 +354,7 @@ class TokenVectorEnv(VectorEnv):
             self._potential = torch.zeros(n, device=dev)
             self._group_ids = torch.zeros(n, dtype=torch.long, device=dev)
             self._prompt_index = torch.zeros(n, dtype=torch.long, device=dev)
+            self._prompt_length = torch.zeros(n, dtype=torch.long, device=dev)
             rows = torch.arange(n, device=dev)
         else:
             mask = torch.as_tensor(reset_mask, dtype=torch.bool, device=self.device)
@@ -394,7 +396,7 @@ class TokenVectorEnv(VectorEnv):
         ]
         ids = torch.where(write, actions[:, None], self._ids)
         mask = self._mask | write
-        length = self._length + active.long()
+        length = self._length + active
         stop = active & torch.isin(actions, self.stop_token_ids)
         truncated = active & ~stop & (length >= self.max_new_tokens)
         finished = stop | truncated
@@ -429,6 +431,9 @@ class TokenVectorEnv(VectorEnv):
         if actions.dtype.is_floating_point or actions.dtype == torch.bool:
             raise ValueError(f"actions: expected integer token ids, got dtype {actions.dtype}")
         actions = actions.long()
+        low, high = torch.aminmax(actions)
+        if int(low) >= 0 and int(high) < self.vocab_size:
+            return actions  # the common case, checked in one pass
         bad = ~self._done & ((actions < 0) | (actions >= self.vocab_size))
         if bool(bad.any()):
             row = int(bad.nonzero()[0, 0])
@@ -502,7 +507,7 @@ class TokenVectorEnv(VectorEnv):
         return {
             "group_id": self._group_ids,
             "prompt_index": self._prompt_index,
-            "prompt_length": self.prompt_table.lengths[self._prompt_index],
+            "prompt_length": self._prompt_length,
             "length": self._length,
             "valid": self._valid,
         }

@@ -52,12 +52,16 @@ class PolicyState:
         cache_mask: ``[N, C] bool``.
         positions: ``[N] int64`` position id of the next token fed for each row.
         last_col: ``[N] int64`` last observation column the cache has seen.
+        padded: whether any column of ``cache_mask`` is masked out. While it is
+            ``False`` the model gets no attention mask at all, which spares it
+            building (and attention applying) an all-ones mask every step.
     """
 
     cache: DynamicCache
     cache_mask: Tensor
     positions: Tensor
     last_col: Tensor
+    padded: bool = True
 
 
 def _context_length(model: PreTrainedModel) -> int | None:
@@ -180,19 +184,31 @@ class CausalLMPolicy(nn.Module):
     def hidden_states(
         self,
         input_ids: Tensor,
-        attention_mask: Tensor,
+        attention_mask: Tensor | None,
         position_ids: Tensor,
         cache: DynamicCache | None = None,
     ) -> Tensor:
-        """Final hidden states of the trunk: ``[N, S, H]`` for ``[N, S]`` inputs."""
+        """Final hidden states of the trunk: ``[N, S, H]`` for ``[N, S]`` inputs.
+
+        ``attention_mask`` is ``[N, C]`` over cache plus input columns (bool or int),
+        or ``None`` when every column is real (plain causal attention).
+        """
         kwargs = {self._cache_kwarg: cache, "use_cache": cache is not None}
         out = self.model.base_model(
             input_ids=input_ids,
-            attention_mask=attention_mask.long(),
+            attention_mask=attention_mask,
             position_ids=position_ids,
             **kwargs,
         )
         return out.last_hidden_state
+
+    def _columns(self, width: int, device: torch.device) -> Tensor:
+        """``arange(width)`` on ``device``, cached: ``act`` needs it every step."""
+        cached = getattr(self, "_column_cache", None)
+        if cached is None or cached.shape[0] != width or cached.device != device:
+            cached = torch.arange(width, device=device)
+            self._column_cache = cached
+        return cached
 
     def next_token_logits(self, hidden: Tensor) -> Tensor:
         """``[N, H]`` hidden -> ``[N, V] float32`` logits over the tokenizer's ids."""
@@ -206,9 +222,10 @@ class CausalLMPolicy(nn.Module):
         ids, mask = ids[:, :width], mask[:, :width]
         positions = (mask.long().cumsum(1) - 1).clamp(min=0)
         cache = DynamicCache(config=self.model.config)
-        hidden = self.hidden_states(ids, mask, positions, cache)
+        padded = not bool(mask.all())
+        hidden = self.hidden_states(ids, mask if padded else None, positions, cache)
         rows = torch.arange(ids.shape[0], device=ids.device)
-        state = PolicyState(cache, mask, mask.sum(1), last_col)
+        state = PolicyState(cache, mask, mask.sum(1), last_col, padded)
         return hidden[rows, last_col], state
 
     def _decode(
@@ -222,11 +239,16 @@ class CausalLMPolicy(nn.Module):
         advanced = last_col > state.last_col
         tokens = ids.gather(1, last_col[:, None])
         cache_mask = torch.cat([state.cache_mask, advanced[:, None]], dim=1)
-        hidden = self.hidden_states(tokens, cache_mask, state.positions[:, None], state.cache)
-        positions = state.positions + advanced.long()
-        new_state = PolicyState(
-            state.cache, cache_mask, positions, torch.maximum(last_col, state.last_col)
+        padded = state.padded or not bool(advanced.all())
+        hidden = self.hidden_states(
+            tokens, cache_mask if padded else None, state.positions[:, None], state.cache
         )
+        if padded:
+            positions = state.positions + advanced
+            last_col = torch.maximum(last_col, state.last_col)
+        else:
+            positions = state.positions + 1
+        new_state = PolicyState(state.cache, cache_mask, positions, last_col, padded)
         return hidden[:, 0], new_state
 
     def _extend(
@@ -292,8 +314,7 @@ class CausalLMPolicy(nn.Module):
         device = self.device  # one parameter scan per call, not two
         ids = obs["input_ids"].to(device)
         mask = obs["attention_mask"].to(device).bool()
-        columns = torch.arange(ids.shape[1], device=ids.device)
-        last_col = (mask.long() * columns).argmax(dim=1)
+        last_col = (mask * self._columns(ids.shape[1], ids.device)).argmax(dim=1)
         if state is None or state.cache_mask.shape[1] > 2 * ids.shape[1]:
             # A fresh batch, or a cache grown long through many restarts: refill it.
             hidden, state = self._prefill(ids, mask, last_col)

@@ -53,6 +53,9 @@ def sample_tokens(
         the drawn id under the distribution actually sampled from (tempered and
         filtered): the sampler log-prob ``lp_s`` of ALGORITHMS.md.
     """
-    log_probs = filter_logits(logits.float(), temperature, top_k, top_p).log_softmax(dim=-1)
-    actions = torch.multinomial(log_probs.exp(), 1, generator=generator)
-    return actions.squeeze(1), log_probs.gather(1, actions).squeeze(1)
+    probs = filter_logits(logits.float(), temperature, top_k, top_p).softmax(dim=-1)
+    actions = torch.multinomial(probs, 1, generator=generator)
+    # log of the drawn id's probability only: one [N] log instead of a [N, V] log_softmax.
+    # A drawn id has probability well above float32's underflow, so this matches
+    # log_softmax to rounding.
+    return actions.squeeze(1), probs.gather(1, actions).squeeze(1).log()
