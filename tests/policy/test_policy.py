@@ -33,6 +33,21 @@ def test_cached_sampler_logprobs_equal_teacher_forced(make_env, make_eos_policy,
     assert diff < 1e-4
 
 
+def test_unpadded_prompts_run_maskless_until_a_row_finishes(make_env, make_eos_policy, tokenizer):
+    # Equal-length prompts: the cache starts with no padding, so the model gets no
+    # attention mask; once a row stops, its next columns are masked and the mask
+    # must come back. Both phases must match teacher forcing.
+    policy = make_eos_policy(tokenizer)
+    env = make_env(prompts=["abc", "xyz"], num_prompts=2, group_size=4, max_new_tokens=12)
+    obs, _ = env.reset(seed=0)
+    _, _, state = policy.act(obs)
+    assert not state.padded
+    batch = collect(env, policy, seed=0)
+    assert batch.lengths.min() < batch.lengths.max()
+    diff = (teacher_forced(policy, batch) - batch.sampler_logprobs).abs().max().item()
+    assert diff < 1e-4
+
+
 def test_eos_keeps_logprob_and_mask_when_pad_equals_eos(make_env, make_eos_policy):
     tokenizer = make_char_tokenizer(pad_equals_eos=True)
     assert tokenizer.pad_token_id == tokenizer.eos_token_id
