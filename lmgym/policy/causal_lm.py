@@ -64,6 +64,40 @@ class PolicyState:
     padded: bool = True
 
 
+def distinct_rows(ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor] | None:
+    """Find repeated rows, so that work on them is done once and copied.
+
+    Rows are compared through ``mask`` (padded columns do not count): a group's
+    ``G`` copies of one prompt are one distinct row.
+
+    Args:
+        ids: ``[N, W] int64``.
+        mask: ``[N, W] bool``.
+
+    Returns:
+        ``(first [U] int64, inverse [N] int64)``: the first row of each distinct row
+        and, per row, which distinct row it is (``ids[first][inverse]`` equals ``ids``
+        on the masked columns); ``None`` when all ``N`` rows are distinct.
+    """
+    key = torch.where(mask, ids, -1)
+    distinct, inverse = torch.unique(key, dim=0, return_inverse=True)
+    n, u = key.shape[0], distinct.shape[0]
+    if u == n:
+        return None
+    rows = torch.arange(n, device=ids.device)
+    first = torch.full((u,), n, dtype=torch.long, device=ids.device)
+    first = first.scatter_reduce(0, inverse, rows, reduce="amin")
+    return first, inverse
+
+
+def _checkpointing(model: PreTrainedModel) -> bool:
+    """Whether activation (gradient) checkpointing is on; the attribute was renamed."""
+    for attr in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        if hasattr(type(model), attr):
+            return bool(getattr(model, attr))
+    return False
+
+
 def _context_length(model: PreTrainedModel) -> int | None:
     return getattr(model.config, "max_position_embeddings", None)
 
@@ -223,7 +257,16 @@ class CausalLMPolicy(nn.Module):
         positions = (mask.long().cumsum(1) - 1).clamp(min=0)
         cache = DynamicCache(config=self.model.config)
         padded = not bool(mask.all())
-        hidden = self.hidden_states(ids, mask if padded else None, positions, cache)
+        shared = distinct_rows(ids, mask)
+        if shared is None:
+            hidden = self.hidden_states(ids, mask if padded else None, positions, cache)
+        else:
+            # A group's rows share one prompt: prefill it once and copy its cache.
+            first, inverse = shared
+            hidden = self.hidden_states(
+                ids[first], mask[first] if padded else None, positions[first], cache
+            )[inverse]
+            cache.batch_select_indices(inverse)
         rows = torch.arange(ids.shape[0], device=ids.device)
         state = PolicyState(cache, mask, mask.sum(1), last_col, padded)
         return hidden[rows, last_col], state
@@ -376,9 +419,36 @@ class CausalLMPolicy(nn.Module):
     def sequence_hidden(
         self, input_ids: Tensor, attention_mask: Tensor, num_targets: int
     ) -> Tensor:
-        """Hidden states that predict the last ``num_targets`` columns: ``[B, L, H]``."""
+        """Hidden states that predict the last ``num_targets`` columns: ``[B, L, H]``.
+
+        Rows that share a prompt (a group) run their prompt columns through the
+        trunk once; the prompt's KV cache is copied to every row of the group and
+        the completions attend to it. The forward values are the same as one full
+        pass (up to float rounding) and the copy's backward sums the group's
+        gradients into the shared prompt computation, so gradients match too. With
+        dropout active the group's rows share one dropout mask on the prompt.
+        """
         mask = attention_mask.bool()
         positions = (mask.long().cumsum(1) - 1).clamp(min=0)
-        hidden = self.hidden_states(input_ids, mask, positions)
         s = input_ids.shape[1]
-        return hidden[:, s - num_targets - 1 : s - 1]
+        p = s - num_targets  # prompt columns; the last one predicts the first target
+        shared = None
+        if p > 1 and not _checkpointing(self.model):
+            # (Gradient checkpointing turns the cache off, so it gets the plain pass.)
+            shared = distinct_rows(input_ids[:, :p], mask[:, :p])
+        if shared is None:
+            hidden = self.hidden_states(input_ids, mask, positions)
+            return hidden[:, p - 1 : s - 1]
+        first, inverse = shared
+        cache = DynamicCache(config=self.model.config)
+        prompt_hidden = self.hidden_states(
+            input_ids[first, :p], mask[first, :p], positions[first, :p], cache
+        )
+        last_prompt = prompt_hidden[inverse, p - 1 :]  # [B, 1, H]
+        if num_targets == 1:
+            return last_prompt
+        cache.batch_select_indices(inverse)
+        completion_hidden = self.hidden_states(
+            input_ids[:, p : s - 1], mask[:, : s - 1], positions[:, p : s - 1], cache
+        )
+        return torch.cat([last_prompt, completion_hidden], dim=1)

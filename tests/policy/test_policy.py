@@ -10,6 +10,7 @@ from transformers import AutoModelForCausalLM
 
 from lmgym.envs import TokenVectorEnv
 from lmgym.policy import CausalLMPolicy, make_char_tokenizer, make_tiny_model, save_tiny
+from lmgym.policy.causal_lm import distinct_rows
 from lmgym.policy.logprobs import token_logprobs
 from lmgym.policy.sampling import filter_logits, sample_tokens
 from lmgym.rollout import ContinuousCollector, collect
@@ -46,6 +47,39 @@ def test_unpadded_prompts_run_maskless_until_a_row_finishes(make_env, make_eos_p
     assert batch.lengths.min() < batch.lengths.max()
     diff = (teacher_forced(policy, batch) - batch.sampler_logprobs).abs().max().item()
     assert diff < 1e-4
+
+
+def test_distinct_rows_ignores_padding_and_maps_back():
+    ids = torch.tensor([[0, 5, 6], [9, 5, 6], [0, 7, 8], [1, 5, 6]])
+    mask = torch.tensor([[0, 1, 1], [0, 1, 1], [0, 1, 1], [1, 1, 1]], dtype=torch.bool)
+    first, inverse = distinct_rows(ids, mask)
+    key = torch.where(mask, ids, -1)
+    assert torch.equal(key[first][inverse], key)
+    assert inverse[0] == inverse[1] and len(set(inverse.tolist())) == 3
+    assert distinct_rows(ids[2:], mask[2:]) is None  # all distinct: nothing to share
+
+
+def test_group_shared_prompt_pass_matches_a_full_pass_with_gradients(make_env, tokenizer):
+    policy = CausalLMPolicy(make_tiny_model(len(tokenizer), seed=1), tokenizer)
+    policy.model.train()
+    env = make_env(prompts=["ab", "hello", "xyz"], num_prompts=3, group_size=3, max_new_tokens=6)
+    batch = collect(env, policy, seed=0)
+    ids, mask = batch.input_ids()
+    length = batch.max_new_tokens
+    p = ids.shape[1] - length
+    assert distinct_rows(ids[:, :p], mask[:, :p]) is not None  # the shared path runs
+    params = [q for q in policy.parameters() if q.requires_grad]
+
+    shared_lp, _ = policy.logprobs(ids, mask, length)
+    positions = (mask.long().cumsum(1) - 1).clamp(min=0)
+    full_hidden = policy.hidden_states(ids, mask, positions)[:, p - 1 : -1]
+    full_lp, _ = policy.logprobs_from_hidden(full_hidden, ids)
+    m = batch.completion_mask
+    assert (shared_lp - full_lp)[m].abs().max().item() < 1e-5
+    shared_grads = torch.autograd.grad((shared_lp * m).sum(), params)
+    full_grads = torch.autograd.grad((full_lp * m).sum(), params)
+    for a, b in zip(shared_grads, full_grads, strict=True):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
 
 
 def test_eos_keeps_logprob_and_mask_when_pad_equals_eos(make_env, make_eos_policy):
