@@ -192,9 +192,10 @@ class CausalLMPolicy(nn.Module):
 
     def check_env(self, env: TokenVectorEnv) -> None:
         """Fail early, with the field to change, if this policy cannot drive ``env``."""
-        if (
-            env.vocab_size != self.vocab_size
-            or env.tokenizer.get_vocab() != self.tokenizer.get_vocab()
+        if env.vocab_size != self.vocab_size or (
+            # Comparing vocabularies builds two dicts; skip it for the same tokenizer.
+            env.tokenizer is not self.tokenizer
+            and env.tokenizer.get_vocab() != self.tokenizer.get_vocab()
         ):
             raise ValueError(
                 f"env tokenizer ({env.vocab_size} ids) differs from the policy's "

@@ -60,7 +60,13 @@ def token_logprobs(
     b, length, _ = hidden.shape
     if chunk_size is None:
         chunk_size = max(1, DEFAULT_CHUNK_ELEMENTS // max(1, b * weight.shape[0]))
-    recompute = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    # Recomputing in backward only pays when there are several chunks: one chunk's
+    # saved activations are within the same bound as the recomputation's.
+    recompute = (
+        torch.is_grad_enabled()
+        and (hidden.requires_grad or weight.requires_grad)
+        and length > chunk_size
+    )
     logprobs, entropies = [], []
     for start in range(0, length, chunk_size):
         args = (

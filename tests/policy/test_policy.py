@@ -141,7 +141,8 @@ def test_from_pretrained_round_trips_a_local_directory(tmp_path):
     assert isinstance(AutoModelForCausalLM.from_pretrained(path), type(reference))
 
 
-def test_chunked_logprobs_match_a_full_log_softmax_with_gradient():
+@pytest.mark.parametrize("chunk_size", [2, None])  # several chunks (recomputed) / one chunk
+def test_chunked_logprobs_match_a_full_log_softmax_with_gradient(chunk_size):
     torch.manual_seed(0)
     hidden = torch.randn(3, 7, 8, requires_grad=True)
     weight = torch.randn(11, 8, requires_grad=True)
@@ -149,7 +150,7 @@ def test_chunked_logprobs_match_a_full_log_softmax_with_gradient():
     full = (hidden @ weight.T / 0.7).log_softmax(-1)
     expected = full.gather(-1, targets[..., None]).squeeze(-1)
     expected_entropy = -(full.exp() * full).sum(-1)
-    lp, ent = token_logprobs(hidden, weight, None, targets, temperature=0.7, chunk_size=2)
+    lp, ent = token_logprobs(hidden, weight, None, targets, temperature=0.7, chunk_size=chunk_size)
     torch.testing.assert_close(lp, expected)
     torch.testing.assert_close(ent, expected_entropy)
     g_chunked = torch.autograd.grad(lp.sum() + ent.sum(), (hidden, weight))
