@@ -161,7 +161,8 @@ class ContinuousCollector:
         # Weights may have changed since the last call: rebuild the cache once.
         state: PolicyState | None = None
         starts = torch.zeros_like(self._restarting)
-        while self._complete_groups().numel() < num_groups:
+        complete = self._complete_groups()
+        while complete.numel() < num_groups:
             actions, logprobs, state = self.policy.act(
                 self._obs, state, episode_starts=starts, generator=self.generator
             )
@@ -182,6 +183,7 @@ class ContinuousCollector:
                         env, obs, info, rows, self._logprobs, self._rewards, terminated, truncated
                     )
                 )
+                complete = self._complete_groups()  # only changes when episodes end
             # Finished rows restart next step: clear their per-episode buffers now.
             self._logprobs = self._logprobs * ~finished[:, None]
             self._rewards = self._rewards * ~finished[:, None]
@@ -190,7 +192,7 @@ class ContinuousCollector:
             self._restarting = finished
             self._obs, self._info = obs, info
         pooled = self._pooled()
-        chosen = self._complete_groups()[:num_groups]
+        chosen = complete[:num_groups]
         take = torch.isin(pooled.group_ids, chosen)
         self._pool = [pooled.select(~take)]
         batch = pooled.select(take)

@@ -31,6 +31,7 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
+from transformers.cache_utils import DynamicLayer
 
 from lmgym.policy.logprobs import token_logprobs
 from lmgym.policy.sampling import sample_tokens
@@ -96,6 +97,29 @@ def _checkpointing(model: PreTrainedModel) -> bool:
         if hasattr(type(model), attr):
             return bool(getattr(model, attr))
     return False
+
+
+def _plain_cache(cache: DynamicCache) -> bool:
+    """Whether every layer is a plain growing ``DynamicLayer`` (``[N, heads, C, dim]``
+    key/value tensors that may be edited directly; sliding-window or quantized
+    layers keep extra state)."""
+    return all(type(layer) is DynamicLayer and layer.is_initialized for layer in cache.layers)
+
+
+def _append_rows(cache: Tensor, new: Tensor, rows: Tensor) -> Tensor:
+    """Append ``new``'s columns to ``rows`` of ``cache``; other rows get zero columns.
+
+    Args:
+        cache: ``[N, heads, C, dim]``.
+        new: ``[k, heads, W, dim]``.
+        rows: ``[k] int64``.
+
+    Returns:
+        ``[N, heads, C + W, dim]``.
+    """
+    block = cache.new_zeros(cache.shape[0], cache.shape[1], new.shape[2], cache.shape[3])
+    block[rows] = new
+    return torch.cat([cache, block], dim=2)
 
 
 def _context_length(model: PreTrainedModel) -> int | None:
@@ -275,7 +299,7 @@ class CausalLMPolicy(nn.Module):
     def _decode(
         self, ids: Tensor, last_col: Tensor, state: PolicyState
     ) -> tuple[Tensor, PolicyState]:
-        """The common step, no row restarted: feed each advanced row's one new token.
+        """The common step: feed each advanced row's one new token.
 
         A row that did not advance (finished) feeds its last token again with that
         cache column masked out, so it sees nothing new.
@@ -295,41 +319,60 @@ class CausalLMPolicy(nn.Module):
         new_state = PolicyState(state.cache, cache_mask, positions, last_col, padded)
         return hidden[:, 0], new_state
 
-    def _extend(
+    def _restart(
         self, ids: Tensor, mask: Tensor, last_col: Tensor, restart: Tensor, state: PolicyState
     ) -> tuple[Tensor, PolicyState]:
-        """Append one block of new columns to the cache and return each row's newest hidden state.
+        """Re-feed the restarted rows from their new text; the other rows take one decode step.
 
-        A row that advanced by one column feeds that token; a restarted row feeds
-        its whole text (a fresh prompt) and forgets its old cache columns; any other
-        row feeds nothing. The block is right-aligned at every row's ``last_col``,
-        ``width`` columns wide (1 when no row restarted), so the last column holds
-        every row's newest token.
+        The restarted rows (``k`` of them) are prefilled alone, in a cache of their
+        own, and their ``W`` new columns are appended to the shared cache (masked out
+        for every other row; their own old columns are masked out). Then one decode
+        step feeds every advanced row its new token. The cost is a ``[k, W]`` prefill
+        plus an ordinary ``[N, 1]`` step, not a ``[N, W]`` pass over all rows.
         """
-        if not bool(restart.any()):
-            return self._decode(ids, last_col, state)
-        width = int(last_col[restart].max()) + 1
-        offsets = torch.arange(width - 1, -1, -1, device=ids.device)
-        window = last_col[:, None] - offsets[None, :]  # [N, width], ends at last_col
-        inside = window >= 0
-        window = window.clamp(min=0)
-        advanced = (last_col > state.last_col) & ~restart
-        block_ids = ids.gather(1, window)
-        block_mask = mask.gather(1, window) & inside
-        last_only = torch.zeros_like(block_mask)
-        last_only[:, -1] = advanced
-        block_mask = torch.where(restart[:, None], block_mask, last_only)
-        base = torch.where(restart, 0, state.positions)
-        positions = (base[:, None] + block_mask.long().cumsum(1) - 1).clamp(min=0)
-        cache_mask = torch.cat([state.cache_mask & ~restart[:, None], block_mask], dim=1)
-        hidden = self.hidden_states(block_ids, cache_mask, positions, state.cache)
-        new_state = PolicyState(
+        rows = restart.nonzero().squeeze(1)
+        width = int(last_col[rows].max()) + 1
+        new_ids, new_mask = ids[rows, :width], mask[rows, :width]
+        new_positions = (new_mask.long().cumsum(1) - 1).clamp(min=0)
+        fresh = DynamicCache(config=self.model.config)
+        new_hidden = self.hidden_states(new_ids, new_mask, new_positions, fresh)
+        newest = new_hidden[torch.arange(rows.numel(), device=ids.device), last_col[rows]]
+        for shared, own in zip(state.cache.layers, fresh.layers, strict=True):
+            shared.keys = _append_rows(shared.keys, own.keys, rows)
+            shared.values = _append_rows(shared.values, own.values, rows)
+        block_mask = torch.zeros(ids.shape[0], width, dtype=torch.bool, device=ids.device)
+        block_mask[rows] = new_mask
+        state = PolicyState(
             state.cache,
-            cache_mask,
-            base + block_mask.sum(1),
-            torch.where(restart | advanced, last_col, state.last_col),
+            torch.cat([state.cache_mask & ~restart[:, None], block_mask], dim=1),
+            state.positions.index_put((rows,), new_mask.sum(1)),
+            state.last_col.index_put((rows,), last_col[rows]),
         )
-        return hidden[:, -1], new_state
+        # Restarted rows now have last_col == state.last_col: _decode feeds them nothing.
+        hidden, state = self._decode(ids, last_col, state)
+        return hidden.index_put((rows,), newest), state
+
+    def _compact(self, state: PolicyState) -> PolicyState | None:
+        """Drop the cache's masked-out columns (left over from restarts), keeping order.
+
+        Attention reads cached keys through the mask only, so packing every row's
+        real columns to the left changes no output. ``None`` when the cache is not
+        the plain kind whose tensors can be gathered (the caller then re-prefills).
+        """
+        if not _plain_cache(state.cache):
+            return None
+        counts = state.cache_mask.sum(1)
+        width = int(counts.max())
+        # A stable sort of "is masked" puts each row's real columns first, in order.
+        order = torch.sort((~state.cache_mask).to(torch.uint8), dim=1, stable=True).indices
+        order = order[:, :width]
+        for layer in state.cache.layers:
+            index = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
+            layer.keys = layer.keys.gather(2, index)
+            layer.values = layer.values.gather(2, index)
+        cache_mask = self._columns(width, counts.device)[None, :] < counts[:, None]
+        padded = not bool(cache_mask.all())
+        return PolicyState(state.cache, cache_mask, state.positions, state.last_col, padded)
 
     @torch.no_grad()
     def act(
@@ -359,8 +402,10 @@ class CausalLMPolicy(nn.Module):
         ids = obs["input_ids"].to(device)
         mask = obs["attention_mask"].to(device).bool()
         last_col = (mask * self._columns(ids.shape[1], ids.device)).argmax(dim=1)
-        if state is None or state.cache_mask.shape[1] > 2 * ids.shape[1]:
-            # A fresh batch, or a cache grown long through many restarts: refill it.
+        if state is not None and state.cache_mask.shape[1] > 2 * ids.shape[1]:
+            # Restarts leave masked-out columns behind; squeeze them out now and then.
+            state = self._compact(state)
+        if state is None:
             hidden, state = self._prefill(ids, mask, last_col)
         else:
             # A row that moved back or by more than one column was restarted (a new
@@ -369,7 +414,12 @@ class CausalLMPolicy(nn.Module):
             restart = (step < 0) | (step > 1)
             if episode_starts is not None:
                 restart = restart | episode_starts.to(restart.device).bool()
-            hidden, state = self._extend(ids, mask, last_col, restart, state)
+            if not bool(restart.any()):
+                hidden, state = self._decode(ids, last_col, state)
+            elif _plain_cache(state.cache):
+                hidden, state = self._restart(ids, mask, last_col, restart, state)
+            else:  # a cache kind whose tensors lmgym does not edit: refill every row
+                hidden, state = self._prefill(ids, mask, last_col)
         actions, logprobs = sample_tokens(
             self.next_token_logits(hidden), self.temperature, self.top_k, self.top_p, generator
         )

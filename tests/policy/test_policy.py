@@ -249,6 +249,29 @@ def test_restarting_some_rows_keeps_the_others_cache_and_matches_a_fresh_prefill
     fresh = policy.act(obs, None, generator=torch.Generator().manual_seed(3))
     assert torch.equal(cached[0], fresh[0])
     torch.testing.assert_close(cached[1], fresh[1], atol=1e-5, rtol=1e-5)
-    # The restarted row was re-fed as one block; the old columns stayed in the cache.
-    assert cached[2].cache_mask.shape[1] == kept_columns + env.prompt_width
+    # The restarted row was prefilled alone and its columns appended (plus the others'
+    # decode column); its old columns stay in the cache, masked out.
+    assert cached[2].cache_mask.shape[1] == kept_columns + env.prompt_width + 1
     assert not cached[2].cache_mask[1, :kept_columns].any()
+    assert cached[2].cache_mask[[0, 2], :kept_columns].equal(state.cache_mask[[0, 2]])
+
+
+def test_compacting_the_cache_changes_no_output(make_env, policy):
+    # Many restarts grow the cache with masked-out columns until act() squeezes
+    # them out; sampling must not notice.
+    env = make_env(prompts=["ab", "hello", "xyz"], num_prompts=3, max_new_tokens=3, autoreset=True)
+    obs, _ = env.reset(seed=0)
+    state, compacted = None, False
+    starts = restarting = torch.zeros(3, dtype=torch.bool)
+    for _ in range(40):
+        width = None if state is None else state.cache_mask.shape[1]
+        gen = torch.Generator().manual_seed(1)
+        actions, logprobs, state = policy.act(obs, state, episode_starts=starts, generator=gen)
+        fresh = policy.act(obs, None, generator=torch.Generator().manual_seed(1))
+        assert torch.equal(actions, fresh[0])
+        torch.testing.assert_close(logprobs, fresh[1], atol=1e-5, rtol=1e-5)
+        compacted |= width is not None and state.cache_mask.shape[1] < width
+        obs, _, terminated, truncated, _ = env.step(actions)
+        # Next-step autoreset: rows that end now are reset by the next step.
+        starts, restarting = restarting, terminated | truncated
+    assert compacted
