@@ -39,16 +39,19 @@ Run from the repository root::
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+# Make ``import _common`` (this directory) work however the script is started.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import command_line, machine_line, utc_now, versions_line  # noqa: E402
 
 B, L, V = 16, 256, 32000
 TARGET = 0.5  # lmgym peak / naive peak
@@ -147,23 +150,17 @@ def measure(side: str, case: int, hidden_size: int, threads: int) -> dict[str, f
 
 
 def report(rows: list[Row], args: argparse.Namespace, wall: float, command: str) -> str:
-    import torch
-
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    import lmgym
     from lmgym.policy.logprobs import DEFAULT_CHUNK_ELEMENTS
 
     chunk = max(1, DEFAULT_CHUNK_ELEMENTS // (B * V))
     full = B * L * V * 4 / MIB
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         "# Teacher-forced log-prob pass: peak memory, lmgym vs naive log_softmax",
         "",
-        f"- date: {now}",
-        f"- machine: {os.cpu_count()} CPU cores ({platform.machine()}), torch threads = "
-        f"{args.threads}, no GPU",
-        f"- python {platform.python_version()}, torch {torch.__version__}, lmgym "
-        f"{lmgym.__version__}",
+        f"- date: {utc_now()}",
+        machine_line(f"torch threads = {args.threads}"),
+        versions_line(["torch", "lmgym"]),
         f"- command: `{command}` (total {wall:.0f} s)",
         f"- shapes: hidden [B={B}, L={L}, H={args.hidden}], LM head [V={V}, H={args.hidden}], "
         f"float32, CPU; one [B, L, V] float32 tensor = {full:.0f} MiB; lmgym's chunk = "
@@ -224,7 +221,7 @@ def main() -> None:
     for c in cases:
         if c not in CASES:
             parser.error(f"--cases: unknown case {c}; choose from {list(CASES)}")
-    command = " ".join([".venv/bin/python", "benchmarks/memory.py", *sys.argv[1:]])
+    command = command_line("memory.py", sys.argv[1:])
     start = time.perf_counter()
     rows = []
     for c in cases:

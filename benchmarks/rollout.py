@@ -45,10 +45,7 @@ Run from the repository root::
 from __future__ import annotations
 
 import argparse
-import datetime
 import functools
-import os
-import platform
 import statistics
 import sys
 import time
@@ -62,8 +59,23 @@ import torch
 import transformers
 from torch import nn
 
-# Make ``import lmgym`` work when the package is not installed (run from a checkout).
+# Make ``import lmgym`` (the repository root) and ``import _common`` (this directory)
+# work when the package is not installed (run from a checkout).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import (  # noqa: E402
+    NOISY,
+    CpuMeter,
+    add_wait_idle_argument,
+    alternate,
+    command_line,
+    deadline_from,
+    machine_line,
+    run_undisturbed,
+    utc_now,
+    versions_line,
+)
 
 import lmgym  # noqa: E402  (registers lmgym/<Task>-v0)
 from lmgym import (  # noqa: E402
@@ -86,38 +98,6 @@ ENV_TARGET = 20.0  # native / SyncVectorEnv at 256 envs, steps/s
 ENV_TARGET_N = 256
 
 
-class CpuMeter:
-    """Share of the machine's CPUs that *other* processes used while a benchmark ran.
-
-    The benchmark is only meaningful on an otherwise idle machine; this makes a
-    contended run visible instead of silently wrong. Linux only (``/proc/stat``);
-    elsewhere it reports NaN.
-    """
-
-    def __init__(self) -> None:
-        self.start = self._snapshot()
-
-    @staticmethod
-    def _snapshot() -> tuple[float, float, float] | None:
-        try:
-            with open("/proc/stat") as f:
-                fields = [int(x) for x in f.readline().split()[1:]]
-        except OSError:
-            return None
-        idle = fields[3] + fields[4]  # idle + iowait
-        busy = (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-        own = os.times()
-        return time.perf_counter(), busy, own.user + own.system
-
-    def other_load(self) -> float:
-        end = self._snapshot()
-        if self.start is None or end is None:
-            return float("nan")
-        wall = end[0] - self.start[0]
-        others = (end[1] - self.start[1]) - (end[2] - self.start[2])
-        return max(0.0, others / (wall * (os.cpu_count() or 1)))
-
-
 @dataclass
 class Row:
     """One line of the results table."""
@@ -134,28 +114,6 @@ class Row:
     @property
     def ratio(self) -> float:
         return self.lmgym / self.baseline
-
-
-def alternate(
-    a: Callable[[], float], b: Callable[[], float], warmup: int, repeats: int
-) -> tuple[list[float], list[float]]:
-    """Time ``a`` and ``b`` alternately (ABBA order), after ``warmup`` untimed calls each.
-
-    Each callable does its own timing and returns seconds, so untimed setup stays
-    out of the measurement.
-    """
-    for _ in range(warmup):
-        a()
-        b()
-    ta, tb = [], []
-    for i in range(repeats):
-        if i % 2 == 0:
-            ta.append(a())
-            tb.append(b())
-        else:
-            tb.append(b())
-            ta.append(a())
-    return ta, tb
 
 
 # ---------------------------------------------------------------- rollout vs generate
@@ -339,34 +297,17 @@ def bench_env(n: int, steps: int, warmup: int, repeats: int) -> Row:
 
 
 # ----------------------------------------------------------------------------- report
-NOISY = 0.10  # other processes' share of the CPUs above which a row is flagged
-
-
-def wait_until_idle(deadline: float) -> bool:
-    """Sleep until other processes use at most ``NOISY`` of the CPUs over 2 s, or ``deadline``."""
-    while True:
-        meter = CpuMeter()
-        time.sleep(2.0)
-        load = meter.other_load()
-        if not load > NOISY:  # NaN (no /proc/stat) counts as idle
-            return True
-        if time.perf_counter() >= deadline:
-            return False
-        print(f"  waiting for an idle machine (other CPU load {load:.0%})", flush=True)
-
-
 def measure(bench: Callable[[], Row], deadline: float | None) -> Row:
     """Run one benchmark row; with a ``deadline``, wait for idle CPUs first and rerun
     a row that other processes disturbed, until the deadline passes."""
-    while True:
-        if deadline is not None:
-            wait_until_idle(deadline)
+
+    def run() -> Row:
         start = time.perf_counter()
         row = bench()
         row.seconds = time.perf_counter() - start
-        if deadline is None or not row.other_load > NOISY or time.perf_counter() >= deadline:
-            return row
-        print(f"  {row.name}: other CPU load {row.other_load:.0%}, rerunning", flush=True)
+        return row
+
+    return run_undisturbed(run, lambda row: row.other_load, deadline, label=lambda row: row.name)
 
 
 def table(rows: list[Row]) -> str:
@@ -409,18 +350,13 @@ def verdicts(rows: list[Row]) -> list[str]:
 
 
 def markdown(rows: list[Row], command: str, elapsed: float) -> str:
-    now = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
-    cpu = platform.processor() or platform.machine()
     return "\n".join(
         [
             "# Rollout benchmarks",
             "",
-            f"- date: {now}",
-            f"- machine: {os.cpu_count()} CPU cores ({cpu}), torch threads = "
-            f"{torch.get_num_threads()}, no GPU",
-            f"- python {platform.python_version()}, torch {torch.__version__}, "
-            f"transformers {transformers.__version__}, gymnasium {gym.__version__}, "
-            f"lmgym {lmgym.__version__}",
+            f"- date: {utc_now()}",
+            machine_line(f"torch threads = {torch.get_num_threads()}"),
+            versions_line(["torch", "transformers", "gymnasium", "lmgym"]),
             f"- command: `{command}`",
             f"- run time: {sum(r.seconds for r in rows):.0f} s for the rows kept; "
             f"{elapsed:.0f} s in all (incl. model builds, the episode check, and any "
@@ -454,14 +390,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats (smoke run)")
     parser.add_argument("--out", type=Path, help="write a Markdown results file here")
-    parser.add_argument(
-        "--wait-idle",
-        type=float,
-        default=0.0,
-        metavar="SECONDS",
-        help="on a shared machine: before each row wait for the other processes' CPU load "
-        f"to drop below {NOISY * 100:.0f}%%, and rerun a disturbed row, for at most SECONDS in all",
-    )
+    add_wait_idle_argument(parser)
     args = parser.parse_args(argv)
     torch.set_num_threads(NUM_THREADS)
     # generate() drops an all-ones attention mask, and GPT-2 then warns whenever a
@@ -473,7 +402,7 @@ def main(argv: list[str] | None = None) -> None:
         lm_warmup, lm_repeats, env_warmup, env_repeats, env_steps = 1, 2, 1, 2, 16
     else:
         lm_warmup, lm_repeats, env_warmup, env_repeats, env_steps = 1, 7, 1, 5, 64
-    deadline = t0 + args.wait_idle if args.wait_idle > 0 else None
+    deadline = deadline_from(args.wait_idle, t0)
 
     rows = []
     for n_layer, n_embd in ((2, 128), (6, 256)):
@@ -493,7 +422,7 @@ def main(argv: list[str] | None = None) -> None:
     print("\n".join(verdicts(rows)))
     print(f"\ntotal {elapsed:.0f} s")
     if args.out is not None:
-        command = " ".join([".venv/bin/python", "benchmarks/rollout.py", *sys.argv[1:]])
+        command = command_line("rollout.py", sys.argv[1:])
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(markdown(rows, command, elapsed))
         print(f"wrote {args.out}")

@@ -62,12 +62,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import functools
 import itertools
 import logging
-import os
-import platform
 import statistics
 import string
 import sys
@@ -81,10 +78,23 @@ from pathlib import Path
 
 import torch
 
-# Make ``import lmgym`` work when the package is not installed (run from a checkout).
+# Make ``import lmgym`` (the repository root) and ``import _common`` (this directory)
+# work when the package is not installed (run from a checkout).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import lmgym  # noqa: E402
+from _common import (  # noqa: E402
+    NOISY,
+    CpuMeter,
+    add_wait_idle_argument,
+    command_line,
+    deadline_from,
+    machine_line,
+    run_undisturbed,
+    utc_now,
+    versions_line,
+)
+
 import lmgym.policy.causal_lm as causal_lm  # noqa: E402
 from lmgym.agents import GRPO, RLOO  # noqa: E402
 from lmgym.envs import FunctionReward, TokenVectorEnv  # noqa: E402
@@ -124,7 +134,6 @@ MODELS = {
     "large": ModelSpec("GPT-2 6L/384d", 6, 384, 6, 1.5),
 }
 ALGOS = ("grpo", "rloo")
-NOISY = 0.10  # other processes' share of the CPUs above which a row is flagged
 TARGET_THREADS = 2  # the issue's setting; other thread counts are reported for information
 ISSUE_TRL_SECONDS = {"small": 0.40, "large": 3.7}  # "for scale" figures quoted in issue 7
 
@@ -135,58 +144,6 @@ def reward_e(prompts: list[str], completions: list[str], **kwargs: object) -> li
 
 
 # ----------------------------------------------------------------------------- helpers
-class CpuMeter:
-    """Share of the machine's CPUs that *other* processes used while a benchmark ran
-    (Linux ``/proc/stat``; NaN elsewhere)."""
-
-    def __init__(self) -> None:
-        self.start = self._snapshot()
-
-    @staticmethod
-    def _snapshot() -> tuple[float, float, float] | None:
-        try:
-            with open("/proc/stat") as f:
-                fields = [int(x) for x in f.readline().split()[1:]]
-        except OSError:
-            return None
-        idle = fields[3] + fields[4]
-        busy = (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-        own = os.times()
-        return time.perf_counter(), busy, own.user + own.system
-
-    def other_load(self) -> float:
-        end = self._snapshot()
-        if self.start is None or end is None:
-            return float("nan")
-        wall = end[0] - self.start[0]
-        others = (end[1] - self.start[1]) - (end[2] - self.start[2])
-        return max(0.0, others / (wall * (os.cpu_count() or 1)))
-
-
-def wait_until_idle(deadline: float) -> bool:
-    """Sleep until other processes use at most ``NOISY`` of the CPUs over 2 s, or ``deadline``."""
-    while True:
-        meter = CpuMeter()
-        time.sleep(2.0)
-        load = meter.other_load()
-        if not load > NOISY:  # NaN (no /proc/stat) counts as idle
-            return True
-        if time.perf_counter() >= deadline:
-            return False
-        print(f"  waiting for an idle machine (other CPU load {load:.0%})", flush=True)
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
 def quartiles(xs: list[float]) -> tuple[float, float, float]:
     if len(xs) < 2:
         return xs[0], xs[0], xs[0]
@@ -563,22 +520,13 @@ def fmt_spread(xs: list[float]) -> str:
 
 
 def report(results: list[Result], args: argparse.Namespace, wall: float, command: str) -> str:
-    import accelerate
-    import datasets
-    import transformers
-    import trl
-
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     trl_name = {"grpo": "GRPOTrainer", "rloo": "RLOOTrainer"}
     lines = [
         "# GRPO / RLOO iteration time: lmgym vs TRL",
         "",
-        f"- date: {now}",
-        f"- machine: {os.cpu_count()} CPU cores ({platform.machine()}, "
-        f"{cpu_model()}), no GPU; torch threads per row in the 'threads' column",
-        f"- python {platform.python_version()}, torch {torch.__version__}, transformers "
-        f"{transformers.__version__}, trl {trl.__version__}, accelerate "
-        f"{accelerate.__version__}, datasets {datasets.__version__}, lmgym {lmgym.__version__}",
+        f"- date: {utc_now()}",
+        machine_line("torch threads per row in the 'threads' column"),
+        versions_line(["torch", "transformers", "trl", "accelerate", "datasets", "lmgym"]),
         f"- command: `{command}` (total {wall:.0f} s)",
         f"- work per iteration: {NUM_PROMPTS} prompts x {GROUP_SIZE} completions, "
         f"{PROMPT_TOKENS}-token prompts, exactly {NEW_TOKENS} new tokens per row "
@@ -678,14 +626,7 @@ def main() -> None:
     parser.add_argument("--algos", default="grpo,rloo", help="comma list of: grpo, rloo")
     parser.add_argument("--warmup", type=int, default=None, help="warm-up pairs (default 3)")
     parser.add_argument("--iters", type=int, default=None, help="timed pairs (default 15)")
-    parser.add_argument(
-        "--wait-idle",
-        type=float,
-        default=0.0,
-        metavar="SECONDS",
-        help="before each row wait for idle CPUs, and rerun a row other processes disturbed, "
-        "for at most this long in total (default 0: measure at once)",
-    )
+    add_wait_idle_argument(parser)
     parser.add_argument(
         "--profile-iters", type=int, default=None, help="instrumented lmgym iterations (default 5)"
     )
@@ -715,9 +656,9 @@ def main() -> None:
     logging.getLogger("accelerate").setLevel(logging.ERROR)
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-    command = " ".join([".venv/bin/python", "benchmarks/trl_iteration.py", *sys.argv[1:]])
+    command = command_line("trl_iteration.py", sys.argv[1:])
     start = time.perf_counter()
-    deadline = start + args.wait_idle if args.wait_idle > 0 else None
+    deadline = deadline_from(args.wait_idle, start)
     results: list[Result] = []
     with tempfile.TemporaryDirectory() as tmp:
         paths = {m: build_checkpoint(Path(tmp) / m, MODELS[m]) for m in models}
@@ -729,13 +670,8 @@ def main() -> None:
                 f"{args.warmup}+{args.iters} pairs",
                 flush=True,
             )
-            while True:
-                if deadline is not None:
-                    wait_until_idle(deadline)
-                lm, trl_s, core, load = alternated_run(path, algo, args.warmup, args.iters)
-                if deadline is None or not load > NOISY or time.perf_counter() >= deadline:
-                    break
-                print(f"  other CPU load {load:.0%}, rerunning", flush=True)
+            run = functools.partial(alternated_run, path, algo, args.warmup, args.iters)
+            lm, trl_s, core, load = run_undisturbed(run, lambda r: r[3], deadline)
             assert torch.get_num_threads() == threads, "someone changed torch threads"
             result = Result(algo, m, threads, spec, lm, trl_s, core, load)
             if args.profile_iters > 0:
