@@ -107,6 +107,12 @@ def collect(
     return _episodes(env, obs, info, rows, sampler_logprobs, rewards, terminated, truncated)
 
 
+def _weights_key(policy: CausalLMPolicy) -> tuple[tuple[int, int], ...]:
+    """Changes whenever the policy's weights are written: an optimizer step, a loaded
+    state dict or a swapped tensor (each parameter's storage and in-place version)."""
+    return tuple((p.data_ptr(), p._version) for p in policy.parameters())
+
+
 def concat_batches(batches: list[RolloutBatch]) -> RolloutBatch:
     """Stack batches row-wise (same ``Lp`` and ``L``)."""
     fields = RolloutBatch.__dataclass_fields__
@@ -133,6 +139,10 @@ class ContinuousCollector:
         self._logprobs = torch.zeros(n, length, device=env.device)
         self._rewards = torch.zeros(n, length, device=env.device)
         self._restarting = torch.zeros(n, dtype=torch.bool, device=env.device)
+        # The KV cache carries over between calls while the weights stay the same.
+        self._state: PolicyState | None = None
+        self._starts = torch.zeros_like(self._restarting)
+        self._weights: tuple[tuple[int, int], ...] | None = None
         self._pool: list[RolloutBatch] = []
         self.tokens_generated = 0
 
@@ -158,9 +168,11 @@ class ContinuousCollector:
             ``RolloutBatch`` of ``num_groups * group_size`` rows, ordered by group id.
         """
         env = self.env
-        # Weights may have changed since the last call: rebuild the cache once.
-        state: PolicyState | None = None
-        starts = torch.zeros_like(self._restarting)
+        weights = _weights_key(self.policy)
+        if weights == self._weights:
+            state, starts = self._state, self._starts
+        else:  # the weights changed since the cache was built: rebuild it once
+            state, starts = None, torch.zeros_like(self._restarting)
         complete = self._complete_groups()
         while complete.numel() < num_groups:
             actions, logprobs, state = self.policy.act(
@@ -191,6 +203,7 @@ class ContinuousCollector:
             starts = self._restarting
             self._restarting = finished
             self._obs, self._info = obs, info
+        self._state, self._starts, self._weights = state, starts, weights
         pooled = self._pooled()
         chosen = complete[:num_groups]
         take = torch.isin(pooled.group_ids, chosen)

@@ -106,20 +106,23 @@ def _plain_cache(cache: DynamicCache) -> bool:
     return all(type(layer) is DynamicLayer and layer.is_initialized for layer in cache.layers)
 
 
-def _append_rows(cache: Tensor, new: Tensor, rows: Tensor) -> Tensor:
-    """Append ``new``'s columns to ``rows`` of ``cache``; other rows get zero columns.
+def _write_rows(cache: Tensor, new: Tensor, rows: Tensor, widen: int) -> Tensor:
+    """Write ``new`` into the first columns of ``rows`` of ``cache`` (in place).
 
     Args:
         cache: ``[N, heads, C, dim]``.
         new: ``[k, heads, W, dim]``.
         rows: ``[k] int64``.
+        widen: zero columns to append first (> 0 only when ``W > C``).
 
     Returns:
-        ``[N, heads, C + W, dim]``.
+        ``[N, heads, max(C, W), dim]``.
     """
-    block = cache.new_zeros(cache.shape[0], cache.shape[1], new.shape[2], cache.shape[3])
-    block[rows] = new
-    return torch.cat([cache, block], dim=2)
+    if widen > 0:
+        pad = cache.new_zeros(cache.shape[0], cache.shape[1], widen, cache.shape[3])
+        cache = torch.cat([cache, pad], dim=2)
+    cache[rows, :, : new.shape[2]] = new
+    return cache
 
 
 def _context_length(model: PreTrainedModel) -> int | None:
@@ -324,11 +327,12 @@ class CausalLMPolicy(nn.Module):
     ) -> tuple[Tensor, PolicyState]:
         """Re-feed the restarted rows from their new text; the other rows take one decode step.
 
-        The restarted rows (``k`` of them) are prefilled alone, in a cache of their
-        own, and their ``W`` new columns are appended to the shared cache (masked out
-        for every other row; their own old columns are masked out). Then one decode
-        step feeds every advanced row its new token. The cost is a ``[k, W]`` prefill
-        plus an ordinary ``[N, 1]`` step, not a ``[N, W]`` pass over all rows.
+        The ``k`` restarted rows are prefilled alone, in a cache of their own, and
+        their ``W`` new columns overwrite the first ``W`` columns of their own rows in
+        the shared cache (their old columns are all dead; the rest are masked out).
+        Then one decode step feeds every advanced row its new token. The cost is a
+        ``[k, W]`` prefill plus an ordinary ``[N, 1]`` step, and the cache does not
+        grow: attention reads cached keys through the mask, in any column order.
         """
         rows = restart.nonzero().squeeze(1)
         width = int(last_col[rows].max()) + 1
@@ -337,20 +341,36 @@ class CausalLMPolicy(nn.Module):
         fresh = DynamicCache(config=self.model.config)
         new_hidden = self.hidden_states(new_ids, new_mask, new_positions, fresh)
         newest = new_hidden[torch.arange(rows.numel(), device=ids.device), last_col[rows]]
+        cache_mask = state.cache_mask
+        short = width - cache_mask.shape[1]
+        if short > 0:  # a compacted cache narrower than the new text: widen it
+            cache_mask = torch.cat([cache_mask, cache_mask.new_zeros(len(cache_mask), short)], 1)
         for shared, own in zip(state.cache.layers, fresh.layers, strict=True):
-            shared.keys = _append_rows(shared.keys, own.keys, rows)
-            shared.values = _append_rows(shared.values, own.values, rows)
-        block_mask = torch.zeros(ids.shape[0], width, dtype=torch.bool, device=ids.device)
-        block_mask[rows] = new_mask
+            shared.keys = _write_rows(shared.keys, own.keys, rows, short)
+            shared.values = _write_rows(shared.values, own.values, rows, short)
+        cache_mask = cache_mask & ~restart[:, None]
+        cache_mask[rows, :width] = new_mask
         state = PolicyState(
             state.cache,
-            torch.cat([state.cache_mask & ~restart[:, None], block_mask], dim=1),
+            cache_mask,
             state.positions.index_put((rows,), new_mask.sum(1)),
             state.last_col.index_put((rows,), last_col[rows]),
         )
         # Restarted rows now have last_col == state.last_col: _decode feeds them nothing.
         hidden, state = self._decode(ids, last_col, state)
         return hidden.index_put((rows,), newest), state
+
+    @staticmethod
+    def _cache_limit(state: PolicyState, width: int) -> int:
+        """Cache columns allowed before compaction, for observations ``width`` wide.
+
+        No row holds more than ``width`` real columns, so a wider cache carries dead
+        ones that every step copies and attends over. A plain cache is compacted
+        (a gather) soon after; other kinds are re-prefilled, so they wait longer.
+        """
+        if _plain_cache(state.cache):
+            return width + max(8, width // 8)
+        return 2 * width
 
     def _compact(self, state: PolicyState) -> PolicyState | None:
         """Drop the cache's masked-out columns (left over from restarts), keeping order.
@@ -402,7 +422,7 @@ class CausalLMPolicy(nn.Module):
         ids = obs["input_ids"].to(device)
         mask = obs["attention_mask"].to(device).bool()
         last_col = (mask * self._columns(ids.shape[1], ids.device)).argmax(dim=1)
-        if state is not None and state.cache_mask.shape[1] > 2 * ids.shape[1]:
+        if state is not None and state.cache_mask.shape[1] > self._cache_limit(state, ids.shape[1]):
             # Restarts leave masked-out columns behind; squeeze them out now and then.
             state = self._compact(state)
         if state is None:

@@ -115,6 +115,29 @@ def test_continuous_batching_logprobs_equal_teacher_forced(make_env, make_eos_po
         assert diff < 1e-4
 
 
+def test_continuous_collector_keeps_its_cache_until_the_weights_change(
+    make_env, make_eos_policy, tokenizer, monkeypatch
+):
+    policy = make_eos_policy(tokenizer)
+    env = make_env(
+        prompts=["ab", "xyz"], num_prompts=2, group_size=2, max_new_tokens=8, autoreset=True
+    )
+    collector = ContinuousCollector(env, policy, seed=0)
+    prefills = []
+    original = policy._prefill
+    monkeypatch.setattr(policy, "_prefill", lambda *a: prefills.append(1) or original(*a))
+    collector.collect(num_groups=2)
+    assert len(prefills) == 1
+    batch = collector.collect(num_groups=2)  # same weights: the in-flight cache is reused
+    assert len(prefills) == 1
+    diff = (teacher_forced(policy, batch) - batch.sampler_logprobs).abs().max().item()
+    assert diff < 1e-4
+    with torch.no_grad():
+        next(policy.parameters()).mul_(1.01)  # an optimizer step would do the same
+    collector.collect(num_groups=2)
+    assert len(prefills) == 2
+
+
 def test_group_samples_are_drawn_independently(make_env, policy):
     env = make_env(prompts=["ab"], num_prompts=1, group_size=16, max_new_tokens=4)
     batch = collect(env, policy, seed=0)
@@ -249,17 +272,28 @@ def test_restarting_some_rows_keeps_the_others_cache_and_matches_a_fresh_prefill
     fresh = policy.act(obs, None, generator=torch.Generator().manual_seed(3))
     assert torch.equal(cached[0], fresh[0])
     torch.testing.assert_close(cached[1], fresh[1], atol=1e-5, rtol=1e-5)
-    # The restarted row was prefilled alone and its columns appended (plus the others'
-    # decode column); its old columns stay in the cache, masked out.
-    assert cached[2].cache_mask.shape[1] == kept_columns + env.prompt_width + 1
-    assert not cached[2].cache_mask[1, :kept_columns].any()
-    assert cached[2].cache_mask[[0, 2], :kept_columns].equal(state.cache_mask[[0, 2]])
+    # The restarted row was prefilled alone into its own first columns; the cache
+    # grew only by the others' decode column, and their columns are untouched.
+    new_mask = cached[2].cache_mask
+    assert new_mask.shape[1] == kept_columns + 1
+    assert new_mask[1, : env.prompt_width].equal(obs["attention_mask"][1, : env.prompt_width])
+    assert not new_mask[1, env.prompt_width :].any()
+    assert new_mask[[0, 2], :kept_columns].equal(state.cache_mask[[0, 2]])
 
 
-def test_compacting_the_cache_changes_no_output(make_env, policy):
-    # Many restarts grow the cache with masked-out columns until act() squeezes
+# A wide prompt region (max_prompt_length=12 for prompts of <= 5 tokens) makes a
+# compacted cache narrower than a restarted row's text, which must widen it.
+@pytest.mark.parametrize("max_prompt_length", [None, 12])
+def test_compacting_the_cache_changes_no_output(make_env, policy, max_prompt_length):
+    # Many restarts leave masked-out columns in the cache until act() squeezes
     # them out; sampling must not notice.
-    env = make_env(prompts=["ab", "hello", "xyz"], num_prompts=3, max_new_tokens=3, autoreset=True)
+    env = make_env(
+        prompts=["ab", "hello", "xyz"],
+        num_prompts=3,
+        max_new_tokens=3,
+        autoreset=True,
+        max_prompt_length=max_prompt_length,
+    )
     obs, _ = env.reset(seed=0)
     state, compacted = None, False
     starts = restarting = torch.zeros(3, dtype=torch.bool)
