@@ -7,7 +7,8 @@
   the first ``num_groups`` groups whose ``group_size`` completions have all ended.
   Episodes of groups still in flight carry over to the next call; their sampler
   log-probs record the policy that actually sampled them, so the ratio/TIS
-  corrections see the staleness.
+  corrections see the staleness. The policy's KV cache also carries over while
+  its weights are unchanged; after an update it is rebuilt once from the text.
 """
 
 from __future__ import annotations
