@@ -397,7 +397,10 @@ class TokenVectorEnv(VectorEnv):
         ids = torch.where(write, actions[:, None], self._ids)
         mask = self._mask | write
         length = self._length + active
-        stop = active & torch.isin(actions, self.stop_token_ids)
+        if len(self.stop_token_ids) == 1:  # the usual single EOS: == is cheaper than isin
+            stop = active & (actions == self.stop_token_ids)
+        else:
+            stop = active & torch.isin(actions, self.stop_token_ids)
         truncated = active & ~stop & (length >= self.max_new_tokens)
         finished = stop | truncated
 

@@ -264,6 +264,14 @@ class CausalLMPolicy(nn.Module):
         )
         return out.last_hidden_state
 
+    def _true_column(self, n: int, device: torch.device) -> Tensor:
+        """A cached ``[n, 1]`` all-True tensor (the cache-mask column of a full step)."""
+        cached = getattr(self, "_true_cache", None)
+        if cached is None or cached.shape[0] != n or cached.device != device:
+            cached = torch.ones(n, 1, dtype=torch.bool, device=device)
+            self._true_cache = cached
+        return cached
+
     def _columns(self, width: int, device: torch.device) -> Tensor:
         """``arange(width)`` on ``device``, cached: ``act`` needs it every step."""
         cached = getattr(self, "_column_cache", None)
@@ -300,17 +308,23 @@ class CausalLMPolicy(nn.Module):
         return hidden[rows, last_col], state
 
     def _decode(
-        self, ids: Tensor, last_col: Tensor, state: PolicyState
+        self, ids: Tensor, last_col: Tensor, state: PolicyState, all_advanced: bool = False
     ) -> tuple[Tensor, PolicyState]:
         """The common step: feed each advanced row's one new token.
 
         A row that did not advance (finished) feeds its last token again with that
-        cache column masked out, so it sees nothing new.
+        cache column masked out, so it sees nothing new. ``all_advanced``: the caller
+        already knows every row advanced by one column.
         """
-        advanced = last_col > state.last_col
         tokens = ids.gather(1, last_col[:, None])
-        cache_mask = torch.cat([state.cache_mask, advanced[:, None]], dim=1)
-        padded = state.padded or not bool(advanced.all())
+        if all_advanced:
+            advanced = self._true_column(ids.shape[0], ids.device)
+            padded = state.padded
+        else:
+            advanced = (last_col > state.last_col)[:, None]
+            padded = state.padded or not bool(advanced.all())
+        cache_mask = torch.cat([state.cache_mask, advanced], dim=1)
+        advanced = advanced[:, 0]
         hidden = self.hidden_states(
             tokens, cache_mask if padded else None, state.positions[:, None], state.cache
         )
@@ -431,11 +445,13 @@ class CausalLMPolicy(nn.Module):
             # A row that moved back or by more than one column was restarted (a new
             # episode's text); so was any row the caller flags.
             step = last_col - state.last_col
-            restart = (step < 0) | (step > 1)
-            if episode_starts is not None:
-                restart = restart | episode_starts.to(restart.device).bool()
-            if not bool(restart.any()):
-                hidden, state = self._decode(ids, last_col, state)
+            low, high = (int(x) for x in torch.aminmax(step))  # one pass, the usual case
+            restart = (step < 0) | (step > 1) if low < 0 or high > 1 else None
+            if episode_starts is not None and bool(episode_starts.any()):
+                flagged = episode_starts.to(step.device).bool()
+                restart = flagged if restart is None else restart | flagged
+            if restart is None:
+                hidden, state = self._decode(ids, last_col, state, all_advanced=low == 1)
             elif _plain_cache(state.cache):
                 hidden, state = self._restart(ids, mask, last_col, restart, state)
             else:  # a cache kind whose tensors lmgym does not edit: refill every row
