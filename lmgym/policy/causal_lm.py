@@ -408,7 +408,6 @@ class CausalLMPolicy(nn.Module):
         padded = not bool(cache_mask.all())
         return PolicyState(state.cache, cache_mask, state.positions, state.last_col, padded)
 
-    @torch.no_grad()
     def act(
         self,
         obs: dict[str, Tensor],
@@ -431,7 +430,23 @@ class CausalLMPolicy(nn.Module):
 
         Returns:
             ``(actions [N] int64, sampler_logprobs [N] float32, new_state)``.
+            The state's tensors are inference-mode tensors: pass them back to
+            ``act``, do not edit them.
         """
+        # inference_mode, not no_grad: no version counters or view tracking on the
+        # ~100 small ops of a step, a few percent of a tiny model's rollout.
+        with torch.inference_mode():
+            actions, logprobs, state = self._act(obs, state, episode_starts, generator)
+        # Plain tensors for the caller, who may use them in autograd or edit them.
+        return actions.clone(), logprobs.clone(), state
+
+    def _act(
+        self,
+        obs: dict[str, Tensor],
+        state: PolicyState | None,
+        episode_starts: Tensor | None,
+        generator: torch.Generator | None,
+    ) -> tuple[Tensor, Tensor, PolicyState]:
         device = self.device  # one parameter scan per call, not two
         ids = obs["input_ids"].to(device)
         mask = obs["attention_mask"].to(device).bool()
