@@ -373,7 +373,8 @@ def markdown(rows: list[Row], command: str, elapsed: float) -> str:
             "bias so it is never sampled; asserted), full-vocabulary sampling at "
             "temperature 1 on both (top_k=0 for generate); lmgym also returns sampler "
             "log-probs and runs an all-zero reward model. The prompts are unpadded, so "
-            "generate drops its attention mask; lmgym always passes one. Env rows: the "
+            "both drop the all-ones attention mask (lmgym passes none while no cache "
+            "column is masked). Env rows: the "
             "same pre-generated random actions, native env with autoreset=True (next-step "
             "autoreset, as SyncVectorEnv), checked to end the same episodes on the same "
             "steps.",
