@@ -41,8 +41,10 @@ def test_unpadded_prompts_run_maskless_until_a_row_finishes(make_env, make_eos_p
     policy = make_eos_policy(tokenizer)
     env = make_env(prompts=["abc", "xyz"], num_prompts=2, group_size=4, max_new_tokens=12)
     obs, _ = env.reset(seed=0)
-    _, _, state = policy.act(obs)
+    actions, logprobs, state = policy.act(obs)
     assert not state.padded
+    # act runs under inference mode but hands back plain tensors.
+    assert not actions.is_inference() and not logprobs.is_inference()
     batch = collect(env, policy, seed=0)
     assert batch.lengths.min() < batch.lengths.max()
     diff = (teacher_forced(policy, batch) - batch.sampler_logprobs).abs().max().item()
