@@ -33,6 +33,13 @@ from transformers import (
 )
 from transformers.cache_utils import DynamicLayer
 
+from lmgym.policy.kv_slots import (
+    SlotLayer,
+    is_slot_cache,
+    slots_capacity,
+    slots_filled,
+    to_slots,
+)
 from lmgym.policy.logprobs import token_logprobs
 from lmgym.policy.sampling import sample_tokens
 
@@ -103,7 +110,9 @@ def _plain_cache(cache: DynamicCache) -> bool:
     """Whether every layer is a plain growing ``DynamicLayer`` (``[N, heads, C, dim]``
     key/value tensors that may be edited directly; sliding-window or quantized
     layers keep extra state)."""
-    return all(type(layer) is DynamicLayer and layer.is_initialized for layer in cache.layers)
+    return all(
+        type(layer) in (DynamicLayer, SlotLayer) and layer.is_initialized for layer in cache.layers
+    )
 
 
 def _write_rows(cache: Tensor, new: Tensor, rows: Tensor, widen: int) -> Tensor:
@@ -323,7 +332,12 @@ class CausalLMPolicy(nn.Module):
         else:
             advanced = (last_col > state.last_col)[:, None]
             padded = state.padded or not bool(advanced.all())
-        cache_mask = torch.cat([state.cache_mask, advanced], dim=1)
+        if is_slot_cache(state.cache):  # the new column goes into the next free slot
+            cache_mask = state.cache_mask.clone()
+            cache_mask[:, slots_filled(state.cache)] = advanced[:, 0]
+            padded = True
+        else:
+            cache_mask = torch.cat([state.cache_mask, advanced], dim=1)
         advanced = advanced[:, 0]
         hidden = self.hidden_states(
             tokens, cache_mask if padded else None, state.positions[:, None], state.cache
@@ -348,6 +362,17 @@ class CausalLMPolicy(nn.Module):
         ``[k, W]`` prefill plus an ordinary ``[N, 1]`` step, and the cache does not
         grow: attention reads cached keys through the mask, in any column order.
         """
+        if not is_slot_cache(state.cache):
+            # Rows now restart at different times, so the cache will stay about as
+            # wide as the longest row: switch to in-place slots (see kv_slots).
+            capacity = max(state.cache_mask.shape[1] + 1, self._cache_limit(ids.shape[1]))
+            state = PolicyState(
+                state.cache,
+                to_slots(state.cache, state.cache_mask, capacity),
+                state.positions,
+                state.last_col,
+                True,
+            )
         rows = restart.nonzero().squeeze(1)
         width = int(last_col[rows].max()) + 1
         new_ids, new_mask = ids[rows, :width], mask[rows, :width]
@@ -362,6 +387,8 @@ class CausalLMPolicy(nn.Module):
         for shared, own in zip(state.cache.layers, fresh.layers, strict=True):
             shared.keys = _write_rows(shared.keys, own.keys, rows, short)
             shared.values = _write_rows(shared.values, own.values, rows, short)
+            if isinstance(shared, SlotLayer):  # the next free slot is past the new text
+                shared.filled = max(shared.filled, width)
         cache_mask = cache_mask & ~restart[:, None]
         cache_mask[rows, :width] = new_mask
         state = PolicyState(
@@ -375,16 +402,20 @@ class CausalLMPolicy(nn.Module):
         return hidden.index_put((rows,), newest), state
 
     @staticmethod
-    def _cache_limit(state: PolicyState, width: int) -> int:
-        """Cache columns allowed before compaction, for observations ``width`` wide.
+    def _cache_limit(width: int) -> int:
+        """Cache columns a plain cache may reach, for observations ``width`` wide.
 
         No row holds more than ``width`` real columns, so a wider cache carries dead
-        ones that every step copies and attends over. A plain cache is compacted
-        (a gather) soon after; other kinds are re-prefilled, so they wait longer.
+        ones that every step copies and attends over.
         """
-        if _plain_cache(state.cache):
-            return width + max(8, width // 8)
-        return 2 * width
+        return width + max(8, width // 8)
+
+    def _needs_compaction(self, state: PolicyState, width: int) -> bool:
+        if is_slot_cache(state.cache):  # no free slot for the next column
+            return slots_filled(state.cache) >= slots_capacity(state.cache)
+        if _plain_cache(state.cache):  # compacted by a gather: soon
+            return state.cache_mask.shape[1] > self._cache_limit(width)
+        return state.cache_mask.shape[1] > 2 * width  # re-prefilled: rarely
 
     def _compact(self, state: PolicyState) -> PolicyState | None:
         """Drop the cache's masked-out columns (left over from restarts), keeping order.
@@ -400,6 +431,15 @@ class CausalLMPolicy(nn.Module):
         # A stable sort of "is masked" puts each row's real columns first, in order.
         order = torch.sort((~state.cache_mask).to(torch.uint8), dim=1, stable=True).indices
         order = order[:, :width]
+        if is_slot_cache(state.cache):
+            # Capacity exceeds the observation width, and no row has more real
+            # columns than that, so a repack always frees slots.
+            capacity = slots_capacity(state.cache)
+            for layer in state.cache.layers:
+                layer.repack(order)
+            columns = torch.arange(capacity, device=counts.device)
+            cache_mask = columns[None, :] < counts[:, None]
+            return PolicyState(state.cache, cache_mask, state.positions, state.last_col, True)
         for layer in state.cache.layers:
             index = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
             layer.keys = layer.keys.gather(2, index)
@@ -451,7 +491,7 @@ class CausalLMPolicy(nn.Module):
         ids = obs["input_ids"].to(device)
         mask = obs["attention_mask"].to(device).bool()
         last_col = (mask * self._columns(ids.shape[1], ids.device)).argmax(dim=1)
-        if state is not None and state.cache_mask.shape[1] > self._cache_limit(state, ids.shape[1]):
+        if state is not None and self._needs_compaction(state, ids.shape[1]):
             # Restarts leave masked-out columns behind; squeeze them out now and then.
             state = self._compact(state)
         if state is None:

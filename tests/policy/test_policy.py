@@ -11,6 +11,7 @@ from transformers import AutoModelForCausalLM
 from lmgym.envs import TokenVectorEnv
 from lmgym.policy import CausalLMPolicy, make_char_tokenizer, make_tiny_model, save_tiny
 from lmgym.policy.causal_lm import distinct_rows
+from lmgym.policy.kv_slots import is_slot_cache, slots_filled
 from lmgym.policy.logprobs import token_logprobs
 from lmgym.policy.sampling import filter_logits, sample_tokens
 from lmgym.rollout import ContinuousCollector, collect
@@ -275,12 +276,19 @@ def test_restarting_some_rows_keeps_the_others_cache_and_matches_a_fresh_prefill
     assert torch.equal(cached[0], fresh[0])
     torch.testing.assert_close(cached[1], fresh[1], atol=1e-5, rtol=1e-5)
     # The restarted row was prefilled alone into its own first columns; the cache
-    # grew only by the others' decode column, and their columns are untouched.
+    # (now in-place slots) grew only by the others' decode column, and their columns
+    # are untouched.
     new_mask = cached[2].cache_mask
-    assert new_mask.shape[1] == kept_columns + 1
+    assert is_slot_cache(cached[2].cache)
+    assert slots_filled(cached[2].cache) == kept_columns + 1
+    assert not new_mask[:, kept_columns + 1 :].any()
     assert new_mask[1, : env.prompt_width].equal(obs["attention_mask"][1, : env.prompt_width])
     assert not new_mask[1, env.prompt_width :].any()
     assert new_mask[[0, 2], :kept_columns].equal(state.cache_mask[[0, 2]])
+
+
+def _written_columns(state) -> int:
+    return slots_filled(state.cache) if is_slot_cache(state.cache) else state.cache_mask.shape[1]
 
 
 # A wide prompt region (max_prompt_length=12 for prompts of <= 5 tokens) makes a
@@ -300,13 +308,13 @@ def test_compacting_the_cache_changes_no_output(make_env, policy, max_prompt_len
     state, compacted = None, False
     starts = restarting = torch.zeros(3, dtype=torch.bool)
     for _ in range(40):
-        width = None if state is None else state.cache_mask.shape[1]
+        filled = None if state is None else _written_columns(state)
         gen = torch.Generator().manual_seed(1)
         actions, logprobs, state = policy.act(obs, state, episode_starts=starts, generator=gen)
         fresh = policy.act(obs, None, generator=torch.Generator().manual_seed(1))
         assert torch.equal(actions, fresh[0])
         torch.testing.assert_close(logprobs, fresh[1], atol=1e-5, rtol=1e-5)
-        compacted |= width is not None and state.cache_mask.shape[1] < width
+        compacted |= filled is not None and _written_columns(state) < filled
         obs, _, terminated, truncated, _ = env.step(actions)
         # Next-step autoreset: rows that end now are reset by the next step.
         starts, restarting = restarting, terminated | truncated
