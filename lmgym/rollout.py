@@ -197,9 +197,9 @@ class ContinuousCollector:
                     )
                 )
                 complete = self._complete_groups()  # only changes when episodes end
-            # Finished rows restart next step: clear their per-episode buffers now.
-            self._logprobs = self._logprobs * ~finished[:, None]
-            self._rewards = self._rewards * ~finished[:, None]
+                # Finished rows restart next step: clear their per-episode buffers now.
+                self._logprobs = self._logprobs * ~finished[:, None]
+                self._rewards = self._rewards * ~finished[:, None]
             # Rows reset by this step (their action was ignored) show a new prompt now.
             starts = self._restarting
             self._restarting = finished

@@ -430,16 +430,16 @@ class CausalLMPolicy(nn.Module):
         width = int(counts.max())
         # A stable sort of "is masked" puts each row's real columns first, in order.
         order = torch.sort((~state.cache_mask).to(torch.uint8), dim=1, stable=True).indices
-        order = order[:, :width]
         if is_slot_cache(state.cache):
             # Capacity exceeds the observation width, and no row has more real
             # columns than that, so a repack always frees slots.
             capacity = slots_capacity(state.cache)
             for layer in state.cache.layers:
-                layer.repack(order)
+                layer.repack(order, width)
             columns = torch.arange(capacity, device=counts.device)
             cache_mask = columns[None, :] < counts[:, None]
             return PolicyState(state.cache, cache_mask, state.positions, state.last_col, True)
+        order = order[:, :width]
         for layer in state.cache.layers:
             index = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
             layer.keys = layer.keys.gather(2, index)

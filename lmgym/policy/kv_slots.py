@@ -56,13 +56,19 @@ class SlotLayer(DynamicLayer):
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.keys.shape[2], 0
 
-    def repack(self, order: Tensor) -> None:
-        """Keep columns ``order`` (``[N, W] int64`` per row) as columns ``[0, W)``."""
+    def repack(self, order: Tensor, filled: int) -> None:
+        """Reorder every row's columns by ``order`` and keep the first ``filled``.
+
+        Args:
+            order: ``[N, capacity] int64``, a permutation of the columns per row
+                (the kept ones first). One gather per buffer; the columns past
+                ``filled`` hold copies the mask hides until they are overwritten.
+            filled: columns kept.
+        """
         index = order[:, None, :, None].expand(-1, self.keys.shape[1], -1, self.keys.shape[3])
-        width = order.shape[1]
-        self.keys[:, :, :width] = self.keys.gather(2, index)
-        self.values[:, :, :width] = self.values.gather(2, index)
-        self.filled = width
+        self.keys = self.keys.gather(2, index)
+        self.values = self.values.gather(2, index)
+        self.filled = filled
 
 
 def is_slot_cache(cache: DynamicCache) -> bool:
