@@ -413,9 +413,11 @@ class CausalLMPolicy(nn.Module):
     def _needs_compaction(self, state: PolicyState, width: int) -> bool:
         if is_slot_cache(state.cache):  # no free slot for the next column
             return slots_filled(state.cache) >= slots_capacity(state.cache)
-        if _plain_cache(state.cache):  # compacted by a gather: soon
-            return state.cache_mask.shape[1] > self._cache_limit(width)
-        return state.cache_mask.shape[1] > 2 * width  # re-prefilled: rarely
+        columns = state.cache_mask.shape[1]
+        if columns <= self._cache_limit(width):
+            return False
+        # A plain cache is compacted by a gather (soon); others are re-prefilled (rarely).
+        return _plain_cache(state.cache) or columns > 2 * width
 
     def _compact(self, state: PolicyState) -> PolicyState | None:
         """Drop the cache's masked-out columns (left over from restarts), keeping order.

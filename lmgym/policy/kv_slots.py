@@ -72,7 +72,8 @@ class SlotLayer(DynamicLayer):
 
 
 def is_slot_cache(cache: DynamicCache) -> bool:
-    return all(type(layer) is SlotLayer for layer in cache.layers)
+    """Whether ``to_slots`` converted this cache (it converts every layer at once)."""
+    return type(cache.layers[0]) is SlotLayer
 
 
 def slots_filled(cache: DynamicCache) -> int:
