@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import multiprocessing
 import statistics
 import sys
 import time
@@ -110,10 +111,47 @@ class Row:
     repeats: int
     other_load: float
     seconds: float = 0.0  # wall time of the run that was kept (set by ``measure``)
+    # Per-process ratios when the row was measured in several fresh processes.
+    process_ratios: tuple[float, ...] = ()
 
     @property
     def ratio(self) -> float:
+        if self.process_ratios:
+            return statistics.median(self.process_ratios)
         return self.lmgym / self.baseline
+
+
+def _child_init() -> None:
+    torch.set_num_threads(NUM_THREADS)
+    transformers.logging.set_verbosity_error()
+
+
+def in_fresh_process(bench: Callable[[], Row]) -> Row:
+    """Run ``bench`` in a new (spawned) Python process and return its row.
+
+    Absolute CPU speed moves by up to 30% between processes (allocator and cache
+    state), for both sides at once; a row measured in several processes reports
+    the median of their ratios.
+    """
+    with multiprocessing.get_context("spawn").Pool(1, initializer=_child_init) as pool:
+        return pool.apply(bench)
+
+
+def combine(rows: list[Row]) -> Row:
+    """One row from the same benchmark run in several processes: medians, and the
+    median of the per-process ratios."""
+    first = rows[0]
+    return Row(
+        name=first.name,
+        unit=first.unit,
+        lmgym=statistics.median(r.lmgym for r in rows),
+        baseline=statistics.median(r.baseline for r in rows),
+        baseline_name=first.baseline_name,
+        repeats=sum(r.repeats for r in rows),
+        other_load=max(r.other_load for r in rows),
+        seconds=sum(r.seconds for r in rows),
+        process_ratios=tuple(r.ratio for r in rows),
+    )
 
 
 # ---------------------------------------------------------------- rollout vs generate
@@ -363,10 +401,21 @@ def markdown(rows: list[Row], command: str, elapsed: float) -> str:
             "waiting for idle CPUs / reruns of disturbed rows)",
             "- method: both sides in one process, alternated (ABBA) after a warm-up; "
             "median of the repeats; ratio = lmgym median / baseline median (> 1: lmgym "
-            "faster); 'other CPU load' = share of the machine's CPUs used by other "
-            "processes while that row ran",
+            "faster). Rollout rows are measured in several fresh processes (absolute "
+            "speed moves by up to 30% between processes, for both sides at once): their "
+            "tok/s columns are medians over processes, the ratio is the median of the "
+            "per-process ratios (listed below the table), repeats are summed; 'other CPU "
+            "load' = share of the machine's CPUs used by other processes while that row "
+            "ran (the worst process)",
             "",
             table(rows),
+            "",
+            *[
+                f"- {r.name}: per-process ratios "
+                + ", ".join(f"{x:.2f}x" for x in r.process_ratios)
+                for r in rows
+                if r.process_ratios
+            ],
             "",
             "Equal work: every rollout row makes exactly 64 tokens per row on both sides "
             "(EOS, the env's stop id and generate's eos_token_id, gets a -1e9 output "
@@ -390,6 +439,12 @@ def markdown(rows: list[Row], command: str, elapsed: float) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats (smoke run)")
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=5,
+        help="fresh processes per rollout row; the row reports the median ratio (default 5)",
+    )
     parser.add_argument("--out", type=Path, help="write a Markdown results file here")
     add_wait_idle_argument(parser)
     args = parser.parse_args(argv)
@@ -408,8 +463,13 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for n_layer, n_embd in ((2, 128), (6, 256)):
         bench = functools.partial(bench_generate, n_layer, n_embd, lm_warmup, lm_repeats)
-        rows.append(measure(bench, deadline))
-        print(f"{rows[-1].name}: {rows[-1].ratio:.2f}x", flush=True)
+        per_process = [
+            measure(functools.partial(in_fresh_process, bench), deadline)
+            for _ in range(args.processes)
+        ]
+        rows.append(combine(per_process))
+        spread = ", ".join(f"{r:.2f}x" for r in rows[-1].process_ratios)
+        print(f"{rows[-1].name}: {rows[-1].ratio:.2f}x (per process: {spread})", flush=True)
     check_same_episodes(64, 2 * ENV_MAX_NEW_TOKENS)
     for n in (64, ENV_TARGET_N):
         bench = functools.partial(bench_env, n, env_steps, env_warmup, env_repeats)
