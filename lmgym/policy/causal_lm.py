@@ -107,31 +107,12 @@ def _checkpointing(model: PreTrainedModel) -> bool:
 
 
 def _plain_cache(cache: DynamicCache) -> bool:
-    """Whether every layer is a plain growing ``DynamicLayer`` (``[N, heads, C, dim]``
-    key/value tensors that may be edited directly; sliding-window or quantized
-    layers keep extra state)."""
+    """Whether every layer is a plain ``DynamicLayer`` or lmgym's ``SlotLayer``
+    (``[N, heads, C, dim]`` key/value tensors that may be edited directly;
+    sliding-window or quantized layers keep extra state)."""
     return all(
         type(layer) in (DynamicLayer, SlotLayer) and layer.is_initialized for layer in cache.layers
     )
-
-
-def _write_rows(cache: Tensor, new: Tensor, rows: Tensor, widen: int) -> Tensor:
-    """Write ``new`` into the first columns of ``rows`` of ``cache`` (in place).
-
-    Args:
-        cache: ``[N, heads, C, dim]``.
-        new: ``[k, heads, W, dim]``.
-        rows: ``[k] int64``.
-        widen: zero columns to append first (> 0 only when ``W > C``).
-
-    Returns:
-        ``[N, heads, max(C, W), dim]``.
-    """
-    if widen > 0:
-        pad = cache.new_zeros(cache.shape[0], cache.shape[1], widen, cache.shape[3])
-        cache = torch.cat([cache, pad], dim=2)
-    cache[rows, :, : new.shape[2]] = new
-    return cache
 
 
 def _context_length(model: PreTrainedModel) -> int | None:
@@ -365,7 +346,10 @@ class CausalLMPolicy(nn.Module):
         if not is_slot_cache(state.cache):
             # Rows now restart at different times, so the cache will stay about as
             # wide as the longest row: switch to in-place slots (see kv_slots).
-            capacity = max(state.cache_mask.shape[1] + 1, self._cache_limit(ids.shape[1]))
+            # Capacity: the observation width (no row holds more real columns) plus
+            # an eighth, so repacks are rare; it also exceeds any restart's text.
+            width = ids.shape[1]
+            capacity = max(state.cache_mask.shape[1] + 1, width + max(8, width // 8))
             state = PolicyState(
                 state.cache,
                 to_slots(state.cache, state.cache_mask, capacity),
@@ -380,16 +364,9 @@ class CausalLMPolicy(nn.Module):
         fresh = DynamicCache(config=self.model.config)
         new_hidden = self.hidden_states(new_ids, new_mask, new_positions, fresh)
         newest = new_hidden[torch.arange(rows.numel(), device=ids.device), last_col[rows]]
-        cache_mask = state.cache_mask
-        short = width - cache_mask.shape[1]
-        if short > 0:  # a compacted cache narrower than the new text: widen it
-            cache_mask = torch.cat([cache_mask, cache_mask.new_zeros(len(cache_mask), short)], 1)
         for shared, own in zip(state.cache.layers, fresh.layers, strict=True):
-            shared.keys = _write_rows(shared.keys, own.keys, rows, short)
-            shared.values = _write_rows(shared.values, own.values, rows, short)
-            if isinstance(shared, SlotLayer):  # the next free slot is past the new text
-                shared.filled = max(shared.filled, width)
-        cache_mask = cache_mask & ~restart[:, None]
+            shared.write_rows(rows, own.keys, own.values)
+        cache_mask = state.cache_mask & ~restart[:, None]
         cache_mask[rows, :width] = new_mask
         state = PolicyState(
             state.cache,
@@ -401,54 +378,18 @@ class CausalLMPolicy(nn.Module):
         hidden, state = self._decode(ids, last_col, state)
         return hidden.index_put((rows,), newest), state
 
-    @staticmethod
-    def _cache_limit(width: int) -> int:
-        """Cache columns a plain cache may reach, for observations ``width`` wide.
-
-        No row holds more than ``width`` real columns, so a wider cache carries dead
-        ones that every step copies and attends over.
-        """
-        return width + max(8, width // 8)
-
-    def _needs_compaction(self, state: PolicyState, width: int) -> bool:
-        if is_slot_cache(state.cache):  # no free slot for the next column
-            return slots_filled(state.cache) >= slots_capacity(state.cache)
-        columns = state.cache_mask.shape[1]
-        if columns <= self._cache_limit(width):
-            return False
-        # A plain cache is compacted by a gather (soon); others are re-prefilled (rarely).
-        return _plain_cache(state.cache) or columns > 2 * width
-
-    def _compact(self, state: PolicyState) -> PolicyState | None:
-        """Drop the cache's masked-out columns (left over from restarts), keeping order.
-
-        Attention reads cached keys through the mask only, so packing every row's
-        real columns to the left changes no output. ``None`` when the cache is not
-        the plain kind whose tensors can be gathered (the caller then re-prefills).
-        """
-        if not _plain_cache(state.cache):
-            return None
+    def _repack(self, state: PolicyState) -> PolicyState:
+        """Free the slots of a full slot cache: move every row's real columns to the
+        left, in order (attention reads cached keys through the mask only, so no
+        output changes)."""
         counts = state.cache_mask.sum(1)
-        width = int(counts.max())
         # A stable sort of "is masked" puts each row's real columns first, in order.
         order = torch.sort((~state.cache_mask).to(torch.uint8), dim=1, stable=True).indices
-        if is_slot_cache(state.cache):
-            # Capacity exceeds the observation width, and no row has more real
-            # columns than that, so a repack always frees slots.
-            capacity = slots_capacity(state.cache)
-            for layer in state.cache.layers:
-                layer.repack(order, width)
-            columns = torch.arange(capacity, device=counts.device)
-            cache_mask = columns[None, :] < counts[:, None]
-            return PolicyState(state.cache, cache_mask, state.positions, state.last_col, True)
-        order = order[:, :width]
         for layer in state.cache.layers:
-            index = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
-            layer.keys = layer.keys.gather(2, index)
-            layer.values = layer.values.gather(2, index)
-        cache_mask = self._columns(width, counts.device)[None, :] < counts[:, None]
-        padded = not bool(cache_mask.all())
-        return PolicyState(state.cache, cache_mask, state.positions, state.last_col, padded)
+            layer.repack(order, int(counts.max()))
+        columns = torch.arange(slots_capacity(state.cache), device=counts.device)
+        cache_mask = columns[None, :] < counts[:, None]
+        return PolicyState(state.cache, cache_mask, state.positions, state.last_col, True)
 
     def act(
         self,
@@ -493,9 +434,13 @@ class CausalLMPolicy(nn.Module):
         ids = obs["input_ids"].to(device)
         mask = obs["attention_mask"].to(device).bool()
         last_col = (mask * self._columns(ids.shape[1], ids.device)).argmax(dim=1)
-        if state is not None and self._needs_compaction(state, ids.shape[1]):
-            # Restarts leave masked-out columns behind; squeeze them out now and then.
-            state = self._compact(state)
+        if (
+            state is not None
+            and is_slot_cache(state.cache)
+            and slots_filled(state.cache) == slots_capacity(state.cache)
+        ):
+            # Restarts leave masked-out columns behind; the slots fill up now and then.
+            state = self._repack(state)
         if state is None:
             hidden, state = self._prefill(ids, mask, last_col)
         else:

@@ -50,6 +50,18 @@ class SlotLayer(DynamicLayer):
         self.filled = end
         return self.keys, self.values
 
+    def write_rows(self, rows: Tensor, keys: Tensor, values: Tensor) -> None:
+        """Put a restarted row's new text into its own first columns (its old ones are dead).
+
+        Args:
+            rows: ``[k] int64``.
+            keys, values: ``[k, heads, W, dim]`` from prefilling those rows alone.
+        """
+        width = keys.shape[2]
+        self.keys[rows, :, :width] = keys
+        self.values[rows, :, :width] = values
+        self.filled = max(self.filled, width)  # the next free slot lies past the new text
+
     def get_seq_length(self) -> int:
         return self.filled
 
@@ -86,7 +98,8 @@ def slots_capacity(cache: DynamicCache) -> int:
 
 
 def to_slots(cache: DynamicCache, cache_mask: Tensor, capacity: int) -> Tensor:
-    """Move a plain cache's layers into ``capacity``-column slots, in place.
+    """Move a plain cache's layers into ``capacity``-column slots, in place (``CausalLMPolicy``
+    does this at the first restarted row).
 
     Args:
         cache: every layer a plain ``DynamicLayer`` of ``C <= capacity`` columns.

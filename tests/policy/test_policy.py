@@ -291,10 +291,11 @@ def _written_columns(state) -> int:
     return slots_filled(state.cache) if is_slot_cache(state.cache) else state.cache_mask.shape[1]
 
 
-# A wide prompt region (max_prompt_length=12 for prompts of <= 5 tokens) makes a
-# compacted cache narrower than a restarted row's text, which must widen it.
+# A wide prompt region (max_prompt_length=12 for prompts of <= 5 tokens) leaves a
+# repacked cache with fewer filled slots than a restarted row's text: the next free
+# slot must move past that text.
 @pytest.mark.parametrize("max_prompt_length", [None, 12])
-def test_compacting_the_cache_changes_no_output(make_env, policy, max_prompt_length):
+def test_repacking_the_kv_slots_changes_no_output(make_env, policy, max_prompt_length):
     # Many restarts leave masked-out columns in the cache until act() squeezes
     # them out; sampling must not notice.
     env = make_env(
