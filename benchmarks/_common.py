@@ -21,6 +21,7 @@ import os
 import platform
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -197,3 +198,12 @@ def versions_line(modules: Sequence[str]) -> str:
 def command_line(script: str, argv: Sequence[str]) -> str:
     """The command that reruns ``benchmarks/<script>`` with ``argv`` from the repository root."""
     return " ".join([".venv/bin/python", f"benchmarks/{script}", *argv])
+
+
+def write_report(text: str, out: Path | None) -> None:
+    """Write a Markdown report to ``out`` (parents created) and say so; no-op for None."""
+    if out is None:
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    print(f"wrote {out}", flush=True)

@@ -113,13 +113,14 @@ from _common import (  # noqa: E402
     run_undisturbed,
     utc_now,
     versions_line,
+    write_report,
 )
+from _lm import ZeroReward  # noqa: E402
 
 import lmgym.policy.causal_lm as causal_lm  # noqa: E402
 from lmgym import (  # noqa: E402
     CausalLMPolicy,
     ContinuousCollector,
-    RewardInput,
     RolloutBatch,
     TokenVectorEnv,
     collect,
@@ -159,15 +160,6 @@ MODELS = {
     "small": ModelSpec("GPT-2 2L/128d", 2, 128, 4, 200),
     "large": ModelSpec("GPT-2 6L/256d", 6, 256, 4, 120),
 }
-
-
-class ZeroReward:
-    """A trivial reward model: 0 for every row (the reward is not what is measured)."""
-
-    name = "zero"
-
-    def __call__(self, batch: RewardInput) -> Tensor:
-        return torch.zeros(batch.completion_ids.shape[0], device=batch.completion_ids.device)
 
 
 class CountingEnv(TokenVectorEnv):
@@ -965,10 +957,7 @@ def main(argv: list[str] | None = None) -> None:
     text = report(results, args, command, time.perf_counter() - t0, source)
     print()
     print(text)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
-        print(f"wrote {args.out}")
+    write_report(text, args.out)
 
 
 if __name__ == "__main__":

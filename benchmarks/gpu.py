@@ -78,13 +78,13 @@ from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from torch import Tensor, nn  # noqa: E402
 
-# Make ``import lmgym`` work when the package is not installed (run from a checkout);
-# lmgym itself is imported inside the phases, after the CUDA check.
+# Make ``import lmgym`` and ``import _lm`` work when the package is not installed (run
+# from a checkout); both are imported inside the phases, after the CUDA check.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 WATCHDOG_GRACE_S = 60.0  # the process is ended this long after the time budget
 MIN_PHASE_S = 8.0  # a phase with less time than this left is skipped
@@ -281,74 +281,29 @@ class ModelInfo:
         return rows * (dense + attention)
 
 
-def forbid_token(model: nn.Module, token_id: int) -> None:
-    """Give the output layer a bias of ``-1e9`` on ``token_id`` (probability exactly 0).
-
-    The new ``[V, H]`` head shares the old (tied) weight, so every other logit is
-    unchanged; the bias is created with the weight's dtype and device.
-    """
-    old = model.get_output_embeddings()
-    w = old.weight
-    head = nn.Linear(old.in_features, old.out_features, bias=True, device=w.device, dtype=w.dtype)
-    head.weight = w
-    with torch.no_grad():
-        head.bias.zero_()
-        head.bias[token_id] = -1e9
-    model.set_output_embeddings(head)
-
-
 def build_model(
     sizes: Sizes, device: torch.device, dtype: torch.dtype
 ) -> tuple[nn.Module, Any, ModelInfo]:
     """GPT-2 from config on ``device`` in ``dtype``, EOS forbidden, and the char tokenizer."""
-    from transformers import GPT2Config, GPT2LMHeadModel
+    from _lm import forbid_token
 
-    from lmgym import make_char_tokenizer
+    from lmgym import make_char_tokenizer, make_tiny_model
 
     tok = make_char_tokenizer()
-    config = GPT2Config(
-        vocab_size=len(tok),
-        n_positions=sizes.context,
-        n_embd=sizes.n_embd,
+    model = make_tiny_model(
+        len(tok),
         n_layer=sizes.n_layer,
+        n_embd=sizes.n_embd,
         n_head=sizes.n_head,
+        n_positions=sizes.context,
         eos_token_id=tok.eos_token_id,
-        bos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        attn_implementation="sdpa",
-    )
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = GPT2LMHeadModel(config)
-    model = model.to(dtype).eval()
+    ).to(device=device, dtype=dtype)
     embeddings = model.transformer.wte.weight.numel() + model.transformer.wpe.weight.numel()
     total = sum(p.numel() for p in model.parameters())
     forbid_token(model, tok.eos_token_id)
     info = ModelInfo(sizes.n_layer, sizes.n_embd, len(tok), total, total - embeddings)
     return model, tok, info
-
-
-def make_prompts(tok: Any, n: int, length: int, seed: int = 0) -> list[str]:
-    """``n`` random strings over the tokenizer's characters, each exactly ``length`` tokens."""
-    from lmgym.policy.tiny import DEFAULT_CHARS
-
-    rng = np.random.default_rng(seed)
-    prompts = ["".join(rng.choice(list(DEFAULT_CHARS), size=length)) for _ in range(n)]
-    for p in prompts:
-        assert len(tok(p, add_special_tokens=False)["input_ids"]) == length
-    return prompts
-
-
-class ZeroReward:
-    """Reward 0 for every row (rollout phase): ``[N] float32`` on the completions' device."""
-
-    name = "zero"
-
-    def __call__(self, batch: Any) -> Tensor:
-        return torch.zeros(batch.completion_ids.shape[0], device=batch.completion_ids.device)
 
 
 class CharShareReward:
@@ -477,6 +432,8 @@ class Pairs:
 
 def phase_rollout(ctx: Context, phase: Phase, deadline: float, batch: int) -> None:
     """``collect`` vs ``model.generate`` at ``batch`` rows (see the module docstring)."""
+    from _lm import ZeroReward, make_prompts
+
     from lmgym import CausalLMPolicy, TokenVectorEnv, collect
 
     s, model, tok, info, dev = ctx.sizes, ctx.model, ctx.tok, ctx.info, ctx.device
@@ -584,6 +541,8 @@ def phase_rollout(ctx: Context, phase: Phase, deadline: float, batch: int) -> No
 
 def phase_iteration(ctx: Context, phase: Phase, deadline: float) -> None:
     """GRPO ``agent.step()`` in the model's dtype on its own copy of the model."""
+    from _lm import make_prompts
+
     from lmgym import CausalLMPolicy, TokenVectorEnv
     from lmgym.agents import GRPO
 

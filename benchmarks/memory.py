@@ -51,7 +51,7 @@ from pathlib import Path
 # Make ``import _common`` (this directory) work however the script is started.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import command_line, machine_line, utc_now, versions_line  # noqa: E402
+from _common import command_line, machine_line, utc_now, versions_line, write_report  # noqa: E402
 
 B, L, V = 16, 256, 32000
 TARGET = 0.5  # lmgym peak / naive peak
@@ -248,10 +248,7 @@ def main() -> None:
     text = report(rows, args, time.perf_counter() - start, command)
     print()
     print(text)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
-        print(f"wrote {args.out}")
+    write_report(text, args.out)
 
 
 if __name__ == "__main__":

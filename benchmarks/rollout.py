@@ -58,7 +58,6 @@ import gymnasium as gym
 import numpy as np
 import torch
 import transformers
-from torch import nn
 
 # Make ``import lmgym`` (the repository root) and ``import _common`` (this directory)
 # work when the package is not installed (run from a checkout).
@@ -76,12 +75,12 @@ from _common import (  # noqa: E402
     run_undisturbed,
     utc_now,
     versions_line,
+    write_report,
 )
+from _lm import ZeroReward, forbid_token, make_prompts  # noqa: E402
 
-import lmgym  # noqa: E402  (registers lmgym/<Task>-v0)
 from lmgym import (  # noqa: E402
     CausalLMPolicy,
-    RewardInput,
     TokenVectorEnv,
     collect,
     make_char_tokenizer,
@@ -155,39 +154,6 @@ def combine(rows: list[Row]) -> Row:
 
 
 # ---------------------------------------------------------------- rollout vs generate
-class ZeroReward:
-    """A trivial reward model: 0 for every row."""
-
-    name = "zero"
-
-    def __call__(self, batch: RewardInput) -> torch.Tensor:
-        return torch.zeros(batch.completion_ids.shape[0], device=batch.completion_ids.device)
-
-
-def forbid_token(model: nn.Module, token_id: int) -> None:
-    """Give the output layer a bias that makes ``token_id`` unsampleable (probability 0).
-
-    The new head shares the old (tied) weight, so every other logit is unchanged.
-    """
-    old = model.get_output_embeddings()
-    head = nn.Linear(old.in_features, old.out_features, bias=True)
-    head.weight = old.weight
-    with torch.no_grad():
-        head.bias.zero_()
-        head.bias[token_id] = -1e9
-    model.set_output_embeddings(head)
-
-
-def make_prompts(tokenizer, n: int, length: int, seed: int = 0) -> list[str]:
-    """``n`` random strings over the tokenizer's characters, each exactly ``length`` tokens."""
-    chars = list(lmgym.policy.tiny.DEFAULT_CHARS)
-    rng = np.random.default_rng(seed)
-    prompts = ["".join(rng.choice(chars, size=length)) for _ in range(n)]
-    for p in prompts:
-        assert len(tokenizer(p, add_special_tokens=False)["input_ids"]) == length
-    return prompts
-
-
 def bench_generate(n_layer: int, n_embd: int, warmup: int, repeats: int) -> Row:
     tok = make_char_tokenizer()
     eos, pad = tok.eos_token_id, tok.pad_token_id
@@ -484,9 +450,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\ntotal {elapsed:.0f} s")
     if args.out is not None:
         command = command_line("rollout.py", sys.argv[1:])
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(markdown(rows, command, elapsed))
-        print(f"wrote {args.out}")
+        write_report(markdown(rows, command, elapsed), args.out)
 
 
 if __name__ == "__main__":

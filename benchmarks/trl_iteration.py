@@ -93,6 +93,7 @@ from _common import (  # noqa: E402
     run_undisturbed,
     utc_now,
     versions_line,
+    write_report,
 )
 
 import lmgym.policy.causal_lm as causal_lm  # noqa: E402
@@ -693,10 +694,7 @@ def main() -> None:
     text = report(results, args, time.perf_counter() - start, command)
     print()
     print(text)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
-        print(f"wrote {args.out}")
+    write_report(text, args.out)
 
 
 if __name__ == "__main__":
