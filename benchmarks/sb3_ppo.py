@@ -58,12 +58,19 @@ import torch
 from stable_baselines3 import PPO
 from stable_baselines3.common.callbacks import BaseCallback
 
-import lmgym
-from lmgym.agents import PPO as LmgymPPO
-from lmgym.envs import TASKS, TokenVectorEnv
-from lmgym.integrations import TokenIdsObservation
-from lmgym.integrations.sb3 import SB3VecEnv
-from lmgym.policy import CausalLMPolicy, make_char_tokenizer, make_tiny_model
+# Make ``import lmgym`` (the repository root) and ``import _common`` (this directory)
+# work when the package is not installed (run from a checkout).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import CpuMeter, write_report  # noqa: E402
+
+import lmgym  # noqa: E402
+from lmgym.agents import PPO as LmgymPPO  # noqa: E402
+from lmgym.envs import TASKS, TokenVectorEnv  # noqa: E402
+from lmgym.integrations import TokenIdsObservation  # noqa: E402
+from lmgym.integrations.sb3 import SB3VecEnv  # noqa: E402
+from lmgym.policy import CausalLMPolicy, make_char_tokenizer, make_tiny_model  # noqa: E402
 
 TASK_ID = "lmgym/TargetString-v0"
 TASK_KWARGS = {"target": "decade", "prompt": "bad", "reward_mode": "per_token"}
@@ -87,36 +94,6 @@ def make_task_env(num_envs: int = NUM_ENVS, autoreset: bool = True) -> TokenVect
 
 
 # ----------------------------------------------------------------- measurement
-class CpuShare:
-    """Share of the machine's CPUs used by *other* processes since construction.
-
-    A contended run is slower for reasons that have nothing to do with either side;
-    this makes that visible. Linux only (``/proc/stat``); NaN elsewhere.
-    """
-
-    def __init__(self) -> None:
-        self._start = self._sample()
-
-    @staticmethod
-    def _sample() -> tuple[float, float, float] | None:
-        try:
-            with open("/proc/stat") as f:
-                ticks = [int(x) for x in f.readline().split()[1:]]
-        except OSError:
-            return None
-        busy_all = (sum(ticks[:8]) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
-        mine = os.times()
-        return time.perf_counter(), busy_all, mine.user + mine.system
-
-    def others(self) -> float:
-        end = self._sample()
-        if self._start is None or end is None:
-            return float("nan")
-        wall = end[0] - self._start[0]
-        other_busy = (end[1] - self._start[1]) - (end[2] - self._start[2])
-        return max(0.0, other_busy / (wall * (os.cpu_count() or 1)))
-
-
 class SolveTracker:
     """Rolling mean of episode returns; notes env steps and seconds when it is solved.
 
@@ -129,7 +106,7 @@ class SolveTracker:
         self.threshold = threshold
         self.returns: deque[float] = deque(maxlen=window)
         self.start = time.perf_counter()
-        self.cpu = CpuShare()
+        self.cpu = CpuMeter()
         self.env_steps: int | None = None
         self.seconds: float | None = None
 
@@ -152,7 +129,7 @@ class SolveTracker:
             env_steps=self.env_steps if self.env_steps is not None else env_steps,
             seconds=self.seconds if self.seconds is not None else time.perf_counter() - self.start,
             rolling_mean=float(np.mean(self.returns)) if self.returns else float("nan"),
-            other_cpu=self.cpu.others(),
+            other_cpu=self.cpu.other_load(),
         )
 
 
@@ -382,9 +359,7 @@ def main(argv: list[str] | None = None) -> None:
     results.sort(key=lambda r: (sides.index(r.side), r.seed))
     report = markdown(results, sides, " ".join(["python", *sys.argv]), budgets)
     print(report)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(report)
+    write_report(report, args.out)
 
 
 if __name__ == "__main__":
