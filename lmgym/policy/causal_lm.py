@@ -34,8 +34,9 @@ from transformers import (
 from transformers.cache_utils import DynamicLayer
 
 from lmgym.policy.kv_slots import (
-    SlotLayer,
     is_slot_cache,
+    reserve,
+    set_step,
     slots_capacity,
     slots_filled,
     to_slots,
@@ -52,17 +53,21 @@ class PolicyState:
     """The policy's recurrent state across ``act`` calls: a KV cache over ``N`` rows.
 
     Cache column ``c`` of row ``i`` is real iff ``cache_mask[i, c]``; cache columns
-    are not buffer columns (a rebuilt cache is packed differently), so positions
-    are tracked explicitly.
+    are not observation columns (a restarted row's text goes to its first cache
+    columns), so positions are tracked explicitly.
 
     Attributes:
-        cache: the transformers KV cache (``C`` columns).
-        cache_mask: ``[N, C] bool``.
+        cache: the transformers KV cache: in-place slots (``kv_slots``, ``C`` =
+            their capacity) for a plain cache, else as the model made it (``C``
+            columns).
+        cache_mask: ``[N, C] bool``; slot columns not yet written are False.
         positions: ``[N] int64`` position id of the next token fed for each row.
         last_col: ``[N] int64`` last observation column the cache has seen.
         padded: whether any column of ``cache_mask`` is masked out. While it is
             ``False`` the model gets no attention mask at all, which spares it
             building (and attention applying) an all-ones mask every step.
+        cols: ``[N] int64`` slot column of each row's next token once rows have
+            restarted at different times; ``None`` while all rows share one column.
     """
 
     cache: DynamicCache
@@ -70,6 +75,7 @@ class PolicyState:
     positions: Tensor
     last_col: Tensor
     padded: bool = True
+    cols: Tensor | None = None
 
 
 def distinct_rows(ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor] | None:
@@ -107,12 +113,18 @@ def _checkpointing(model: PreTrainedModel) -> bool:
 
 
 def _plain_cache(cache: DynamicCache) -> bool:
-    """Whether every layer is a plain ``DynamicLayer`` or lmgym's ``SlotLayer``
-    (``[N, heads, C, dim]`` key/value tensors that may be edited directly;
-    sliding-window or quantized layers keep extra state)."""
-    return all(
-        type(layer) in (DynamicLayer, SlotLayer) and layer.is_initialized for layer in cache.layers
-    )
+    """Whether every layer is a plain ``DynamicLayer`` (``[N, heads, C, dim]``
+    key/value tensors that may move into slots; sliding-window or quantized layers
+    keep extra state)."""
+    return all(type(layer) is DynamicLayer and layer.is_initialized for layer in cache.layers)
+
+
+def _widen(cache_mask: Tensor, columns: int) -> Tensor:
+    """``[N, C]`` -> ``[N, columns]``, new columns False."""
+    extra = columns - cache_mask.shape[1]
+    if extra <= 0:
+        return cache_mask
+    return torch.cat([cache_mask, cache_mask.new_zeros(cache_mask.shape[0], extra)], dim=1)
 
 
 def _context_length(model: PreTrainedModel) -> int | None:
@@ -262,6 +274,14 @@ class CausalLMPolicy(nn.Module):
             self._true_cache = cached
         return cached
 
+    def _rows(self, n: int, device: torch.device) -> Tensor:
+        """``arange(n)`` on ``device``, cached."""
+        cached = getattr(self, "_row_cache", None)
+        if cached is None or cached.shape[0] != n or cached.device != device:
+            cached = torch.arange(n, device=device)
+            self._row_cache = cached
+        return cached
+
     def _columns(self, width: int, device: torch.device) -> Tensor:
         """``arange(width)`` on ``device``, cached: ``act`` needs it every step."""
         cached = getattr(self, "_column_cache", None)
@@ -277,7 +297,12 @@ class CausalLMPolicy(nn.Module):
 
     # ------------------------------------------------------------------ act
     def _prefill(self, ids: Tensor, mask: Tensor, last_col: Tensor) -> tuple[Tensor, PolicyState]:
-        """Feed every row's text up to its last real column into a fresh cache."""
+        """Feed every row's text up to its last real column into a fresh cache.
+
+        A plain cache then moves into slots as wide as the observation: an env's
+        rows never hold more columns, so the decode steps write in place.
+        """
+        capacity = ids.shape[1]
         width = int(last_col.max()) + 1
         ids, mask = ids[:, :width], mask[:, :width]
         positions = (mask.long().cumsum(1) - 1).clamp(min=0)
@@ -294,17 +319,28 @@ class CausalLMPolicy(nn.Module):
             )[inverse]
             cache.batch_select_indices(inverse)
         rows = torch.arange(ids.shape[0], device=ids.device)
-        state = PolicyState(cache, mask, mask.sum(1), last_col, padded)
+        cache_mask = mask
+        if _plain_cache(cache):
+            capacity = max(capacity, width + 1)
+            to_slots(cache, capacity)
+            cache_mask = _widen(mask, capacity)
+        state = PolicyState(cache, cache_mask, mask.sum(1), last_col, padded)
         return hidden[rows, last_col], state
 
     def _decode(
-        self, ids: Tensor, last_col: Tensor, state: PolicyState, all_advanced: bool = False
+        self,
+        ids: Tensor,
+        last_col: Tensor,
+        state: PolicyState,
+        all_advanced: bool = False,
+        filled: int | None = None,
     ) -> tuple[Tensor, PolicyState]:
         """The common step: feed each advanced row's one new token.
 
         A row that did not advance (finished) feeds its last token again with that
         cache column masked out, so it sees nothing new. ``all_advanced``: the caller
-        already knows every row advanced by one column.
+        already knows every row advanced by one column. ``filled``: with per-row
+        columns, the exact width in use after this step (default: an upper bound).
         """
         tokens = ids.gather(1, last_col[:, None])
         if all_advanced:
@@ -313,22 +349,39 @@ class CausalLMPolicy(nn.Module):
         else:
             advanced = (last_col > state.last_col)[:, None]
             padded = state.padded or not bool(advanced.all())
-        if is_slot_cache(state.cache):  # the new column goes into the next free slot
-            cache_mask = state.cache_mask.clone()
-            cache_mask[:, slots_filled(state.cache)] = advanced[:, 0]
-            padded = True
-        else:
+        cache, cols = state.cache, state.cols
+        if not is_slot_cache(cache):  # a cache lmgym does not edit grows by a column
             cache_mask = torch.cat([state.cache_mask, advanced], dim=1)
+            attention_mask = cache_mask
+        elif cols is None:  # every row's new column is the next free slot
+            col = slots_filled(cache)
+            cache_mask = _widen(state.cache_mask, reserve(cache, col + 1)).clone()
+            cache_mask[:, col] = advanced[:, 0]
+            attention_mask = cache_mask[:, : col + 1]
+        else:  # row i's new column is cols[i]
+            if filled is None:
+                # Every row moves at most one column a step, so this bounds
+                # cols.max() + 1 without reading it; it is re-read when it hits the
+                # capacity (a row restarted or stopped meanwhile).
+                filled = slots_filled(cache) + 1
+                if filled > slots_capacity(cache):
+                    filled = int(cols.max()) + 1
+            cache_mask = _widen(state.cache_mask, reserve(cache, filled)).clone()
+            set_step(cache, cols, filled)
+            cache_mask[self._rows(cols.shape[0], cols.device), cols] = advanced[:, 0]
+            attention_mask = cache_mask[:, :filled]
+            padded = True
         advanced = advanced[:, 0]
         hidden = self.hidden_states(
-            tokens, cache_mask if padded else None, state.positions[:, None], state.cache
+            tokens, attention_mask if padded else None, state.positions[:, None], cache
         )
         if padded:
             positions = state.positions + advanced
             last_col = torch.maximum(last_col, state.last_col)
+            cols = None if cols is None else cols + advanced
         else:
             positions = state.positions + 1
-        new_state = PolicyState(state.cache, cache_mask, positions, last_col, padded)
+        new_state = PolicyState(cache, cache_mask, positions, last_col, padded, cols)
         return hidden[:, 0], new_state
 
     def _restart(
@@ -337,26 +390,14 @@ class CausalLMPolicy(nn.Module):
         """Re-feed the restarted rows from their new text; the other rows take one decode step.
 
         The ``k`` restarted rows are prefilled alone, in a cache of their own, and
-        their ``W`` new columns overwrite the first ``W`` columns of their own rows in
-        the shared cache (their old columns are all dead; the rest are masked out).
-        Then one decode step feeds every advanced row its new token. The cost is a
-        ``[k, W]`` prefill plus an ordinary ``[N, 1]`` step, and the cache does not
-        grow: attention reads cached keys through the mask, in any column order.
+        their ``W`` new columns overwrite the first ``W`` slots of their own rows
+        (their old columns are all dead; the rest are masked out). From then on each
+        row writes its own next column (``PolicyState.cols``). Then one decode step
+        feeds every advanced row its new token. The cost is a ``[k, W]`` prefill plus
+        an ordinary ``[N, 1]`` step; nothing is copied or compacted, and attention
+        reads about as many columns as the longest in-flight row holds.
         """
-        if not is_slot_cache(state.cache):
-            # Rows now restart at different times, so the cache will stay about as
-            # wide as the longest row: switch to in-place slots (see kv_slots).
-            # Capacity: the observation width (no row holds more real columns) plus
-            # an eighth, so repacks are rare; it also exceeds any restart's text.
-            width = ids.shape[1]
-            capacity = max(state.cache_mask.shape[1] + 1, width + max(8, width // 8))
-            state = PolicyState(
-                state.cache,
-                to_slots(state.cache, state.cache_mask, capacity),
-                state.positions,
-                state.last_col,
-                True,
-            )
+        cache = state.cache
         rows = restart.nonzero().squeeze(1)
         width = int(last_col[rows].max()) + 1
         new_ids, new_mask = ids[rows, :width], mask[rows, :width]
@@ -364,32 +405,26 @@ class CausalLMPolicy(nn.Module):
         fresh = DynamicCache(config=self.model.config)
         new_hidden = self.hidden_states(new_ids, new_mask, new_positions, fresh)
         newest = new_hidden[torch.arange(rows.numel(), device=ids.device), last_col[rows]]
-        for shared, own in zip(state.cache.layers, fresh.layers, strict=True):
+        cache_mask = _widen(state.cache_mask, reserve(cache, width))
+        for shared, own in zip(cache.layers, fresh.layers, strict=True):
             shared.write_rows(rows, own.keys, own.values)
-        cache_mask = state.cache_mask & ~restart[:, None]
+        cache_mask = cache_mask & ~restart[:, None]
         cache_mask[rows, :width] = new_mask
+        cols = state.cols
+        if cols is None:  # the rows no longer share a write column
+            cols = torch.full_like(state.positions, slots_filled(cache))
+        cols = cols.index_fill(0, rows, width)
         state = PolicyState(
-            state.cache,
+            cache,
             cache_mask,
             state.positions.index_put((rows,), new_mask.sum(1)),
             state.last_col.index_put((rows,), last_col[rows]),
+            True,
+            cols,
         )
         # Restarted rows now have last_col == state.last_col: _decode feeds them nothing.
-        hidden, state = self._decode(ids, last_col, state)
+        hidden, state = self._decode(ids, last_col, state, filled=int(cols.max()) + 1)
         return hidden.index_put((rows,), newest), state
-
-    def _repack(self, state: PolicyState) -> PolicyState:
-        """Free the slots of a full slot cache: move every row's real columns to the
-        left, in order (attention reads cached keys through the mask only, so no
-        output changes)."""
-        counts = state.cache_mask.sum(1)
-        # A stable sort of "is masked" puts each row's real columns first, in order.
-        order = torch.sort((~state.cache_mask).to(torch.uint8), dim=1, stable=True).indices
-        for layer in state.cache.layers:
-            layer.repack(order, int(counts.max()))
-        columns = torch.arange(slots_capacity(state.cache), device=counts.device)
-        cache_mask = columns[None, :] < counts[:, None]
-        return PolicyState(state.cache, cache_mask, state.positions, state.last_col, True)
 
     def act(
         self,
@@ -434,13 +469,6 @@ class CausalLMPolicy(nn.Module):
         ids = obs["input_ids"].to(device)
         mask = obs["attention_mask"].to(device).bool()
         last_col = (mask * self._columns(ids.shape[1], ids.device)).argmax(dim=1)
-        if (
-            state is not None
-            and is_slot_cache(state.cache)
-            and slots_filled(state.cache) == slots_capacity(state.cache)
-        ):
-            # Restarts leave masked-out columns behind; the slots fill up now and then.
-            state = self._repack(state)
         if state is None:
             hidden, state = self._prefill(ids, mask, last_col)
         else:
@@ -454,7 +482,7 @@ class CausalLMPolicy(nn.Module):
                 restart = flagged if restart is None else restart | flagged
             if restart is None:
                 hidden, state = self._decode(ids, last_col, state, all_advanced=low == 1)
-            elif _plain_cache(state.cache):
+            elif is_slot_cache(state.cache):
                 hidden, state = self._restart(ids, mask, last_col, restart, state)
             else:  # a cache kind whose tensors lmgym does not edit: refill every row
                 hidden, state = self._prefill(ids, mask, last_col)

@@ -1,12 +1,20 @@
-"""A KV cache layer over a preallocated buffer, for continuous batching.
+"""A KV cache layer over preallocated buffers, written in place.
 
-transformers' ``DynamicLayer`` grows by ``torch.cat`` on every step, which copies
-the whole cache. In episode-synchronous rollouts that is the cheaper choice (the
-attention only reads the columns written so far). Under continuous batching the
-cache stays about as wide as the longest in-flight row all the time, so a buffer
-of fixed capacity, written in place and read whole through the attention mask,
-saves the per-step copy at no extra attention cost. ``CausalLMPolicy`` switches a
-plain cache to slots at its first restarted row.
+transformers' ``DynamicLayer`` grows by ``torch.cat`` on every decode step, which
+copies the whole cache each time. ``SlotLayer`` allocates ``[N, heads, capacity,
+dim]`` once, writes each step's keys/values in place and hands the attention a view
+of the columns in use, ``[0, filled)``; nothing else is read.
+
+Two ways to write a step:
+
+- *shared column* (``cols is None``, episode-synchronous rollouts): every row's new
+  columns go to ``[filled, filled + S)``, as in a growing cache.
+- *per-row columns* (continuous batching, after a row restarted): one new column per
+  row, row ``i``'s at ``cols[i]``; a restarted row's new text sits in its own first
+  columns, so every row's columns run from 0 and ``filled`` is about the longest
+  in-flight row. No column is ever moved or compacted. The caller sets
+  ``cols`` and ``filled`` before the forward (``set_step``); the attention mask
+  hides the columns of other rows' lengths and of stopped rows.
 """
 
 from __future__ import annotations
@@ -18,69 +26,78 @@ from transformers.cache_utils import DynamicLayer
 
 
 class SlotLayer(DynamicLayer):
-    """One layer's keys/values in ``[N, heads, capacity, dim]`` buffers, filled left to right.
+    """One layer's keys/values in ``[N, heads, capacity, dim]`` buffers.
 
-    Columns ``[0, filled)`` hold keys (real or masked out by the caller's attention
-    mask); later columns are free. ``update`` writes the new columns in place and
-    returns the whole buffers, so the attention mask must cover ``capacity``
-    columns (``get_mask_sizes`` says so).
+    ``keys`` / ``values`` are views of the first ``filled`` columns; ``update``
+    returns them. ``get_seq_length`` is the query offset transformers' causal mask
+    uses: with per-row columns it is ``filled - 1``, so the causal part of the mask
+    allows every column in use and only the caller's attention mask selects.
     """
 
     def __init__(self, keys: Tensor, values: Tensor, capacity: int) -> None:
         super().__init__()
         n, heads, width, dim = keys.shape
-        self.keys = keys.new_zeros(n, heads, capacity, dim)
-        self.values = values.new_zeros(n, heads, capacity, dim)
-        self.keys[:, :, :width] = keys
-        self.values[:, :, :width] = values
+        self.key_slots = keys.new_zeros(n, heads, capacity, dim)
+        self.value_slots = values.new_zeros(n, heads, capacity, dim)
+        self.key_slots[:, :, :width] = keys
+        self.value_slots[:, :, :width] = values
         self.filled = width
+        self.cols: Tensor | None = None
+        self._rows = torch.arange(n, device=keys.device)
         self.device = keys.device
         self.is_initialized = True
+        self._expose()
+
+    def _expose(self) -> None:
+        self.keys = self.key_slots[:, :, : self.filled]
+        self.values = self.value_slots[:, :, : self.filled]
+
+    @property
+    def capacity(self) -> int:
+        return self.key_slots.shape[2]
+
+    def grow(self, capacity: int) -> None:
+        """Widen the buffers to ``capacity`` columns (one copy; callers size them so
+        this is rare)."""
+        extra = capacity - self.capacity
+        if extra > 0:
+            n, heads, _, dim = self.key_slots.shape
+            pad = self.key_slots.new_zeros(n, heads, extra, dim)
+            self.key_slots = torch.cat([self.key_slots, pad], dim=2)
+            self.value_slots = torch.cat([self.value_slots, pad], dim=2)
+            self._expose()
 
     def update(
         self, key_states: Tensor, value_states: Tensor, *args: object, **kwargs: object
     ) -> tuple[Tensor, Tensor]:
-        end = self.filled + key_states.shape[2]
-        if end > self.keys.shape[2]:
-            raise RuntimeError(
-                f"KV slots full ({self.keys.shape[2]} columns); compact the cache first"
-            )
-        self.keys[:, :, self.filled : end] = key_states
-        self.values[:, :, self.filled : end] = value_states
-        self.filled = end
+        if self.cols is None:
+            start, end = self.filled, self.filled + key_states.shape[2]
+            if end > self.capacity:
+                raise RuntimeError(f"KV slots full ({self.capacity} columns); reserve() first")
+            self.key_slots[:, :, start:end] = key_states
+            self.value_slots[:, :, start:end] = value_states
+            self.filled = end
+        else:
+            # [N, heads, dim] goes to column cols[i] of row i.
+            self.key_slots[self._rows, :, self.cols] = key_states[:, :, 0]
+            self.value_slots[self._rows, :, self.cols] = value_states[:, :, 0]
+        self._expose()
         return self.keys, self.values
 
     def write_rows(self, rows: Tensor, keys: Tensor, values: Tensor) -> None:
-        """Put a restarted row's new text into its own first columns (its old ones are dead).
+        """Put restarted rows' new text into their own first columns (their old
+        columns are all dead).
 
         Args:
             rows: ``[k] int64``.
             keys, values: ``[k, heads, W, dim]`` from prefilling those rows alone.
         """
         width = keys.shape[2]
-        self.keys[rows, :, :width] = keys
-        self.values[rows, :, :width] = values
-        self.filled = max(self.filled, width)  # the next free slot lies past the new text
+        self.key_slots[rows, :, :width] = keys
+        self.value_slots[rows, :, :width] = values
 
     def get_seq_length(self) -> int:
-        return self.filled
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.keys.shape[2], 0
-
-    def repack(self, order: Tensor, filled: int) -> None:
-        """Reorder every row's columns by ``order`` and keep the first ``filled``.
-
-        Args:
-            order: ``[N, capacity] int64``, a permutation of the columns per row
-                (the kept ones first). One gather per buffer; the columns past
-                ``filled`` hold copies the mask hides until they are overwritten.
-            filled: columns kept.
-        """
-        index = order[:, None, :, None].expand(-1, self.keys.shape[1], -1, self.keys.shape[3])
-        self.keys = self.keys.gather(2, index)
-        self.values = self.values.gather(2, index)
-        self.filled = filled
+        return self.filled if self.cols is None else self.filled - 1
 
 
 def is_slot_cache(cache: DynamicCache) -> bool:
@@ -89,25 +106,34 @@ def is_slot_cache(cache: DynamicCache) -> bool:
 
 
 def slots_filled(cache: DynamicCache) -> int:
-    """Columns written so far (the next decode step writes this column)."""
+    """Columns in use: the attention reads ``[0, filled)``."""
     return cache.layers[0].filled
 
 
 def slots_capacity(cache: DynamicCache) -> int:
-    return cache.layers[0].keys.shape[2]
+    return cache.layers[0].capacity
 
 
-def to_slots(cache: DynamicCache, cache_mask: Tensor, capacity: int) -> Tensor:
-    """Move a plain cache's layers into ``capacity``-column slots, in place (``CausalLMPolicy``
-    does this at the first restarted row).
+def reserve(cache: DynamicCache, columns: int) -> int:
+    """Make room for ``columns`` columns (growing by at least a quarter, so that a
+    caller whose rows outgrow the first estimate copies rarely). Returns the capacity."""
+    capacity = slots_capacity(cache)
+    if columns > capacity:
+        capacity = max(columns, capacity + capacity // 4)
+        for layer in cache.layers:
+            layer.grow(capacity)
+    return capacity
 
-    Args:
-        cache: every layer a plain ``DynamicLayer`` of ``C <= capacity`` columns.
-        cache_mask: ``[N, C] bool``.
 
-    Returns:
-        The mask widened to ``[N, capacity]`` (free columns False).
-    """
+def set_step(cache: DynamicCache, cols: Tensor, filled: int) -> None:
+    """Plan a one-token step with per-row columns: row ``i`` writes column ``cols[i]``
+    and attention reads ``[0, filled)`` (``cols.max() < filled <= capacity``)."""
+    for layer in cache.layers:
+        layer.cols = cols
+        layer.filled = filled
+
+
+def to_slots(cache: DynamicCache, capacity: int) -> None:
+    """Move a plain cache's layers (``DynamicLayer``, ``C <= capacity`` columns) into
+    ``capacity``-column slots, in place, with a shared write column."""
     cache.layers = [SlotLayer(layer.keys, layer.values, capacity) for layer in cache.layers]
-    free = cache_mask.new_zeros(cache_mask.shape[0], capacity - cache_mask.shape[1])
-    return torch.cat([cache_mask, free], dim=1)

@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 from lmgym.envs import TokenVectorEnv
 from lmgym.policy import CausalLMPolicy, make_char_tokenizer, make_tiny_model, save_tiny
 from lmgym.policy.causal_lm import distinct_rows
-from lmgym.policy.kv_slots import is_slot_cache, slots_filled
+from lmgym.policy.kv_slots import slots_capacity, slots_filled
 from lmgym.policy.logprobs import token_logprobs
 from lmgym.policy.sampling import filter_logits, sample_tokens
 from lmgym.rollout import ContinuousCollector, collect
@@ -267,7 +267,8 @@ def test_restarting_some_rows_keeps_the_others_cache_and_matches_a_fresh_prefill
     _, _, state = policy.act(obs, state)
     obs, *_ = env.step(torch.tensor(ids("ddd")))  # row 1 restarts on "ab"; others go on
     starts = torch.tensor([False, True, False])
-    kept_columns = state.cache_mask.shape[1]
+    assert state.cols is None  # no restart yet: every row writes the same column
+    kept_columns = slots_filled(state.cache)
 
     cached = policy.act(
         obs, state, episode_starts=starts, generator=torch.Generator().manual_seed(3)
@@ -275,29 +276,26 @@ def test_restarting_some_rows_keeps_the_others_cache_and_matches_a_fresh_prefill
     fresh = policy.act(obs, None, generator=torch.Generator().manual_seed(3))
     assert torch.equal(cached[0], fresh[0])
     torch.testing.assert_close(cached[1], fresh[1], atol=1e-5, rtol=1e-5)
-    # The restarted row was prefilled alone into its own first columns; the cache
-    # (now in-place slots) grew only by the others' decode column, and their columns
-    # are untouched.
-    new_mask = cached[2].cache_mask
-    assert is_slot_cache(cached[2].cache)
-    assert slots_filled(cached[2].cache) == kept_columns + 1
+    # The restarted row was prefilled alone into its own first slots and writes its
+    # next token after them; the others wrote one more column, and their earlier
+    # columns are untouched.
+    new_state = cached[2]
+    new_mask = new_state.cache_mask
+    width = env.prompt_width
+    assert new_state.cols.tolist() == [kept_columns + 1, width, kept_columns + 1]
+    assert slots_filled(new_state.cache) == kept_columns + 1
     assert not new_mask[:, kept_columns + 1 :].any()
-    assert new_mask[1, : env.prompt_width].equal(obs["attention_mask"][1, : env.prompt_width])
-    assert not new_mask[1, env.prompt_width :].any()
-    assert new_mask[[0, 2], :kept_columns].equal(state.cache_mask[[0, 2]])
+    assert new_mask[1, :width].equal(obs["attention_mask"][1, :width])
+    assert not new_mask[1, width:].any()
+    assert new_mask[[0, 2], :kept_columns].equal(state.cache_mask[[0, 2], :kept_columns])
 
 
-def _written_columns(state) -> int:
-    return slots_filled(state.cache) if is_slot_cache(state.cache) else state.cache_mask.shape[1]
-
-
-# A wide prompt region (max_prompt_length=12 for prompts of <= 5 tokens) leaves a
-# repacked cache with fewer filled slots than a restarted row's text: the next free
-# slot must move past that text.
+# A wide prompt region (max_prompt_length=12 for prompts of <= 5 tokens): restarted
+# rows' text is wider than their prompt, and the longest in-flight row changes often.
 @pytest.mark.parametrize("max_prompt_length", [None, 12])
-def test_repacking_the_kv_slots_changes_no_output(make_env, policy, max_prompt_length):
-    # Many restarts leave masked-out columns in the cache until act() squeezes
-    # them out; sampling must not notice.
+def test_many_restarts_change_no_output_and_stay_within_the_observation(
+    make_env, policy, max_prompt_length
+):
     env = make_env(
         prompts=["ab", "hello", "xyz"],
         num_prompts=3,
@@ -306,17 +304,42 @@ def test_repacking_the_kv_slots_changes_no_output(make_env, policy, max_prompt_l
         max_prompt_length=max_prompt_length,
     )
     obs, _ = env.reset(seed=0)
-    state, compacted = None, False
+    state, restarts, shrank = None, 0, False
     starts = restarting = torch.zeros(3, dtype=torch.bool)
     for _ in range(40):
-        filled = None if state is None else _written_columns(state)
+        before = None if state is None else slots_filled(state.cache)
         gen = torch.Generator().manual_seed(1)
         actions, logprobs, state = policy.act(obs, state, episode_starts=starts, generator=gen)
         fresh = policy.act(obs, None, generator=torch.Generator().manual_seed(1))
         assert torch.equal(actions, fresh[0])
         torch.testing.assert_close(logprobs, fresh[1], atol=1e-5, rtol=1e-5)
-        compacted |= filled is not None and _written_columns(state) < filled
+        # Rows reuse their own first columns: nothing outgrows the observation.
+        assert slots_capacity(state.cache) == obs["input_ids"].shape[1]
+        restarts += int(starts.sum())
+        shrank |= before is not None and slots_filled(state.cache) < before
         obs, _, terminated, truncated, _ = env.step(actions)
         # Next-step autoreset: rows that end now are reset by the next step.
         starts, restarting = restarting, terminated | truncated
-    assert compacted
+    assert restarts > 10 and shrank  # the width in use follows the longest row down
+
+
+@pytest.mark.parametrize("restart_row", [None, 1])
+def test_observations_wider_than_the_first_one_grow_the_slots(policy, ids, restart_row):
+    # A caller (not an env) may hand act() ever wider observations: the slots sized
+    # from the first one must grow, with or without per-row columns, and change
+    # nothing. Each new observation is the last one plus the sampled tokens.
+    text = torch.tensor([ids("abcd"), ids("wxyz")])
+    state = None
+    for step in range(6):
+        obs = {"input_ids": text, "attention_mask": torch.ones_like(text, dtype=torch.bool)}
+        starts = None
+        if restart_row is not None and step == 2:  # that row starts over from a new text
+            starts = torch.tensor([i == restart_row for i in range(2)])
+        gen = torch.Generator().manual_seed(step)
+        actions, logprobs, state = policy.act(obs, state, episode_starts=starts, generator=gen)
+        fresh = policy.act(obs, None, generator=torch.Generator().manual_seed(step))
+        assert torch.equal(actions, fresh[0])
+        torch.testing.assert_close(logprobs, fresh[1], atol=1e-5, rtol=1e-5)
+        text = torch.cat([text, actions[:, None]], dim=1)
+    assert slots_capacity(state.cache) >= text.shape[1] - 1 > 5  # grew past the first width
+    assert (state.cols is None) == (restart_row is None)
