@@ -7,9 +7,11 @@ import math
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
+from transformers.activations import NewGELUActivation
 
 from lmgym.envs import TokenVectorEnv
 from lmgym.policy import CausalLMPolicy, make_char_tokenizer, make_tiny_model, save_tiny
+from lmgym.policy.activations import fuse_gelu
 from lmgym.policy.causal_lm import distinct_rows
 from lmgym.policy.kv_slots import slots_capacity, slots_filled
 from lmgym.policy.logprobs import token_logprobs
@@ -343,3 +345,25 @@ def test_observations_wider_than_the_first_one_grow_the_slots(policy, ids, resta
         text = torch.cat([text, actions[:, None]], dim=1)
     assert slots_capacity(state.cache) >= text.shape[1] - 1 > 5  # grew past the first width
     assert (state.cols is None) == (restart_row is None)
+
+
+def test_fused_gelu_matches_the_composed_one_in_values_and_gradients(tokenizer, tmp_path):
+    composed = make_tiny_model(len(tokenizer), seed=2)
+    fused = make_tiny_model(len(tokenizer), seed=2)
+    assert fuse_gelu(fused) == composed.config.n_layer  # one MLP activation per block
+    assert fuse_gelu(fused) == 0  # nothing left to replace
+    x = torch.randint(0, len(tokenizer), (3, 7))
+    out = [m(input_ids=x).logits for m in (composed, fused)]
+    torch.testing.assert_close(out[1], out[0], atol=1e-5, rtol=1e-5)
+    for logits in out:
+        logits.logsumexp(-1).sum().backward()
+    for (name, a), b in zip(composed.named_parameters(), fused.parameters(), strict=True):
+        torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-4, msg=name)
+    # The policy fuses by default and can be told not to; the saved config is untouched.
+    kept = CausalLMPolicy(make_tiny_model(len(tokenizer)), tokenizer, fused_activations=False)
+    assert any(type(m) is NewGELUActivation for m in kept.model.modules())
+    policy = CausalLMPolicy(make_tiny_model(len(tokenizer)), tokenizer)
+    assert not any(type(m) is NewGELUActivation for m in policy.model.modules())
+    policy.save_pretrained(tmp_path)
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert reloaded.config.activation_function == "gelu_new"
