@@ -66,8 +66,8 @@ row and reruns a disturbed one.
 Profile (``--profile-calls``, untimed, after the comparison): a few more calls of
 each side with exclusive-time timers around the pieces of a rollout step (the
 prefill of all rows at call start, one-token decode, the prefill of restarted rows
-and its cache append, cache compaction, each with its trunk forward separately,
-LM head, sampling, ``env.step``), plus the mean KV-cache width per step, so a slow
+and its cache writes, each with its trunk forward separately, LM head, sampling,
+``env.step``), plus the mean number of KV-cache columns attention reads per step, so a slow
 continuous side shows where its time goes.
 
 Run from the repository root::
@@ -127,6 +127,7 @@ from lmgym import (  # noqa: E402
     make_char_tokenizer,
     make_tiny_model,
 )
+from lmgym.policy.kv_slots import is_slot_cache, slots_filled  # noqa: E402
 from lmgym.policy.tiny import DEFAULT_CHARS  # noqa: E402
 
 NUM_THREADS = 2
@@ -531,10 +532,7 @@ PHASES = (
     "decode: trunk forward",
     "decode",
     "restart rows: trunk forward",
-    "restart rows (cache append, masks)",
-    "extend: trunk forward",
-    "extend",
-    "compact cache",
+    "restart rows (cache writes, masks)",
     "LM head",
     "sampling",
     "env.step",
@@ -548,10 +546,10 @@ def instrumented(
     """Wrap the phases of a rollout step with timers (instance attributes; restored).
 
     Wraps whichever of ``CausalLMPolicy``'s step pieces exist (``_prefill``,
-    ``_decode``, ``_restart``, ``_extend``, ``_compact``; lmgym's internals move), the
+    ``_decode``, ``_restart``; lmgym's internals move), the
     trunk (``hidden_states``, labelled by the phase that called it), the LM head,
-    the sampler and ``env.step``. ``notes`` collects the cache width after every
-    step and the rows and width of every restart.
+    the sampler and ``env.step``. ``notes`` collects the cache columns attention
+    reads after every step and the rows and width of every restart.
     """
     patched: list[tuple[object, str, object]] = []
     missing = object()
@@ -571,9 +569,10 @@ def instrumented(
         def act_noted(obs, state=None, *a, **k):
             fresh["on"] = state is None
             out = act(obs, state, *a, **k)
-            cache_mask = getattr(out[2], "cache_mask", None)
-            if cache_mask is not None:
-                notes["cache columns"].append(cache_mask.shape[1])
+            cache = getattr(out[2], "cache", None)
+            if cache is not None:
+                read = slots_filled(cache) if is_slot_cache(cache) else out[2].cache_mask.shape[1]
+                notes["cache columns read"].append(read)
             return out
 
         patch(
@@ -591,11 +590,9 @@ def instrumented(
             notes["restart width"].append(int(last_col[rows_flag].max()) + 1)
             return restart(ids, mask, last_col, rows_flag, state)
 
-        patch(policy, "_restart", timer.wrap("restart rows (cache append, masks)", restart_noted))
+        patch(policy, "_restart", timer.wrap("restart rows (cache writes, masks)", restart_noted))
     wrap("_prefill", prefill_name)
     wrap("_decode", "decode")
-    wrap("_extend", "extend")
-    wrap("_compact", "compact cache")
     wrap(
         "hidden_states",
         lambda *a, **k: f"{timer.parent.split(' (cache')[0]}: trunk forward",
@@ -872,7 +869,7 @@ def report(
             "time: a phase excludes the timed phases it calls ('X: trunk forward' is the "
             "model's forward pass called from X), so the phases add up to the call. "
             "Seconds per call (share of the call) [calls per call]. In italics: cache "
-            "columns after an act step, rows and width (columns fed) of a restart, ms per "
+            "columns attention reads after an act step, rows and width (columns fed) of a restart, ms per "
             "one-token decode forward; means.",
             "",
             *prof,
