@@ -4,7 +4,8 @@ Every benchmark runs both sides in one process, alternated after a warm-up, and
 reports medians; these are the pieces they have in common: a meter of the CPU load
 of *other* processes (a benchmark is only meaningful on an otherwise idle machine),
 waiting for an idle machine and rerunning a disturbed measurement, ABBA
-alternation, and the machine / version lines of a results file.
+alternation, running a measurement in a fresh process, and the machine / version
+lines of a results file.
 
 The scripts are run as ``.venv/bin/python benchmarks/<name>.py`` from the
 repository root; each puts this directory on ``sys.path`` so ``import _common``
@@ -136,6 +137,20 @@ def alternate(
             tb.append(b())
             ta.append(a())
     return ta, tb
+
+
+def in_fresh_process(fn: Callable[[], T], init: Callable[[], None] | None = None) -> T:
+    """Run ``fn`` in a new (spawned) Python process, after ``init``, and return its
+    result (``fn``, ``init`` and the result must pickle).
+
+    Absolute CPU speed moves by up to 30% between processes (allocator and cache
+    state), and not always for both sides of a comparison alike; a row measured in
+    several fresh processes reports the median of their ratios.
+    """
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(1, initializer=init) as pool:
+        return pool.apply(fn)
 
 
 def add_wait_idle_argument(parser: argparse.ArgumentParser) -> None:

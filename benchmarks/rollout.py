@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import multiprocessing
 import statistics
 import sys
 import time
@@ -77,6 +76,7 @@ from _common import (  # noqa: E402
     versions_line,
     write_report,
 )
+from _common import in_fresh_process as run_in_fresh_process  # noqa: E402
 from _lm import ZeroReward, forbid_token, make_prompts  # noqa: E402
 
 from lmgym import (  # noqa: E402
@@ -126,14 +126,8 @@ def _child_init() -> None:
 
 
 def in_fresh_process(bench: Callable[[], Row]) -> Row:
-    """Run ``bench`` in a new (spawned) Python process and return its row.
-
-    Absolute CPU speed moves by up to 30% between processes (allocator and cache
-    state), for both sides at once; a row measured in several processes reports
-    the median of their ratios.
-    """
-    with multiprocessing.get_context("spawn").Pool(1, initializer=_child_init) as pool:
-        return pool.apply(bench)
+    """Run ``bench`` in a new process (see ``_common.in_fresh_process``)."""
+    return run_in_fresh_process(bench, _child_init)
 
 
 def combine(rows: list[Row]) -> Row:

@@ -37,6 +37,15 @@ Equal work (issue 7):
   sequence-level clipped loss; lmgym's ``RLOO`` (defaults: token-mean REINFORCE
   loss with the leave-one-out baseline) reuses the update's own forward pass.
   That difference is each library's implementation of the algorithm and is kept.
+- lmgym's policy runs GPT-2's tanh-GELU as torch's fused kernel
+  (``CausalLMPolicy(fused_activations=True)``, the default: the same function up
+  to float rounding); TRL runs transformers' composed ``NewGELUActivation``. That
+  is an lmgym optimisation and is kept too.
+
+Processes. Absolute CPU speed moves by up to 30% between processes, and not always
+for both sides alike, so each row runs in ``--processes`` fresh processes (default
+3) and reports the median of their ratios; the seconds and tok/s columns pool the
+iterations of all of them.
 
 Alternation. TRL's ``trainer.train()`` owns its loop, so lmgym runs inside it: a
 ``TrainerCallback`` records the wall time of each TRL step (from the end of the
@@ -89,6 +98,7 @@ from _common import (  # noqa: E402
     add_wait_idle_argument,
     command_line,
     deadline_from,
+    in_fresh_process,
     machine_line,
     run_undisturbed,
     utc_now,
@@ -497,6 +507,8 @@ class Result:
     trl_core: list[float]
     other_load: float
     profile: list[tuple[str, float, int]] = field(default_factory=list)
+    # TRL median / lmgym median of each fresh process, when the row used several.
+    process_ratios: tuple[float, ...] = ()
 
     @property
     def lm_median(self) -> float:
@@ -508,6 +520,8 @@ class Result:
 
     @property
     def ratio(self) -> float:
+        if self.process_ratios:
+            return statistics.median(self.process_ratios)
         return self.trl_median / self.lm_median
 
 
@@ -518,6 +532,21 @@ def tokens_per_s(samples: list[Sample]) -> float:
 def fmt_spread(xs: list[float]) -> str:
     q1, q2, q3 = quartiles(xs)
     return f"{q2:.3f} [{q1:.3f}, {q3:.3f}] ({min(xs):.3f}-{max(xs):.3f})"
+
+
+def _quiet() -> None:
+    import transformers
+
+    warnings.filterwarnings("ignore")
+    logging.getLogger("accelerate").setLevel(logging.ERROR)
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
+def _child_init(threads: int) -> None:
+    """Set up a fresh measuring process like the parent."""
+    torch.set_num_threads(threads)
+    _quiet()
 
 
 def report(results: list[Result], args: argparse.Namespace, wall: float, command: str) -> str:
@@ -540,7 +569,10 @@ def report(results: list[Result], args: argparse.Namespace, wall: float, command
         "step's callbacks -> `on_step_end` (includes the Trainer loop's overhead); "
         "`on_step_begin` -> `on_step_end` in its own column. Seconds: median [IQR] (min-max). "
         "tok/s = completion tokens / seconds over all timed iterations. ratio = TRL median / "
-        "lmgym median (> 1: lmgym faster). Equal-work details are in the script's docstring.",
+        "lmgym median (> 1: lmgym faster); a row run in several fresh processes "
+        f"({args.processes} here) pools their iterations in the seconds and tok/s columns "
+        "and reports the median of the per-process ratios (listed below the table). "
+        "Equal-work details are in the script's docstring.",
         "",
         "| algorithm | model | threads | lmgym s/it | TRL s/it | TRL s/it (step_begin->end) "
         "| lmgym tok/s | TRL tok/s | mean completion len (lmgym / TRL) | ratio | target "
@@ -560,6 +592,14 @@ def report(results: list[Result], args: argparse.Namespace, wall: float, command
             f"| {lm_len:.1f} / {trl_len:.1f} | {r.ratio:.2f}x | >= {r.spec.target:g}x "
             f"| {r.other_load:.0%}{noisy} |"
         )
+    spreads = [
+        f"- {r.algo.upper()}, {r.spec.name}, {r.threads} thread(s): per-process ratios "
+        + ", ".join(f"{x:.2f}x" for x in r.process_ratios)
+        for r in results
+        if r.process_ratios
+    ]
+    if spreads:
+        lines += ["", *spreads]
     lines += ["", f"## Targets (issue 7 setting: {TARGET_THREADS} torch threads)", ""]
     measured = {
         r.model: r.trl_median for r in results if r.algo == "grpo" and r.threads == TARGET_THREADS
@@ -627,6 +667,12 @@ def main() -> None:
     parser.add_argument("--algos", default="grpo,rloo", help="comma list of: grpo, rloo")
     parser.add_argument("--warmup", type=int, default=None, help="warm-up pairs (default 3)")
     parser.add_argument("--iters", type=int, default=None, help="timed pairs (default 15)")
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=None,
+        help="fresh processes per row; the row reports the median ratio (default 3, --quick 1)",
+    )
     add_wait_idle_argument(parser)
     parser.add_argument(
         "--profile-iters", type=int, default=None, help="instrumented lmgym iterations (default 5)"
@@ -638,6 +684,10 @@ def main() -> None:
         args.iters = 3 if args.iters is None else args.iters
         args.profile_iters = 2 if args.profile_iters is None else args.profile_iters
         args.threads = "2" if args.threads == "2,1" else args.threads
+        args.processes = 1 if args.processes is None else args.processes
+    args.processes = 3 if args.processes is None else args.processes
+    if args.processes < 1:
+        parser.error(f"--processes {args.processes}: must be >= 1")
     args.warmup = 3 if args.warmup is None else args.warmup
     args.iters = 15 if args.iters is None else args.iters
     args.profile_iters = 5 if args.profile_iters is None else args.profile_iters
@@ -651,12 +701,7 @@ def main() -> None:
         if a not in ALGOS:
             parser.error(f"--algos: unknown {a!r}; choose from {list(ALGOS)}")
 
-    import transformers
-
-    warnings.filterwarnings("ignore")
-    logging.getLogger("accelerate").setLevel(logging.ERROR)
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
+    _quiet()
     command = command_line("trl_iteration.py", sys.argv[1:])
     start = time.perf_counter()
     deadline = deadline_from(args.wait_idle, start)
@@ -672,9 +717,27 @@ def main() -> None:
                 flush=True,
             )
             run = functools.partial(alternated_run, path, algo, args.warmup, args.iters)
-            lm, trl_s, core, load = run_undisturbed(run, lambda r: r[3], deadline)
+            if args.processes > 1:
+                init = functools.partial(_child_init, threads)
+                run = functools.partial(in_fresh_process, run, init)
+            runs = [run_undisturbed(run, lambda r: r[3], deadline) for _ in range(args.processes)]
             assert torch.get_num_threads() == threads, "someone changed torch threads"
-            result = Result(algo, m, threads, spec, lm, trl_s, core, load)
+            result = Result(
+                algo,
+                m,
+                threads,
+                spec,
+                lm=[s for r in runs for s in r[0]],
+                trl=[s for r in runs for s in r[1]],
+                trl_core=[x for r in runs for x in r[2]],
+                other_load=max(r[3] for r in runs),
+            )
+            if len(runs) > 1:
+                result.process_ratios = tuple(
+                    statistics.median(s.seconds for s in r[1])
+                    / statistics.median(s.seconds for s in r[0])
+                    for r in runs
+                )
             if args.profile_iters > 0:
                 result.profile = profile_lmgym(path, algo, 1, args.profile_iters)
             results.append(result)
@@ -688,7 +751,7 @@ def main() -> None:
             print(
                 f"  lmgym {result.lm_median:.3f} s/it, TRL {result.trl_median:.3f} s/it, "
                 f"ratio {result.ratio:.2f}x (target {spec.target:g}x), other CPU load "
-                f"{load:.0%}",
+                f"{result.other_load:.0%}",
                 flush=True,
             )
     text = report(results, args, time.perf_counter() - start, command)
