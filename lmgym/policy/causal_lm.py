@@ -308,12 +308,21 @@ class CausalLMPolicy(nn.Module):
     def _prefill(self, ids: Tensor, mask: Tensor, last_col: Tensor) -> tuple[Tensor, PolicyState]:
         """Feed every row's text up to its last real column into a fresh cache.
 
-        A plain cache then moves into slots as wide as the observation: an env's
-        rows never hold more columns, so the decode steps write in place.
+        Each row's real tokens are first moved, in order, to the right end of the
+        block, so every row's text is contiguous and ends at the last cache column
+        (the env's rows have right padding after shorter completions). Attention with
+        a sliding window counts cache columns, not tokens: a gap inside a row would
+        shrink its window. A plain cache then moves into slots as wide as the
+        observation: an env's rows never hold more columns, so the decode steps
+        write in place.
         """
         capacity = ids.shape[1]
         width = int(last_col.max()) + 1
         ids, mask = ids[:, :width], mask[:, :width]
+        if not bool((mask[:, 1:] >= mask[:, :-1]).all() & mask[:, -1].all()):
+            # Padding first, then the real tokens in their order (a stable sort).
+            order = torch.sort(mask.to(torch.uint8), dim=1, stable=True).indices
+            ids, mask = ids.gather(1, order), mask.gather(1, order)
         positions = (mask.long().cumsum(1) - 1).clamp(min=0)
         cache = DynamicCache(config=self.model.config)
         padded = not bool(mask.all())
@@ -327,14 +336,13 @@ class CausalLMPolicy(nn.Module):
                 ids[first], mask[first] if padded else None, positions[first], cache
             )[inverse]
             cache.batch_select_indices(inverse)
-        rows = torch.arange(ids.shape[0], device=ids.device)
         cache_mask = mask
         if _plain_cache(cache):
             capacity = max(capacity, width + 1)
             to_slots(cache, capacity)
             cache_mask = _widen(mask, capacity)
         state = PolicyState(cache, cache_mask, mask.sum(1), last_col, padded)
-        return hidden[rows, last_col], state
+        return hidden[:, -1], state
 
     def _decode(
         self,
