@@ -86,6 +86,7 @@ import statistics
 import string
 import subprocess
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -109,6 +110,7 @@ from _common import (  # noqa: E402
     alternate,
     command_line,
     deadline_from,
+    in_fresh_process,
     machine_line,
     run_undisturbed,
     utc_now,
@@ -385,10 +387,15 @@ class Result:
     seconds: float = 0.0
     profile: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)
     notes: dict[str, dict[str, float]] = field(default_factory=dict)
+    # Continuous / synchronous median of each fresh process, when the row used several.
+    process_ratios: tuple[float, ...] = ()
 
     @property
     def ratio(self) -> float:
-        """Continuous / synchronous median tokens/s: the headline figure."""
+        """Continuous / synchronous median tokens/s: the headline figure (with several
+        processes, the median of their ratios)."""
+        if self.process_ratios:
+            return statistics.median(self.process_ratios)
         return self.cont.median / self.sync.median
 
     @property
@@ -485,6 +492,41 @@ def bench(
         result.profile, result.notes = profile(policy, sync_env, collector, args.profile_calls, g)
     result.seconds = time.perf_counter() - start
     return result
+
+
+def bench_saved(
+    spec: ModelSpec, path: Path, finetune: dict[str, float], args: argparse.Namespace
+) -> Result:
+    """``bench`` on the fine-tuned policy saved at ``path`` (in a fresh process)."""
+    policy = CausalLMPolicy.from_pretrained(path, temperature=1.0, top_k=None, top_p=None)
+    return bench(spec, policy, finetune, args)
+
+
+def child_init(threads: int) -> None:
+    torch.set_num_threads(threads)
+    transformers.logging.set_verbosity_error()
+
+
+def combine(runs: list[Result]) -> Result:
+    """One row from the same benchmark in several processes: samples pooled, the
+    profile of the first, the median of the per-process ratios."""
+    first = runs[0]
+    sync, cont = Side("synchronous"), Side("continuous")
+    for r in runs:
+        sync.samples += r.sync.samples
+        cont.samples += r.cont.samples
+    return Result(
+        first.spec,
+        first.group_size,
+        sync,
+        cont,
+        max(r.other_load for r in runs),
+        first.finetune,
+        seconds=sum(r.seconds for r in runs),
+        profile=first.profile,
+        notes=first.notes,
+        process_ratios=tuple(r.ratio for r in runs),
+    )
 
 
 # --------------------------------------------------------------------- profile
@@ -826,7 +868,12 @@ def report(
         "seconds of the sample; median over samples; ratio = continuous median / synchronous "
         "median (> 1: continuous faster). 'ratio from returned episodes' = (sum of "
         "`batch.lengths` / seconds over all samples) continuous / synchronous. 'other CPU "
-        "load' = share of the machine's CPUs used by other processes while that row ran.",
+        "load' = share of the machine's CPUs used by other processes while that row ran. "
+        f"Each row runs in {args.processes} fresh process(es) (the fine-tuned model saved "
+        "once and loaded in each; absolute speed moves by up to 30% between processes): "
+        "the tok/s, steps and lengths columns pool the samples of all of them, the ratio is "
+        "the median of the per-process ratios (listed below the table), and the profile "
+        "comes from the first.",
         "- why produced rather than returned tokens per sample: the synchronous side returns "
         "exactly what it produced. The continuous side returns whole episodes, some partly "
         "made in earlier calls, and its long episodes (all exactly 128 tokens) finish in "
@@ -837,6 +884,13 @@ def report(
         "the ends of the timed window).",
         "",
         main_table(results),
+        "",
+        *[
+            f"- {r.spec.name}: per-process ratios "
+            + ", ".join(f"{x:.2f}x" for x in r.process_ratios)
+            for r in results
+            if r.process_ratios
+        ],
         "",
         "Completion lengths of the episodes returned in the timed samples (both sides "
         "sample the same policy on the same prompt mix):",
@@ -903,6 +957,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--profile-calls", type=int, default=None, help="instrumented calls per side (default 4)"
     )
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=None,
+        help="fresh processes per row (the fine-tuned model is saved once and loaded in "
+        "each); the row reports the median ratio (default 3, --quick 1)",
+    )
     add_wait_idle_argument(parser)
     args = parser.parse_args(argv)
     if NUM_ENVS % args.group_size:
@@ -915,6 +976,7 @@ def main(argv: list[str] | None = None) -> None:
         "prime": 2 if quick else 4,
         "profile_calls": 2 if quick else 4,
         "finetune_steps": 60 if quick else None,
+        "processes": 1 if quick else 3,
     }
     for key, value in defaults.items():
         if getattr(args, key) is None:
@@ -923,6 +985,8 @@ def main(argv: list[str] | None = None) -> None:
     for m in models:
         if m not in MODELS:
             parser.error(f"--models: unknown {m!r}; choose from {list(MODELS)}")
+    if args.processes < 1:
+        parser.error(f"--processes {args.processes}: must be >= 1")
 
     torch.set_num_threads(args.threads)
     transformers.logging.set_verbosity_error()
@@ -941,8 +1005,24 @@ def main(argv: list[str] | None = None) -> None:
             f"{args.warmup}+{args.repeats} pairs of samples",
             flush=True,
         )
-        run = functools.partial(bench, spec, policy, finetune, args)
-        result = run_undisturbed(run, lambda r: r.other_load, deadline, label=spec.name)
+        if args.processes == 1:
+            run = functools.partial(bench, spec, policy, finetune, args)
+            result = run_undisturbed(run, lambda r: r.other_load, deadline, label=spec.name)
+        else:
+            with tempfile.TemporaryDirectory() as tmp:
+                policy.save_pretrained(tmp)
+                runs = []
+                for i in range(args.processes):
+                    # Profile once: in the first process.
+                    child_args = argparse.Namespace(**vars(args))
+                    child_args.profile_calls = args.profile_calls if i == 0 else 0
+                    work = functools.partial(bench_saved, spec, Path(tmp), finetune, child_args)
+                    init = functools.partial(child_init, args.threads)
+                    run = functools.partial(in_fresh_process, work, init)
+                    label = f"{spec.name}, process {i + 1}"
+                    runs.append(run_undisturbed(run, lambda r: r.other_load, deadline, label=label))
+                    print(f"  process {i + 1}: ratio {runs[-1].ratio:.2f}x", flush=True)
+            result = combine(runs)
         results.append(result)
         print(
             f"  synchronous {result.sync.median:,.0f} tok/s, continuous "
