@@ -283,21 +283,16 @@ class CausalLMPolicy(nn.Module):
             self._true_cache = cached
         return cached
 
-    def _rows(self, n: int, device: torch.device) -> Tensor:
-        """``arange(n)`` on ``device``, cached."""
-        cached = getattr(self, "_row_cache", None)
-        if cached is None or cached.shape[0] != n or cached.device != device:
-            cached = torch.arange(n, device=device)
-            self._row_cache = cached
-        return cached
-
-    def _columns(self, width: int, device: torch.device) -> Tensor:
-        """``arange(width)`` on ``device``, cached: ``act`` needs it every step."""
-        cached = getattr(self, "_column_cache", None)
-        if cached is None or cached.shape[0] != width or cached.device != device:
-            cached = torch.arange(width, device=device)
-            self._column_cache = cached
-        return cached
+    def _arange(self, n: int, device: torch.device) -> Tensor:
+        """``arange(n)`` on ``device``, cached: ``act`` needs one over the rows and one
+        over the observation's columns every step."""
+        cached: dict[tuple[int, torch.device], Tensor] = self.__dict__.setdefault("_aranges", {})
+        key = (n, device)
+        if key not in cached:
+            if len(cached) >= 8:  # a caller with ever-changing widths
+                cached.clear()
+            cached[key] = torch.arange(n, device=device)
+        return cached[key]
 
     def next_token_logits(self, hidden: Tensor) -> Tensor:
         """``[N, H]`` hidden -> ``[N, V] float32`` logits over the tokenizer's ids."""
@@ -385,7 +380,7 @@ class CausalLMPolicy(nn.Module):
                     filled = int(cols.max()) + 1
             cache_mask = _widen(state.cache_mask, reserve(cache, filled)).clone()
             set_step(cache, cols, filled)
-            cache_mask[self._rows(cols.shape[0], cols.device), cols] = advanced[:, 0]
+            cache_mask[self._arange(cols.shape[0], cols.device), cols] = advanced[:, 0]
             attention_mask = cache_mask[:, :filled]
             padded = True
         advanced = advanced[:, 0]
@@ -485,7 +480,7 @@ class CausalLMPolicy(nn.Module):
         device = self.device  # one parameter scan per call, not two
         ids = obs["input_ids"].to(device)
         mask = obs["attention_mask"].to(device).bool()
-        last_col = (mask * self._columns(ids.shape[1], ids.device)).argmax(dim=1)
+        last_col = (mask * self._arange(ids.shape[1], ids.device)).argmax(dim=1)
         if state is None:
             hidden, state = self._prefill(ids, mask, last_col)
         else:
