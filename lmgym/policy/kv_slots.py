@@ -99,6 +99,18 @@ class SlotLayer(DynamicLayer):
     def get_seq_length(self) -> int:
         return self.filled if self.cols is None else self.filled - 1
 
+    def get_max_length(self) -> int:
+        return self.capacity
+
+    def _unsupported(self, *args: object, **kwargs: object) -> None:
+        raise NotImplementedError(
+            "SlotLayer is lmgym's rollout cache: it is not cropped, reordered, repeated, "
+            "reset or offloaded (its views would go stale); use a DynamicCache for that"
+        )
+
+    crop = batch_repeat_interleave = batch_select_indices = reorder_cache = _unsupported
+    reset = offload = prefetch = _unsupported
+
 
 def is_slot_cache(cache: DynamicCache) -> bool:
     """Whether ``to_slots`` converted this cache (it converts every layer at once)."""

@@ -367,3 +367,14 @@ def test_fused_gelu_matches_the_composed_one_in_values_and_gradients(tokenizer, 
     policy.save_pretrained(tmp_path)
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path)
     assert reloaded.config.activation_function == "gelu_new"
+
+
+def test_slot_caches_refuse_the_row_edits_of_generate(make_env, policy):
+    # transformers' beam search and cropping edit a cache's keys in place; on slots
+    # that would leave the buffers and their views out of step, so it must fail loudly.
+    obs, _ = make_env().reset(seed=0)
+    _, _, state = policy.act(obs)
+    with pytest.raises(NotImplementedError, match="SlotLayer is lmgym's rollout cache"):
+        state.cache.reorder_cache(torch.arange(obs["input_ids"].shape[0]))
+    with pytest.raises(NotImplementedError, match="use a DynamicCache"):
+        state.cache.crop(1)
