@@ -99,9 +99,6 @@ class SlotLayer(DynamicLayer):
     def get_seq_length(self) -> int:
         return self.filled if self.cols is None else self.filled - 1
 
-    def get_max_length(self) -> int:
-        return self.capacity
-
     def _unsupported(self, *args: object, **kwargs: object) -> None:
         raise NotImplementedError(
             "SlotLayer is lmgym's rollout cache: it is not cropped, reordered, repeated, "
