@@ -153,6 +153,16 @@ def in_fresh_process(fn: Callable[[], T], init: Callable[[], None] | None = None
         return pool.apply(fn)
 
 
+def quiet_worker(threads: int) -> None:
+    """Set up a fresh measuring process: ``threads`` torch threads, transformers
+    warnings off (pass with ``functools.partial`` as ``in_fresh_process``'s init)."""
+    import torch
+    import transformers
+
+    torch.set_num_threads(threads)
+    transformers.logging.set_verbosity_error()
+
+
 def add_wait_idle_argument(parser: argparse.ArgumentParser) -> None:
     """Add ``--wait-idle SECONDS`` (default 0: measure at once) to ``parser``."""
     parser.add_argument(

@@ -1,6 +1,7 @@
-"""Pieces the LM benchmarks share: prompts of an exact length, a reward that costs
-nothing, and an output bias that makes one token unsampleable (equal work: every
-row then runs to the token budget on both sides)."""
+"""Pieces the LM benchmarks share: a GPT-2 built from config with the character
+tokenizer, prompts of an exact length, a reward that costs nothing, and an output
+bias that makes one token unsampleable (equal work: every row then runs to the
+token budget on both sides)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,26 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from lmgym import RewardInput
+from lmgym import RewardInput, make_char_tokenizer, make_tiny_model
 from lmgym.policy.tiny import DEFAULT_CHARS
+
+
+def char_gpt2(
+    n_layer: int, n_embd: int, n_head: int, n_positions: int, chars: str = DEFAULT_CHARS
+) -> tuple[nn.Module, object]:
+    """``(model, tokenizer)``: a GPT-2 from config over a character tokenizer of
+    ``chars``, with the tokenizer's EOS and pad ids in the model config."""
+    tok = make_char_tokenizer(chars)
+    model = make_tiny_model(
+        len(tok),
+        n_layer=n_layer,
+        n_embd=n_embd,
+        n_head=n_head,
+        n_positions=n_positions,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    return model, tok
 
 
 class ZeroReward:

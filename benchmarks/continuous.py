@@ -112,12 +112,13 @@ from _common import (  # noqa: E402
     deadline_from,
     in_fresh_process,
     machine_line,
+    quiet_worker,
     run_undisturbed,
     utc_now,
     versions_line,
     write_report,
 )
-from _lm import ZeroReward  # noqa: E402
+from _lm import ZeroReward, char_gpt2  # noqa: E402
 
 import lmgym.policy.causal_lm as causal_lm  # noqa: E402
 from lmgym import (  # noqa: E402
@@ -126,8 +127,6 @@ from lmgym import (  # noqa: E402
     RolloutBatch,
     TokenVectorEnv,
     collect,
-    make_char_tokenizer,
-    make_tiny_model,
 )
 from lmgym.policy.kv_slots import is_slot_cache, slots_filled  # noqa: E402
 from lmgym.policy.tiny import DEFAULT_CHARS  # noqa: E402
@@ -287,16 +286,7 @@ def fine_tune(
 
 def build_policy(spec: ModelSpec, steps: int) -> tuple[CausalLMPolicy, dict[str, float]]:
     """A fine-tuned tiny GPT-2 as a ``CausalLMPolicy`` (temperature 1, no filtering)."""
-    tok = make_char_tokenizer()
-    model = make_tiny_model(
-        len(tok),
-        n_layer=spec.n_layer,
-        n_embd=spec.n_embd,
-        n_head=spec.n_head,
-        n_positions=N_POSITIONS,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-    )
+    model, tok = char_gpt2(spec.n_layer, spec.n_embd, spec.n_head, N_POSITIONS)
     stats = fine_tune(model, tok, steps)
     return CausalLMPolicy(model, tok, temperature=1.0, top_k=None, top_p=None), stats
 
@@ -500,11 +490,6 @@ def bench_saved(
     """``bench`` on the fine-tuned policy saved at ``path`` (in a fresh process)."""
     policy = CausalLMPolicy.from_pretrained(path, temperature=1.0, top_k=None, top_p=None)
     return bench(spec, policy, finetune, args)
-
-
-def child_init(threads: int) -> None:
-    torch.set_num_threads(threads)
-    transformers.logging.set_verbosity_error()
 
 
 def combine(runs: list[Result]) -> Result:
@@ -1017,7 +1002,7 @@ def main(argv: list[str] | None = None) -> None:
                     child_args = argparse.Namespace(**vars(args))
                     child_args.profile_calls = args.profile_calls if i == 0 else 0
                     work = functools.partial(bench_saved, spec, Path(tmp), finetune, child_args)
-                    init = functools.partial(child_init, args.threads)
+                    init = functools.partial(quiet_worker, args.threads)
                     run = functools.partial(in_fresh_process, work, init)
                     label = f"{spec.name}, process {i + 1}"
                     runs.append(run_undisturbed(run, lambda r: r.other_load, deadline, label=label))

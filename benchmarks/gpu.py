@@ -285,20 +285,10 @@ def build_model(
     sizes: Sizes, device: torch.device, dtype: torch.dtype
 ) -> tuple[nn.Module, Any, ModelInfo]:
     """GPT-2 from config on ``device`` in ``dtype``, EOS forbidden, and the char tokenizer."""
-    from _lm import forbid_token
+    from _lm import char_gpt2, forbid_token
 
-    from lmgym import make_char_tokenizer, make_tiny_model
-
-    tok = make_char_tokenizer()
-    model = make_tiny_model(
-        len(tok),
-        n_layer=sizes.n_layer,
-        n_embd=sizes.n_embd,
-        n_head=sizes.n_head,
-        n_positions=sizes.context,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-    ).to(device=device, dtype=dtype)
+    model, tok = char_gpt2(sizes.n_layer, sizes.n_embd, sizes.n_head, sizes.context)
+    model = model.to(device=device, dtype=dtype)
     embeddings = model.transformer.wte.weight.numel() + model.transformer.wpe.weight.numel()
     total = sum(p.numel() for p in model.parameters())
     forbid_token(model, tok.eos_token_id)

@@ -63,28 +63,27 @@ import transformers
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import (  # noqa: E402
+from _common import (  # noqa: E402  # noqa: E402
     NOISY,
     CpuMeter,
     add_wait_idle_argument,
     alternate,
     command_line,
     deadline_from,
+    in_fresh_process,
     machine_line,
+    quiet_worker,
     run_undisturbed,
     utc_now,
     versions_line,
     write_report,
 )
-from _common import in_fresh_process as run_in_fresh_process  # noqa: E402
-from _lm import ZeroReward, forbid_token, make_prompts  # noqa: E402
+from _lm import ZeroReward, char_gpt2, forbid_token, make_prompts  # noqa: E402
 
 from lmgym import (  # noqa: E402
     CausalLMPolicy,
     TokenVectorEnv,
     collect,
-    make_char_tokenizer,
-    make_tiny_model,
 )
 
 NUM_THREADS = 2
@@ -120,16 +119,6 @@ class Row:
         return self.lmgym / self.baseline
 
 
-def _child_init() -> None:
-    torch.set_num_threads(NUM_THREADS)
-    transformers.logging.set_verbosity_error()
-
-
-def in_fresh_process(bench: Callable[[], Row]) -> Row:
-    """Run ``bench`` in a new process (see ``_common.in_fresh_process``)."""
-    return run_in_fresh_process(bench, _child_init)
-
-
 def combine(rows: list[Row]) -> Row:
     """One row from the same benchmark run in several processes: medians, and the
     median of the per-process ratios."""
@@ -149,17 +138,8 @@ def combine(rows: list[Row]) -> Row:
 
 # ---------------------------------------------------------------- rollout vs generate
 def bench_generate(n_layer: int, n_embd: int, warmup: int, repeats: int) -> Row:
-    tok = make_char_tokenizer()
+    model, tok = char_gpt2(n_layer, n_embd, n_head=4, n_positions=128)
     eos, pad = tok.eos_token_id, tok.pad_token_id
-    model = make_tiny_model(
-        len(tok),
-        n_layer=n_layer,
-        n_embd=n_embd,
-        n_head=4,
-        n_positions=128,
-        eos_token_id=eos,
-        pad_token_id=pad,
-    )
     forbid_token(model, eos)
     policy = CausalLMPolicy(model, tok)
     env = TokenVectorEnv(
@@ -419,12 +399,13 @@ def main(argv: list[str] | None = None) -> None:
     else:
         lm_warmup, lm_repeats, env_warmup, env_repeats, env_steps = 1, 7, 1, 5, 64
     deadline = deadline_from(args.wait_idle, t0)
+    worker_init = functools.partial(quiet_worker, NUM_THREADS)
 
     rows = []
     for n_layer, n_embd in ((2, 128), (6, 256)):
         bench = functools.partial(bench_generate, n_layer, n_embd, lm_warmup, lm_repeats)
         per_process = [
-            measure(functools.partial(in_fresh_process, bench), deadline)
+            measure(functools.partial(in_fresh_process, bench, worker_init), deadline)
             for _ in range(args.processes)
         ]
         rows.append(combine(per_process))
