@@ -275,23 +275,21 @@ class CausalLMPolicy(nn.Module):
         )
         return out.last_hidden_state
 
-    def _true_column(self, n: int, device: torch.device) -> Tensor:
-        """A cached ``[n, 1]`` all-True tensor (the cache-mask column of a full step)."""
-        cached = getattr(self, "_true_cache", None)
-        if cached is None or cached.shape[0] != n or cached.device != device:
-            cached = torch.ones(n, 1, dtype=torch.bool, device=device)
-            self._true_cache = cached
-        return cached
-
-    def _arange(self, n: int, device: torch.device) -> Tensor:
-        """``arange(n)`` on ``device``, cached: ``act`` needs one over the rows and one
-        over the observation's columns every step."""
-        cached: dict[tuple[int, torch.device], Tensor] = self.__dict__.setdefault("_aranges", {})
-        key = (n, device)
+    def _constant(self, kind: str, n: int, device: torch.device) -> Tensor:
+        """A cached constant that ``act`` needs every step: ``"arange"``, ``arange(n)``;
+        ``"true"``, an ``[n, 1]`` all-True column (the cache-mask column of a full
+        step)."""
+        cached: dict[tuple[str, int, torch.device], Tensor] = self.__dict__.setdefault(
+            "_constants", {}
+        )
+        key = (kind, n, device)
         if key not in cached:
             if len(cached) >= 8:  # a caller with ever-changing widths
                 cached.clear()
-            cached[key] = torch.arange(n, device=device)
+            if kind == "arange":
+                cached[key] = torch.arange(n, device=device)
+            else:
+                cached[key] = torch.ones(n, 1, dtype=torch.bool, device=device)
         return cached[key]
 
     def next_token_logits(self, hidden: Tensor) -> Tensor:
@@ -356,7 +354,7 @@ class CausalLMPolicy(nn.Module):
         """
         tokens = ids.gather(1, last_col[:, None])
         if all_advanced:
-            advanced = self._true_column(ids.shape[0], ids.device)
+            advanced = self._constant("true", ids.shape[0], ids.device)
             padded = state.padded
         else:
             advanced = (last_col > state.last_col)[:, None]
@@ -380,7 +378,7 @@ class CausalLMPolicy(nn.Module):
                     filled = int(cols.max()) + 1
             cache_mask = _widen(state.cache_mask, reserve(cache, filled)).clone()
             set_step(cache, cols, filled)
-            cache_mask[self._arange(cols.shape[0], cols.device), cols] = advanced[:, 0]
+            cache_mask[self._constant("arange", cols.shape[0], cols.device), cols] = advanced[:, 0]
             attention_mask = cache_mask[:, :filled]
             padded = True
         advanced = advanced[:, 0]
@@ -480,7 +478,7 @@ class CausalLMPolicy(nn.Module):
         device = self.device  # one parameter scan per call, not two
         ids = obs["input_ids"].to(device)
         mask = obs["attention_mask"].to(device).bool()
-        last_col = (mask * self._arange(ids.shape[1], ids.device)).argmax(dim=1)
+        last_col = (mask * self._constant("arange", ids.shape[1], ids.device)).argmax(dim=1)
         if state is None:
             hidden, state = self._prefill(ids, mask, last_col)
         else:
