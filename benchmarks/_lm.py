@@ -1,5 +1,4 @@
-"""Pieces the LM benchmarks share: a GPT-2 built from config with the character
-tokenizer, prompts of an exact length, a reward that costs nothing, and an output
+"""Pieces the LM benchmarks share: prompts of an exact length, a reward that costs nothing, and an output
 bias that makes one token unsampleable (equal work: every row then runs to the
 token budget on both sides)."""
 
@@ -9,26 +8,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from lmgym import RewardInput, make_char_tokenizer, make_tiny_model
+from lmgym import RewardInput, TokenVectorEnv
 from lmgym.policy.tiny import DEFAULT_CHARS
-
-
-def char_gpt2(
-    n_layer: int, n_embd: int, n_head: int, n_positions: int, chars: str = DEFAULT_CHARS
-) -> tuple[nn.Module, object]:
-    """``(model, tokenizer)``: a GPT-2 from config over a character tokenizer of
-    ``chars``, with the tokenizer's EOS and pad ids in the model config."""
-    tok = make_char_tokenizer(chars)
-    model = make_tiny_model(
-        len(tok),
-        n_layer=n_layer,
-        n_embd=n_embd,
-        n_head=n_head,
-        n_positions=n_positions,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-    )
-    return model, tok
 
 
 class ZeroReward:
@@ -63,3 +44,23 @@ def make_prompts(tokenizer, n: int, length: int, seed: int = 0) -> list[str]:
     for p in prompts:
         assert len(tokenizer(p, add_special_tokens=False)["input_ids"]) == length
     return prompts
+
+
+def fixed_length_env(
+    tokenizer, n: int, prompt_tokens: int, new_tokens: int, device: str | torch.device = "cpu"
+) -> TokenVectorEnv:
+    """``n`` rows, one exact-length prompt each (``make_prompts``, served in order),
+    EOS the only stop id, a zero reward: the env side of rollout-vs-generate."""
+    env = TokenVectorEnv(
+        tokenizer,
+        make_prompts(tokenizer, n, prompt_tokens),
+        ZeroReward(),
+        num_prompts=n,
+        group_size=1,
+        max_new_tokens=new_tokens,
+        stop_token_ids=[tokenizer.eos_token_id],
+        prompt_order="sequential",
+        device=device,
+    )
+    assert env.prompt_width == prompt_tokens
+    return env

@@ -118,7 +118,7 @@ from _common import (  # noqa: E402
     versions_line,
     write_report,
 )
-from _lm import ZeroReward, char_gpt2  # noqa: E402
+from _lm import ZeroReward  # noqa: E402
 
 import lmgym.policy.causal_lm as causal_lm  # noqa: E402
 from lmgym import (  # noqa: E402
@@ -127,6 +127,7 @@ from lmgym import (  # noqa: E402
     RolloutBatch,
     TokenVectorEnv,
     collect,
+    make_tiny_lm,
 )
 from lmgym.policy.kv_slots import is_slot_cache, slots_filled  # noqa: E402
 from lmgym.policy.tiny import DEFAULT_CHARS  # noqa: E402
@@ -286,7 +287,9 @@ def fine_tune(
 
 def build_policy(spec: ModelSpec, steps: int) -> tuple[CausalLMPolicy, dict[str, float]]:
     """A fine-tuned tiny GPT-2 as a ``CausalLMPolicy`` (temperature 1, no filtering)."""
-    model, tok = char_gpt2(spec.n_layer, spec.n_embd, spec.n_head, N_POSITIONS)
+    model, tok = make_tiny_lm(
+        n_layer=spec.n_layer, n_embd=spec.n_embd, n_head=spec.n_head, n_positions=N_POSITIONS
+    )
     stats = fine_tune(model, tok, steps)
     return CausalLMPolicy(model, tok, temperature=1.0, top_k=None, top_p=None), stats
 

@@ -285,9 +285,13 @@ def build_model(
     sizes: Sizes, device: torch.device, dtype: torch.dtype
 ) -> tuple[nn.Module, Any, ModelInfo]:
     """GPT-2 from config on ``device`` in ``dtype``, EOS forbidden, and the char tokenizer."""
-    from _lm import char_gpt2, forbid_token
+    from _lm import forbid_token
 
-    model, tok = char_gpt2(sizes.n_layer, sizes.n_embd, sizes.n_head, sizes.context)
+    from lmgym import make_tiny_lm
+
+    model, tok = make_tiny_lm(
+        n_layer=sizes.n_layer, n_embd=sizes.n_embd, n_head=sizes.n_head, n_positions=sizes.context
+    )
     model = model.to(device=device, dtype=dtype)
     embeddings = model.transformer.wte.weight.numel() + model.transformer.wpe.weight.numel()
     total = sum(p.numel() for p in model.parameters())
@@ -422,9 +426,9 @@ class Pairs:
 
 def phase_rollout(ctx: Context, phase: Phase, deadline: float, batch: int) -> None:
     """``collect`` vs ``model.generate`` at ``batch`` rows (see the module docstring)."""
-    from _lm import ZeroReward, make_prompts
+    from _lm import fixed_length_env
 
-    from lmgym import CausalLMPolicy, TokenVectorEnv, collect
+    from lmgym import CausalLMPolicy, collect
 
     s, model, tok, info, dev = ctx.sizes, ctx.model, ctx.tok, ctx.info, ctx.device
     assert model is not None and info is not None
@@ -465,18 +469,7 @@ def phase_rollout(ctx: Context, phase: Phase, deadline: float, batch: int) -> No
 
     phase.render = render
     policy = CausalLMPolicy(model, tok)
-    env = TokenVectorEnv(
-        tok,
-        make_prompts(tok, batch, lp),
-        ZeroReward(),
-        num_prompts=batch,
-        group_size=1,
-        max_new_tokens=new,
-        stop_token_ids=[eos],
-        prompt_order="sequential",
-        device=dev,
-    )
-    assert env.prompt_width == lp
+    env = fixed_length_env(tok, batch, lp, new, device=dev)
     input_ids = env.prompt_table.ids.clone()  # [B, Lp] int64: the prompts the env serves
     attention_mask = env.prompt_table.mask.long()  # [B, Lp], all ones (no padding)
     assert bool(attention_mask.all())

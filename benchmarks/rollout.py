@@ -78,12 +78,13 @@ from _common import (  # noqa: E402  # noqa: E402
     versions_line,
     write_report,
 )
-from _lm import ZeroReward, char_gpt2, forbid_token, make_prompts  # noqa: E402
+from _lm import fixed_length_env, forbid_token  # noqa: E402
 
 from lmgym import (  # noqa: E402
     CausalLMPolicy,
     TokenVectorEnv,
     collect,
+    make_tiny_lm,
 )
 
 NUM_THREADS = 2
@@ -138,21 +139,11 @@ def combine(rows: list[Row]) -> Row:
 
 # ---------------------------------------------------------------- rollout vs generate
 def bench_generate(n_layer: int, n_embd: int, warmup: int, repeats: int) -> Row:
-    model, tok = char_gpt2(n_layer, n_embd, n_head=4, n_positions=128)
+    model, tok = make_tiny_lm(n_layer=n_layer, n_embd=n_embd, n_head=4, n_positions=128)
     eos, pad = tok.eos_token_id, tok.pad_token_id
     forbid_token(model, eos)
     policy = CausalLMPolicy(model, tok)
-    env = TokenVectorEnv(
-        tok,
-        make_prompts(tok, BATCH, PROMPT_TOKENS),
-        ZeroReward(),
-        num_prompts=BATCH,
-        group_size=1,
-        max_new_tokens=NEW_TOKENS,
-        stop_token_ids=[eos],
-        prompt_order="sequential",
-    )
-    assert env.prompt_width == PROMPT_TOKENS
+    env = fixed_length_env(tok, BATCH, PROMPT_TOKENS, NEW_TOKENS)
     # The very prompts the env serves (sequential order: rows 0..63), no padding.
     input_ids = env.prompt_table.ids.clone()
     attention_mask = env.prompt_table.mask.long()

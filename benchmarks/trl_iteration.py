@@ -106,12 +106,11 @@ from _common import (  # noqa: E402
     versions_line,
     write_report,
 )
-from _lm import char_gpt2  # noqa: E402
 
 import lmgym.policy.causal_lm as causal_lm  # noqa: E402
 from lmgym.agents import GRPO, RLOO  # noqa: E402
 from lmgym.envs import FunctionReward, TokenVectorEnv  # noqa: E402
-from lmgym.policy import CausalLMPolicy  # noqa: E402
+from lmgym.policy import CausalLMPolicy, make_tiny_lm  # noqa: E402
 
 CHARS = "".join(c for c in string.printable if c not in "\n\r\x0b\x0c")
 PROMPTS = [
@@ -166,7 +165,9 @@ def quartiles(xs: list[float]) -> tuple[float, float, float]:
 
 def build_checkpoint(path: Path, spec: ModelSpec) -> Path:
     """Save a GPT-2 + char tokenizer whose EOS and pad ids have probability exactly 0."""
-    model, tok = char_gpt2(spec.n_layer, spec.n_embd, spec.n_head, N_POSITIONS, CHARS)
+    model, tok = make_tiny_lm(
+        CHARS, n_layer=spec.n_layer, n_embd=spec.n_embd, n_head=spec.n_head, n_positions=N_POSITIONS
+    )
     with torch.no_grad():
         # h[..., 0] == 1 after the final layer norm, so logit_v = wte[v, 0] + (the rest).
         model.transformer.ln_f.weight[0] = 0.0

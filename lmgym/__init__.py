@@ -4,7 +4,13 @@ Importing ``lmgym`` registers its tasks with Gymnasium (``lmgym/<Name>-v0``).
 """
 
 from lmgym.envs import FunctionReward, TokenEnv, TokenVectorEnv
-from lmgym.policy import CausalLMPolicy, make_char_tokenizer, make_tiny_model, save_tiny
+from lmgym.policy import (
+    CausalLMPolicy,
+    make_char_tokenizer,
+    make_tiny_lm,
+    make_tiny_model,
+    save_tiny,
+)
 from lmgym.rollout import ContinuousCollector, collect
 from lmgym.types import RewardInput, RewardModel, RolloutBatch
 
@@ -21,6 +27,7 @@ __all__ = [
     "TokenVectorEnv",
     "collect",
     "make_char_tokenizer",
+    "make_tiny_lm",
     "make_tiny_model",
     "save_tiny",
 ]

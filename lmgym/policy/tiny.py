@@ -88,8 +88,7 @@ def make_tiny_model(
     return model.eval()
 
 
-def save_tiny(
-    path: str | Path,
+def make_tiny_lm(
     chars: str = DEFAULT_CHARS,
     pad_equals_eos: bool = False,
     n_layer: int = 2,
@@ -97,13 +96,9 @@ def save_tiny(
     n_head: int = 4,
     n_positions: int = 256,
     seed: int = 0,
-) -> Path:
-    """Build a tiny model and tokenizer and ``save_pretrained`` both into ``path``.
-
-    The directory is then loadable with ``CausalLMPolicy.from_pretrained(path)``
-    or ``AutoModelForCausalLM.from_pretrained(path)``.
-    """
-    path = Path(path)
+) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+    """``(model, tokenizer)``: a character tokenizer over ``chars`` and a tiny GPT-2
+    sized for it, the tokenizer's EOS and pad ids in the model config."""
     tokenizer = make_char_tokenizer(chars, pad_equals_eos=pad_equals_eos)
     model = make_tiny_model(
         len(tokenizer),
@@ -114,6 +109,29 @@ def save_tiny(
         seed=seed,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
+    )
+    return model, tokenizer
+
+
+def save_tiny(
+    path: str | Path,
+    chars: str = DEFAULT_CHARS,
+    pad_equals_eos: bool = False,
+    n_layer: int = 2,
+    n_embd: int = 64,
+    n_head: int = 4,
+    n_positions: int = 256,
+    seed: int = 0,
+) -> Path:
+    """Build a tiny model and tokenizer (``make_tiny_lm``) and ``save_pretrained`` both
+    into ``path``.
+
+    The directory is then loadable with ``CausalLMPolicy.from_pretrained(path)``
+    or ``AutoModelForCausalLM.from_pretrained(path)``.
+    """
+    path = Path(path)
+    model, tokenizer = make_tiny_lm(
+        chars, pad_equals_eos, n_layer, n_embd, n_head, n_positions, seed
     )
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
