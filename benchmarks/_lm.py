@@ -64,3 +64,29 @@ def fixed_length_env(
     )
     assert env.prompt_width == prompt_tokens
     return env
+
+
+def generate_exact(
+    model: nn.Module, input_ids: Tensor, attention_mask: Tensor, new_tokens: int, tokenizer
+) -> Tensor:
+    """transformers' sampling with the rollout's settings (temperature 1, no top-k /
+    top-p): ``[B, Lp + new_tokens]`` ids. Pair with ``check_exact``."""
+    with torch.no_grad():
+        return model.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            do_sample=True,
+            max_new_tokens=new_tokens,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+
+
+def check_exact(out: Tensor, prompt_tokens: int, new_tokens: int, tokenizer) -> None:
+    """Every row of ``generate_exact``'s output made exactly ``new_tokens`` (equal work)."""
+    completion = out[:, prompt_tokens:]
+    assert completion.shape[1] == new_tokens, f"generate: shape {tuple(out.shape)}"
+    assert not bool((completion == tokenizer.eos_token_id).any()), "generate: a row stopped early"

@@ -426,14 +426,13 @@ class Pairs:
 
 def phase_rollout(ctx: Context, phase: Phase, deadline: float, batch: int) -> None:
     """``collect`` vs ``model.generate`` at ``batch`` rows (see the module docstring)."""
-    from _lm import fixed_length_env
+    from _lm import check_exact, fixed_length_env, generate_exact
 
     from lmgym import CausalLMPolicy, collect
 
     s, model, tok, info, dev = ctx.sizes, ctx.model, ctx.tok, ctx.info, ctx.device
     assert model is not None and info is not None
     lp, new = s.prompt_tokens, s.rollout_new_tokens
-    eos, pad = tok.eos_token_id, tok.pad_token_id
     tokens = batch * new
     flops = info.forward_flops(batch, lp + new - 1)
     pairs = Pairs()
@@ -487,23 +486,11 @@ def phase_rollout(ctx: Context, phase: Phase, deadline: float, batch: int) -> No
         torch.manual_seed(next(seeds))
 
         def gen() -> Tensor:
-            with torch.no_grad():
-                return model.generate(
-                    input_ids=input_ids,
-                    attention_mask=attention_mask,
-                    do_sample=True,
-                    max_new_tokens=new,
-                    temperature=1.0,
-                    top_k=0,
-                    top_p=1.0,
-                    eos_token_id=eos,
-                    pad_token_id=pad,
-                )
+            return generate_exact(model, input_ids, attention_mask, new, tok)
 
         seconds, out = wall(gen, dev)
-        completion = out[:, lp:]
-        assert completion.shape == (batch, new), f"generate: shape {tuple(out.shape)}"
-        assert not bool((completion == eos).any()), "generate: a row stopped early"
+        assert out.shape[0] == batch
+        check_exact(out, lp, new, tok)
         return seconds
 
     sides = {"lmgym": run_lmgym, "generate": run_generate}

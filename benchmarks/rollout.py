@@ -78,7 +78,7 @@ from _common import (  # noqa: E402  # noqa: E402
     versions_line,
     write_report,
 )
-from _lm import fixed_length_env, forbid_token  # noqa: E402
+from _lm import check_exact, fixed_length_env, forbid_token, generate_exact  # noqa: E402
 
 from lmgym import (  # noqa: E402
     CausalLMPolicy,
@@ -140,8 +140,7 @@ def combine(rows: list[Row]) -> Row:
 # ---------------------------------------------------------------- rollout vs generate
 def bench_generate(n_layer: int, n_embd: int, warmup: int, repeats: int) -> Row:
     model, tok = make_tiny_lm(n_layer=n_layer, n_embd=n_embd, n_head=4, n_positions=128)
-    eos, pad = tok.eos_token_id, tok.pad_token_id
-    forbid_token(model, eos)
+    forbid_token(model, tok.eos_token_id)
     policy = CausalLMPolicy(model, tok)
     env = fixed_length_env(tok, BATCH, PROMPT_TOKENS, NEW_TOKENS)
     # The very prompts the env serves (sequential order: rows 0..63), no padding.
@@ -164,22 +163,10 @@ def bench_generate(n_layer: int, n_embd: int, warmup: int, repeats: int) -> Row:
     def run_generate() -> float:
         torch.manual_seed(next(seeds))
         start = time.perf_counter()
-        with torch.no_grad():
-            out = model.generate(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                do_sample=True,
-                max_new_tokens=NEW_TOKENS,
-                temperature=1.0,
-                top_k=0,
-                top_p=1.0,
-                eos_token_id=eos,
-                pad_token_id=pad,
-            )
+        out = generate_exact(model, input_ids, attention_mask, NEW_TOKENS, tok)
         elapsed = time.perf_counter() - start
-        completion = out[:, PROMPT_TOKENS:]
-        assert completion.shape == (BATCH, NEW_TOKENS), f"generate: shape {tuple(out.shape)}"
-        assert not bool((completion == eos).any()), "generate: a row stopped early"
+        assert out.shape[0] == BATCH
+        check_exact(out, PROMPT_TOKENS, NEW_TOKENS, tok)
         return elapsed
 
     meter = CpuMeter()
