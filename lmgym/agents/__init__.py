@@ -16,6 +16,7 @@ from lmgym.agents.cispo import CISPO, CISPOConfig
 from lmgym.agents.config import AgentConfig
 from lmgym.agents.grpo import GRPO, DrGRPO, DrGRPOConfig, GRPOConfig
 from lmgym.agents.gspo import GSPO, GSPOConfig
+from lmgym.agents.numerics import NonFiniteUpdateError
 from lmgym.agents.ppo import PPO, PPOConfig
 from lmgym.agents.reinforce import REINFORCE, REINFORCEConfig
 from lmgym.agents.rloo import RLOO, RLOOConfig
@@ -46,6 +47,7 @@ __all__ = [
     "DrGRPOConfig",
     "GRPOConfig",
     "GSPOConfig",
+    "NonFiniteUpdateError",
     "PPOConfig",
     "REINFORCEConfig",
     "RLOOConfig",

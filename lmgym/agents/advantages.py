@@ -8,6 +8,11 @@ Groups are identified by `group_ids`, arbitrary int64 labels: rows of one group
 need not be adjacent, and the labels need not be contiguous or sorted. Group
 statistics use `torch.unique(return_inverse=True)` with `index_add`, never row order.
 
+Reward statistics (group and batch means and stds, whitening) are computed in
+float64 and returned in the input's dtype: a group std of rewards near 1e19
+overflows float32 (its squares pass 3.4e38) and would silently zero every
+advantage.
+
 Padding inside a row is transparent to the backward recursions (`gae`,
 `discounted_returns`): it neither receives nor passes on credit, so packed
 sequences separated by `dones` and padding never leak into each other, and the end
@@ -199,7 +204,8 @@ def rloo_advantages(scores: Tensor, group_ids: Tensor) -> Tensor:
     Raises:
         ValueError: some group has fewer than 2 completions.
     """
-    scores = scores.detach()
+    dtype = scores.dtype
+    scores = scores.detach().double()
     mean, _, group_size = group_mean_std(scores, group_ids)
     if group_size.min().item() < 2:
         raise ValueError(
@@ -208,7 +214,7 @@ def rloo_advantages(scores: Tensor, group_ids: Tensor) -> Tensor:
             "sample group_size >= 2 completions per prompt"
         )
     group_size = group_size.to(scores.dtype)
-    return group_size / (group_size - 1.0) * (scores - mean)
+    return (group_size / (group_size - 1.0) * (scores - mean)).to(dtype)
 
 
 def grpo_advantages(
@@ -236,11 +242,12 @@ def grpo_advantages(
     Raises:
         ValueError: unknown `scale`.
     """
-    scores = scores.detach()
+    dtype = scores.dtype
+    scores = scores.detach().double()
     mean, group_std, _ = group_mean_std(scores, group_ids)
     centred = scores - mean
     if scale == "none":
-        return centred
+        return centred.to(dtype)
     if scale == "group":
         std = group_std
     elif scale == "batch":
@@ -248,7 +255,7 @@ def grpo_advantages(
     else:
         raise ValueError(f"unknown GRPO scale {scale!r}; valid values are 'group', 'batch', 'none'")
     # A zero std means an all-equal group (centred is exactly 0): keep A = 0 even if eps = 0.
-    return torch.where(std > 0, centred / (std + eps), 0.0)
+    return torch.where(std > 0, centred / (std + eps), 0.0).to(dtype)
 
 
 def process_grpo_advantages(
@@ -276,10 +283,11 @@ def process_grpo_advantages(
         `[B, T]` float, detached, 0 where masked.
     """
     is_step = step_mask.bool() & mask.bool()
-    rewards = step_rewards.detach()[is_step]
+    rewards = step_rewards.detach()[is_step].double()
     step_group_ids = group_ids[:, None].expand_as(step_rewards)[is_step]
     mean, std, _ = group_mean_std(rewards, step_group_ids)
     normalised_steps = torch.where(std > 0, (rewards - mean) / (std + eps), 0.0)
+    normalised_steps = normalised_steps.to(step_rewards.dtype)
     normalised = torch.zeros_like(step_rewards).masked_scatter(is_step, normalised_steps)
     reward_to_go = normalised.flip(-1).cumsum(-1).flip(-1)
     return torch.where(mask.bool(), reward_to_go, 0.0).detach()
@@ -310,8 +318,9 @@ def whiten(x: Tensor, mask: Tensor, eps: float = 1e-8, shift_mean: bool = True) 
     Returns:
         `[B, T]` float, 0 where masked.
     """
-    mean = masked_mean(x, mask)
-    whitened = (x - mean) / (masked_std(x, mask) + eps)
+    wide = x.double()
+    mean = masked_mean(wide, mask)
+    whitened = (wide - mean) / (masked_std(wide, mask) + eps)
     if not shift_mean:
         whitened = whitened + mean
-    return torch.where(mask.bool(), whitened, 0.0)
+    return torch.where(mask.bool(), whitened, 0.0).to(x.dtype)

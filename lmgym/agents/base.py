@@ -39,7 +39,7 @@ from torch import Tensor
 
 from lmgym.agents.advantages import whiten
 from lmgym.agents.aggregation import aggregate
-from lmgym.agents.config import AgentConfig, build_config, check_common
+from lmgym.agents.config import AgentConfig, build_config, check_common, check_types
 from lmgym.agents.dapo import drop_flat_groups, overlong_penalty
 from lmgym.agents.kl import kl_estimator, kl_in_reward, kl_k1, kl_k3
 from lmgym.agents.metrics import (
@@ -51,6 +51,13 @@ from lmgym.agents.metrics import (
     masked_mean,
     masked_std,
     ratio_stats,
+)
+from lmgym.agents.numerics import (
+    NonFiniteUpdateError,
+    check_finite,
+    check_parameters,
+    clip_grads,
+    total_grad_norm,
 )
 from lmgym.agents.ratios import tis_weights
 from lmgym.agents.value import clipped_value_loss, explained_variance
@@ -121,6 +128,7 @@ class Agent(Generic[ConfigT]):
             ref_policy.check_env(env)
         self.policy, self.env, self.ref_policy = policy, env, ref_policy
         self.check_config()
+        check_types(self.config)  # any choice field the algorithm's own checks missed
         self._check_batch_split()
 
         self.critic: Critic | None = self.make_critic() if self.uses_critic else None
@@ -182,34 +190,48 @@ class Agent(Generic[ConfigT]):
         Returns:
             ``(batch, groups_dropped)``.
         """
+        if not self.config.dynamic_sampling:
+            return self._draw(), 0
         kept: list[RolloutBatch] = []
         have, dropped = 0, 0
         want = self.env.num_prompts
-        for attempt in range(1 + (self.config.max_resample if self.config.dynamic_sampling else 0)):
-            batch = self._draw()
-            if self.config.dynamic_sampling:
-                batch, flat = drop_flat_groups(batch)
-                dropped += flat
-            kept.append(batch)
-            have += batch.group_ids.unique().numel()
-            if have >= want or attempt == self.config.max_resample:
+        for _ in range(1 + self.config.max_resample):
+            drawn = self._draw()
+            batch, flat = drop_flat_groups(drawn)
+            dropped += flat
+            if batch.batch_size:
+                kept.append(batch)
+                have += batch.group_ids.unique().numel()
+            if have >= want:
                 break
+        if not kept:
+            # Every group of every draw was flat (the usual start of a sparse task):
+            # train on the last draw as plain GRPO would; its advantages are all 0.
+            return drawn, dropped
         batch = concat_batches(kept)
-        if self.config.dynamic_sampling:
-            groups = batch.group_ids.unique()[:want]
-            batch = batch.select(torch.isin(batch.group_ids, groups))
-        return batch, dropped
+        groups = batch.group_ids.unique()[:want]
+        return batch.select(torch.isin(batch.group_ids, groups)), dropped
 
     def _draw(self) -> RolloutBatch:
         seed = None if self._env_seeded else self.config.seed
         self._env_seeded = True
-        if self.env.autoreset:
-            if self._collector is None:
-                self._collector = ContinuousCollector(self.env, self.policy, seed=seed)
-                self._collector.generator = self.generator
-            batch = self._collector.collect(self.env.num_prompts)
-        else:
-            batch = collect(self.env, self.policy, seed=seed, generator=self.generator)
+        try:
+            if self.env.autoreset:
+                if self._collector is None:
+                    self._collector = ContinuousCollector(self.env, self.policy, seed=seed)
+                    self._collector.generator = self.generator
+                batch = self._collector.collect(self.env.num_prompts)
+            else:
+                batch = collect(self.env, self.policy, seed=seed, generator=self.generator)
+        except RuntimeError as error:
+            if "probability tensor contains" not in str(error):
+                raise
+            raise NonFiniteUpdateError(
+                f"the policy's next-token probabilities are NaN/inf in the rollout of iteration "
+                f"{self.iteration + 1}: the weights diverged (learning_rate="
+                f"{self.config.learning_rate}). Resume from the last checkpoint with a lower "
+                "learning_rate"
+            ) from error
         self.tokens_generated += int(batch.lengths.sum())
         return batch
 
@@ -226,7 +248,12 @@ class Agent(Generic[ConfigT]):
         cfg = self.config
         ids, attn = batch.input_ids()
         length = batch.max_new_tokens
-        mask = (batch.completion_mask & batch.valid[:, None]).float()
+        # Masked rows (``valid`` False, e.g. unfinished="mask") keep their real score in
+        # every statistic (group baselines, batch means, whitening) and are dropped
+        # from the loss only, as TRL's mask_truncated_completions does
+        # (docs/algorithms.md#conventions).
+        completion = batch.completion_mask.float()
+        mask = completion * batch.valid[:, None]
         single_pass = cfg.update_epochs == 1 and cfg.num_minibatches == 1
         old_logprobs: Tensor | None = batch.sampler_logprobs
         if cfg.recompute_old_logprobs:
@@ -248,10 +275,14 @@ class Agent(Generic[ConfigT]):
                 if old_logprobs is not None
                 else self._logprobs_no_grad(ids, attn, length)
             )
-            rewards = kl_in_reward(rewards, lp_old, ref_logprobs, mask, cfg.beta)
-        advantages, returns = self.advantages(batch, rewards, mask, values)
+            rewards = kl_in_reward(rewards, lp_old, ref_logprobs, completion, cfg.beta)
+        advantages, returns = self.advantages(batch, rewards, completion, values)
         if cfg.whiten_advantages:
-            advantages = whiten(advantages, mask)
+            advantages = whiten(advantages, completion)
+        where = f"iteration {self.iteration + 1}"
+        check_finite("advantages", advantages * mask, where)
+        if returns is not None:
+            check_finite("returns", returns * mask, where)
         return {
             "ids": ids,
             "attn": attn,
@@ -320,39 +351,69 @@ class Agent(Generic[ConfigT]):
         mask = data["mask"]
         n = batch.batch_size
         stats: list[dict[str, Any]] = []
+        step_losses: list[dict[str, float]] = []
         grad_norms: list[float] = []
-        for _ in range(cfg.update_epochs):
+        skipped = 0
+        for epoch in range(cfg.update_epochs):
             order = torch.randperm(n, generator=self._shuffle).to(mask.device)
-            for minibatch in order.chunk(cfg.num_minibatches):
+            for index, minibatch in enumerate(order.chunk(cfg.num_minibatches)):
+                # B counts every row of the minibatch, masked ones included, so Dr. GRPO's
+                # B * L_max is constant (docs/algorithms.md#conventions).
                 counts = {
-                    "sequences": float((mask[minibatch].sum(1) > 0).sum()),
+                    "sequences": float(minibatch.numel()),
                     "tokens": float(mask[minibatch].sum()),
                 }
                 if counts["tokens"] == 0:
                     continue  # every row masked out: nothing to learn from
-                self.optimizer.zero_grad(set_to_none=True)
-                micro = cfg.micro_batch_size or minibatch.numel()
-                for rows in minibatch.split(micro):
-                    loss, micro_stats = self.micro_batch_loss(data, rows, counts)
-                    loss.backward()
-                    stats.append(micro_stats)
-                grad_norms.append(self._clip_and_step())
-        return self._metrics(batch, data, stats, grad_norms)
+                where = f"iteration {self.iteration + 1}, epoch {epoch + 1}, minibatch {index + 1}"
+                try:
+                    step_stats, losses, norm = self._minibatch_step(data, minibatch, counts, where)
+                except NonFiniteUpdateError:
+                    self.optimizer.zero_grad(set_to_none=True)
+                    if not cfg.skip_nonfinite:
+                        raise
+                    skipped += 1
+                    continue
+                stats += step_stats
+                step_losses.append(losses)
+                grad_norms.append(norm)
+        metrics = self._metrics(batch, data, stats, step_losses, grad_norms)
+        if cfg.skip_nonfinite:
+            metrics["nonfinite_steps_skipped"] = float(skipped)
+        return metrics
 
-    def _clip_and_step(self) -> float:
+    def _minibatch_step(
+        self,
+        data: dict[str, Tensor | None],
+        minibatch: Tensor,
+        counts: dict[str, float],
+        where: str,
+    ) -> tuple[list[dict[str, Any]], dict[str, float], float]:
+        """Accumulate the minibatch's gradient over micro-batches, check it, step.
+
+        Returns:
+            ``(per-micro-batch stats, the minibatch's loss terms, gradient norm)``; each
+            loss term is the sum of its micro-batch parts, i.e. the minibatch's value.
+        """
+        self.optimizer.zero_grad(set_to_none=True)
+        stats: list[dict[str, Any]] = []
+        losses: dict[str, float] = {}
+        for rows in minibatch.split(self.config.micro_batch_size or minibatch.numel()):
+            loss, micro_stats = self.micro_batch_loss(data, rows, counts)
+            for name in ("policy_loss", "value_loss"):
+                if name in micro_stats:
+                    check_finite(name, micro_stats[name], where)
+                    losses[name] = losses.get(name, 0.0) + float(micro_stats[name])
+            check_finite("loss", loss, where)
+            loss.backward()
+            stats.append(micro_stats)
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
-        max_norm = (
-            self.config.max_grad_norm if self.config.max_grad_norm is not None else float("inf")
-        )
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        if not torch.isfinite(norm):
-            self.optimizer.zero_grad(set_to_none=True)
-            raise FloatingPointError(
-                f"gradient norm is {norm.item()} at iteration {self.iteration}; the update was "
-                "skipped. Lower learning_rate, or check rewards/advantages for extreme values"
-            )
+        norm = total_grad_norm(params)
+        check_finite("grad_norm", norm, where)
+        clip_grads(params, self.config.max_grad_norm, norm)
         self.optimizer.step()
-        return float(norm)
+        check_parameters(params, where, self.config.learning_rate)
+        return stats, losses, float(norm)
 
     # --------------------------------------------------------------- metrics
     @torch.no_grad()
@@ -361,8 +422,11 @@ class Agent(Generic[ConfigT]):
         batch: RolloutBatch,
         data: dict[str, Tensor | None],
         stats: list[dict[str, Any]],
+        step_losses: list[dict[str, float]],
         grad_norms: list[float],
     ) -> dict[str, float]:
+        """Metrics of one update; loss terms are means over optimizer steps of each
+        minibatch's value, so no metric depends on the micro-batch size."""
         scores = batch.scores
         metrics: dict[str, float] = {
             "reward_mean": scores.mean().item(),
@@ -382,7 +446,7 @@ class Agent(Generic[ConfigT]):
 
         mask = cat("mask")
         logprobs, old = cat("logprobs"), cat("old_logprobs")
-        metrics["policy_loss"] = sum(float(s["policy_loss"]) for s in stats) / len(stats)
+        metrics["policy_loss"] = sum(s["policy_loss"] for s in step_losses) / len(step_losses)
         metrics["entropy"] = entropy_mean(cat("entropy"), mask)
         metrics["approx_kl"] = approx_kl(logprobs, old, mask)
         if stats[0]["ratio"] is not None:
@@ -402,7 +466,7 @@ class Agent(Generic[ConfigT]):
             metrics["kl_ref_k1"] = masked_mean(kl_k1(logprobs, ref), mask).item()
             metrics["kl_ref_k3"] = masked_mean(kl_k3(logprobs, ref), mask).item()
         if "value_loss" in stats[0]:
-            metrics["value_loss"] = sum(float(s["value_loss"]) for s in stats) / len(stats)
+            metrics["value_loss"] = sum(s["value_loss"] for s in step_losses) / len(step_losses)
             metrics["explained_variance"] = explained_variance(
                 data["values"], data["returns"], data["mask"]
             )
@@ -484,10 +548,46 @@ class Agent(Generic[ConfigT]):
         return metrics
 
     @torch.no_grad()
-    def evaluate(self, num_batches: int = 1) -> dict[str, float]:
-        """Mean and std of the episode return over fresh batches, without updating."""
-        scores = torch.cat([self._draw().scores for _ in range(num_batches)])
-        return {"reward_mean": scores.mean().item(), "reward_std": scores.std().item()}
+    def evaluate(
+        self, env: TokenVectorEnv, num_batches: int = 1, seed: int = 0
+    ) -> dict[str, float]:
+        """Score the current policy on ``env``, without updating or moving any training state.
+
+        Evaluation never draws from the training env: that would advance its prompt
+        stream, consume an autoreset env's in-flight episodes and count generated
+        tokens. The sampler uses its own generator seeded with ``seed``, so the same
+        call gives the same result. (``lmgym.training.evaluate_policy`` adds pass@k
+        and samples.)
+
+        Args:
+            env: an episode-synchronous env other than the training env.
+            num_batches: rollout batches to draw (``env.num_envs`` completions each).
+            seed: seeds ``env``'s prompt stream (reset) and the sampler.
+
+        Returns:
+            ``reward_mean``, ``reward_std`` and ``completion_length`` over the batches.
+        """
+        if env is self.env:
+            raise ValueError(
+                "env: evaluate needs an env of its own; the training env's prompt stream and "
+                "in-flight episodes would move. Build a second env, e.g. "
+                "gymnasium.make_vec(task_id, num_envs=..., tokenizer=policy.tokenizer)"
+            )
+        if env.autoreset:
+            raise ValueError("env: evaluate needs an episode-synchronous env (autoreset=False)")
+        generator = torch.Generator(device=self.policy.device)
+        generator.manual_seed(seed)
+        batches = [
+            collect(env, self.policy, seed=seed if i == 0 else None, generator=generator)
+            for i in range(num_batches)
+        ]
+        scores = torch.cat([b.scores for b in batches])
+        lengths = torch.cat([b.lengths for b in batches]).float()
+        return {
+            "reward_mean": scores.mean().item(),
+            "reward_std": scores.std().item() if scores.numel() > 1 else 0.0,
+            "completion_length": lengths.mean().item(),
+        }
 
     # -------------------------------------------------------------- save/load
     def save(self, path: str | Path) -> Path:

@@ -11,6 +11,9 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import math
+import types
+import typing
 from dataclasses import dataclass, fields
 from typing import Any, Literal, TypeVar
 
@@ -65,6 +68,8 @@ class AgentConfig:
     """Dynamic sampling: extra rollout batches drawn at most per iteration."""
     seed: int = 0
     """Seed of the sampler, minibatch shuffling and the env's prompt stream."""
+    skip_nonfinite: bool = False
+    """Skip (and count) an optimizer step whose loss or gradient norm is NaN/inf instead of raising."""
 
 
 ConfigT = TypeVar("ConfigT", bound=AgentConfig)
@@ -109,8 +114,86 @@ def build_config(
     return dataclasses.replace(base, **overrides)
 
 
+def _type_error(name: str, value: Any, expected: str) -> TypeError:
+    return TypeError(f"{name}={value!r}: expected {expected}, got {type(value).__name__}")
+
+
+def check_value(name: str, value: Any, annotation: Any, choices: bool = True) -> None:
+    """Check one config value against its type annotation, strictly.
+
+    A ``bool`` field takes only ``True``/``False`` (never a string such as
+    ``"false"``, which Python would count as true); an ``int`` field takes no
+    ``bool`` or ``float``; a ``float`` field takes a finite real number (NaN would,
+    for example, silently switch ``beta``'s KL term off); a ``Literal`` field takes
+    one of its choices (a string, when ``choices`` is False: the agent then checks
+    membership itself, with a message of its own); ``X | None`` also takes ``None``.
+
+    Raises:
+        TypeError: the value has the wrong type.
+        ValueError: a float is NaN or infinite, or a choice is not listed.
+    """
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(annotation)
+        if value is None and type(None) in options:
+            return
+        concrete = [a for a in options if a is not type(None)]
+        if len(concrete) == 1:
+            check_value(name, value, concrete[0], choices)
+            return
+        for option in concrete:
+            try:
+                check_value(name, value, option, choices)
+                return
+            except (TypeError, ValueError):
+                continue
+        raise _type_error(name, value, " or ".join(map(str, options)))
+    if origin is Literal:
+        listed = typing.get_args(annotation)
+        if not choices and all(isinstance(c, str) for c in listed):
+            if not isinstance(value, str):
+                raise _type_error(name, value, f"one of {list(listed)}")
+        elif value not in listed or isinstance(value, bool) != isinstance(listed[0], bool):
+            raise ValueError(f"{name}={value!r} is not one of {list(listed)}")
+        return
+    if origin is tuple:
+        items = typing.get_args(annotation)
+        if not isinstance(value, tuple | list) or len(value) != len(items):
+            raise _type_error(name, value, f"a tuple of {len(items)}")
+        for i, (item, item_type) in enumerate(zip(value, items, strict=True)):
+            check_value(f"{name}[{i}]", item, item_type, choices)
+        return
+    if annotation is bool:
+        if not isinstance(value, bool):
+            raise _type_error(name, value, "True or False")
+    elif annotation is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _type_error(name, value, "an integer")
+    elif annotation is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise _type_error(name, value, "a number")
+        if not math.isfinite(value):
+            raise ValueError(f"{name}={value!r}: must be a finite number")
+    elif annotation is str and not isinstance(value, str):
+        raise _type_error(name, value, "a string")
+
+
+def check_types(config: Any, choices: bool = True) -> None:
+    """``check_value`` on every field of a config dataclass."""
+    hints = typing.get_type_hints(type(config), include_extras=False)
+    for item in fields(config):
+        check_value(item.name, getattr(config, item.name), hints[item.name], choices)
+
+
 def check_common(config: AgentConfig) -> None:
-    """Validate the shared fields; raise ``ValueError`` naming the field and the fix."""
+    """Validate the shared fields; raise ``ValueError`` naming the field and the fix.
+
+    Every field is first checked against its annotation (``check_types``): strict
+    booleans, integers that are not booleans, finite floats, strings for choices
+    (whose membership the agent's own checks name; ``Agent`` runs
+    ``check_types(config)`` last to catch any choice they do not).
+    """
+    check_types(config, choices=False)
 
     def positive(name: str, allow_none: bool = False) -> None:
         value = getattr(config, name)

@@ -187,8 +187,8 @@ def flat_groups(scores: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor]:
         `(flat [G] bool, inverse [B] int64)`: one flag per distinct group and each
         row's group position, so `flat[inverse]` flags rows.
     """
-    _, inverse = torch.unique(group_ids, return_inverse=True)
-    num_groups = int(inverse.max().item()) + 1
+    labels, inverse = torch.unique(group_ids, return_inverse=True)
+    num_groups = labels.numel()
     highest = scores.new_zeros(num_groups).scatter_reduce(
         0, inverse, scores, "amax", include_self=False
     )
