@@ -1,26 +1,27 @@
-"""The learn loop shared by every agent: collect, score, estimate advantages, update.
+"""The learn loop shared by every agent: collect, prepare, update (docs/algorithms.md).
 
 An algorithm is a composition (DESIGN.md, principle 3). A subclass chooses:
 
 - ``advantages(batch, rewards, mask, values)``: the advantage estimator;
 - ``policy_loss(logprobs, old_logprobs, advantages, mask)``: the ratio rule,
-  returning a per-token loss ``[B, L]`` (a sequence-level rule broadcasts its
+  returning a per-token loss ``[b, L]`` (a sequence-level rule broadcasts its
   per-sequence loss to the row's tokens, which ``seq-mean-token-mean`` turns back
   into a mean over sequences);
+- optionally ``extra_losses(data, out, counts)``: further weighted terms (a
+  critic's value loss, an auxiliary LM loss), and ``make_critic``.
 
-and this base class adds, from the config: the KL term (in the reward or in the
-loss), the TIS correction, the aggregation, the value loss (when the agent has a
-critic), minibatching with whole-batch normalisers, gradient clipping and the
-metrics of ALGORITHMS.md.
+This class adds, from the config: the KL term (in the reward or in the loss), TIS,
+the aggregation, minibatching with whole-minibatch normalisers, non-finite guards,
+gradient clipping and the metrics of docs/metrics.md. One iteration::
 
-One update, top to bottom (``train_on_batch``):
-
-1. ``lp_old`` (recomputed on the learner, or the sampler's), ``lp_ref``, ``V_old``;
-2. rewards: + overlong shaping, - beta*k1 when the KL sits in the reward;
-3. advantages (detached), optional whitening;
-4. for each epoch, each minibatch of whole rows, each micro-batch:
-   ``loss = agg(tis * (l_policy + beta*k)) - c_H*H + vf_coef*agg(l_value)``,
-   normalised by the minibatch's counts, so micro-batching cannot change it.
+    batch  = collect()                      # env x policy -> RolloutBatch
+    data   = prepare(batch)                 # lp_old, lp_ref, V_old, rewards -> advantages
+    for epoch, minibatch of whole rows:
+        counts = Counts.of(data.mask[minibatch])
+        for micro-batch in minibatch:
+            loss = agg(tis * (l_policy + beta*k) - c_H*H) + sum_k c_k * extra_k
+            loss.backward()                 # each part normalised by the minibatch's counts
+        clip, check, optimizer.step()
 """
 
 from __future__ import annotations
@@ -36,22 +37,13 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 import torch
 from torch import Tensor
+from torch.profiler import record_function
 
 from lmgym.agents.advantages import whiten
 from lmgym.agents.aggregation import aggregate
 from lmgym.agents.config import AgentConfig, build_config, check_common, check_types
-from lmgym.agents.dapo import drop_flat_groups, overlong_penalty
-from lmgym.agents.kl import kl_estimator, kl_in_reward, kl_k1, kl_k3
-from lmgym.agents.metrics import (
-    approx_kl,
-    clip_fractions,
-    effective_sample_size,
-    entropy_mean,
-    frac_reward_zero_std,
-    masked_mean,
-    masked_std,
-    ratio_stats,
-)
+from lmgym.agents.dapo import draw_with_signal, overlong_penalty
+from lmgym.agents.kl import kl_estimator, kl_in_reward
 from lmgym.agents.numerics import (
     NonFiniteUpdateError,
     check_finite,
@@ -60,12 +52,13 @@ from lmgym.agents.numerics import (
     total_grad_norm,
 )
 from lmgym.agents.ratios import tis_weights
-from lmgym.agents.value import clipped_value_loss, explained_variance
+from lmgym.agents.records import Counts, MicroBatchLoss, PolicyOutput, PreparedBatch
+from lmgym.agents.report import update_metrics
 from lmgym.envs.rewards import reward_component_means
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.policy.causal_lm import CausalLMPolicy
 from lmgym.policy.value import Critic
-from lmgym.rollout import ContinuousCollector, collect, concat_batches
+from lmgym.rollout import ContinuousCollector, collect
 from lmgym.types import RolloutBatch
 
 ConfigT = TypeVar("ConfigT", bound=AgentConfig)
@@ -129,7 +122,11 @@ class Agent(Generic[ConfigT]):
         self.policy, self.env, self.ref_policy = policy, env, ref_policy
         self.check_config()
         check_types(self.config)  # any choice field the algorithm's own checks missed
-        self._check_batch_split()
+        if env.num_envs % self.config.num_minibatches != 0:
+            raise ValueError(
+                f"num_minibatches={self.config.num_minibatches} does not divide the batch of "
+                f"{env.num_envs} rows (num_prompts * group_size); pick a divisor of {env.num_envs}"
+            )
 
         self.critic: Critic | None = self.make_critic() if self.uses_critic else None
         params = [p for p in policy.model.parameters() if p.requires_grad]
@@ -160,7 +157,11 @@ class Agent(Generic[ConfigT]):
     def advantages(
         self, batch: RolloutBatch, rewards: Tensor, mask: Tensor, values: Tensor | None
     ) -> tuple[Tensor, Tensor | None]:
-        """``(advantages [B, L], value targets [B, L] or None)``, detached."""
+        """``(advantages [B, L], value targets [B, L] or None)``, detached.
+
+        ``mask`` is ``[B, L] bool`` over every real completion token, masked rows
+        included: statistics use every row's real score (docs/algorithms.md#conventions).
+        """
         raise NotImplementedError
 
     def policy_loss(
@@ -169,308 +170,20 @@ class Agent(Generic[ConfigT]):
         """``(per-token loss [b, L], ratio [b, L] or None)`` for one micro-batch."""
         raise NotImplementedError
 
+    def extra_losses(
+        self, data: PreparedBatch, out: PolicyOutput, counts: Counts
+    ) -> dict[str, tuple[float, Tensor]]:
+        """Further loss terms of one micro-batch: name -> ``(coefficient, term)``.
+
+        Each term is 0-dim and normalised by the minibatch's ``counts`` (so its sum
+        over micro-batches is the minibatch's value); ``coefficient * term`` is added
+        to the loss and the unweighted term is logged under its name. Default: none.
+        """
+        return {}
+
     def clip_range(self) -> tuple[float, float] | None:
         """``(low, high)`` half-widths of the ratio interval this rule clips, if any."""
         return None
-
-    # ---------------------------------------------------------------- checks
-    def _check_batch_split(self) -> None:
-        rows = self.env.num_envs
-        if rows % self.config.num_minibatches != 0:
-            raise ValueError(
-                f"num_minibatches={self.config.num_minibatches} does not divide the batch of "
-                f"{rows} rows (num_prompts * group_size); pick a divisor of {rows}"
-            )
-
-    # ---------------------------------------------------------------- rollout
-    def collect(self) -> tuple[RolloutBatch, int]:
-        """One batch of ``env.num_envs`` completions; with dynamic sampling, groups
-        whose rewards are all equal are dropped and replaced by fresh draws.
-
-        Returns:
-            ``(batch, groups_dropped)``.
-        """
-        if not self.config.dynamic_sampling:
-            return self._draw(), 0
-        kept: list[RolloutBatch] = []
-        have, dropped = 0, 0
-        want = self.env.num_prompts
-        for _ in range(1 + self.config.max_resample):
-            drawn = self._draw()
-            batch, flat = drop_flat_groups(drawn)
-            dropped += flat
-            if batch.batch_size:
-                kept.append(batch)
-                have += batch.group_ids.unique().numel()
-            if have >= want:
-                break
-        if not kept:
-            # Every group of every draw was flat (the usual start of a sparse task):
-            # train on the last draw as plain GRPO would; its advantages are all 0.
-            return drawn, dropped
-        batch = concat_batches(kept)
-        groups = batch.group_ids.unique()[:want]
-        return batch.select(torch.isin(batch.group_ids, groups)), dropped
-
-    def _draw(self) -> RolloutBatch:
-        seed = None if self._env_seeded else self.config.seed
-        self._env_seeded = True
-        try:
-            if self.env.autoreset:
-                if self._collector is None:
-                    self._collector = ContinuousCollector(self.env, self.policy, seed=seed)
-                    self._collector.generator = self.generator
-                batch = self._collector.collect(self.env.num_prompts)
-            else:
-                batch = collect(self.env, self.policy, seed=seed, generator=self.generator)
-        except RuntimeError as error:
-            if "probability tensor contains" not in str(error):
-                raise
-            raise NonFiniteUpdateError(
-                f"the policy's next-token probabilities are NaN/inf in the rollout of iteration "
-                f"{self.iteration + 1}: the weights diverged (learning_rate="
-                f"{self.config.learning_rate}). Resume from the last checkpoint with a lower "
-                "learning_rate"
-            ) from error
-        self.tokens_generated += int(batch.lengths.sum())
-        return batch
-
-    # ---------------------------------------------------------------- update
-    def _forward(self, ids: Tensor, attn: Tensor, length: int) -> tuple[Tensor, Tensor, Tensor]:
-        """``(logprobs, entropy, hidden)`` of the policy on ``[b, S]`` inputs."""
-        hidden = self.policy.sequence_hidden(ids, attn, length)
-        logprobs, entropy = self.policy.logprobs_from_hidden(hidden, ids)
-        return logprobs, entropy, hidden
-
-    @torch.no_grad()
-    def _prepare(self, batch: RolloutBatch) -> dict[str, Tensor | None]:
-        """Everything the update needs that does not change during it."""
-        cfg = self.config
-        ids, attn = batch.input_ids()
-        length = batch.max_new_tokens
-        # Masked rows (``valid`` False, e.g. unfinished="mask") keep their real score in
-        # every statistic (group baselines, batch means, whitening) and are dropped
-        # from the loss only, as TRL's mask_truncated_completions does
-        # (docs/algorithms.md#conventions).
-        completion = batch.completion_mask.float()
-        mask = completion * batch.valid[:, None]
-        single_pass = cfg.update_epochs == 1 and cfg.num_minibatches == 1
-        old_logprobs: Tensor | None = batch.sampler_logprobs
-        if cfg.recompute_old_logprobs:
-            # With one pass over one minibatch, lp_old = sg(lp) of the update's own
-            # forward pass: same value, one forward pass fewer.
-            old_logprobs = None if single_pass else self._logprobs_no_grad(ids, attn, length)
-        ref_logprobs = None
-        if self.ref_policy is not None:
-            ref_logprobs = self.ref_policy.logprobs(ids, attn, length, with_entropy=False)[0]
-        values = self.critic.values(ids, attn, length) if self.critic is not None else None
-
-        rewards = batch.rewards
-        if cfg.overlong_cache is not None:
-            shaping = overlong_penalty(batch.lengths, length, cfg.overlong_cache)
-            rewards = rewards + shaping[:, None] * batch.dones
-        if cfg.beta > 0 and cfg.kl_placement == "reward":
-            lp_old = (
-                old_logprobs
-                if old_logprobs is not None
-                else self._logprobs_no_grad(ids, attn, length)
-            )
-            rewards = kl_in_reward(rewards, lp_old, ref_logprobs, completion, cfg.beta)
-        advantages, returns = self.advantages(batch, rewards, completion, values)
-        if cfg.whiten_advantages:
-            advantages = whiten(advantages, completion)
-        where = f"iteration {self.iteration + 1}"
-        check_finite("advantages", advantages * mask, where)
-        if returns is not None:
-            check_finite("returns", returns * mask, where)
-        return {
-            "ids": ids,
-            "attn": attn,
-            "mask": mask,
-            "old_logprobs": old_logprobs,
-            "sampler_logprobs": batch.sampler_logprobs,
-            "ref_logprobs": ref_logprobs,
-            "advantages": advantages,
-            "returns": returns,
-            "values": values,
-        }
-
-    def _logprobs_no_grad(self, ids: Tensor, attn: Tensor, length: int) -> Tensor:
-        with torch.no_grad():
-            return self.policy.logprobs(ids, attn, length, with_entropy=False)[0]
-
-    def micro_batch_loss(
-        self, data: dict[str, Tensor | None], rows: Tensor, counts: dict[str, float]
-    ) -> tuple[Tensor, dict[str, Any]]:
-        """Loss of ``rows`` normalised by the minibatch ``counts``, and its raw stats."""
-        cfg = self.config
-        take = {k: (v[rows] if v is not None else None) for k, v in data.items()}
-        ids, attn, mask = take["ids"], take["attn"], take["mask"]
-        length = mask.shape[1]
-        logprobs, entropy, hidden = self._forward(ids, attn, length)
-        old = take["old_logprobs"] if take["old_logprobs"] is not None else logprobs.detach()
-        loss_tokens, ratio = self.policy_loss(logprobs, old, take["advantages"], mask)
-        tis = None
-        if cfg.tis_cap is not None:
-            tis = tis_weights(old, take["sampler_logprobs"], cfg.tis_cap)
-            loss_tokens = tis * loss_tokens
-        if cfg.beta > 0 and cfg.kl_placement == "loss":
-            loss_tokens = loss_tokens + cfg.beta * kl_estimator(cfg.kl_estimator)(
-                logprobs, take["ref_logprobs"]
-            )
-        if cfg.entropy_coef:
-            loss_tokens = loss_tokens - cfg.entropy_coef * entropy
-        agg = dict(num_sequences=counts["sequences"], num_tokens=counts["tokens"], max_len=length)
-        loss = aggregate(loss_tokens, mask, cfg.loss_aggregation, **agg)
-        stats: dict[str, Any] = {
-            "logprobs": logprobs.detach(),
-            "old_logprobs": old,
-            "entropy": entropy.detach(),
-            "ratio": ratio,
-            "tis": tis,
-            "mask": mask,
-            "advantages": take["advantages"],
-            "ref_logprobs": take["ref_logprobs"],
-            "policy_loss": loss.detach(),
-        }
-        if self.critic is not None:
-            values = self.critic.values(ids, attn, length, hidden=hidden)
-            value_tokens = clipped_value_loss(
-                values, take["values"], take["returns"], cfg.value_clip
-            )  # type: ignore[attr-defined]
-            value_loss = aggregate(value_tokens, mask, "token-mean", **agg)
-            loss = loss + cfg.vf_coef * value_loss  # type: ignore[attr-defined]
-            stats["value_loss"] = value_loss.detach()
-        return loss, stats
-
-    def train_on_batch(self, batch: RolloutBatch) -> dict[str, float]:
-        """One update on a rollout batch; returns its metrics."""
-        cfg = self.config
-        batch = batch.to(self.policy.device)
-        data = self._prepare(batch)
-        mask = data["mask"]
-        n = batch.batch_size
-        stats: list[dict[str, Any]] = []
-        step_losses: list[dict[str, float]] = []
-        grad_norms: list[float] = []
-        skipped = 0
-        for epoch in range(cfg.update_epochs):
-            order = torch.randperm(n, generator=self._shuffle).to(mask.device)
-            for index, minibatch in enumerate(order.chunk(cfg.num_minibatches)):
-                # B counts every row of the minibatch, masked ones included, so Dr. GRPO's
-                # B * L_max is constant (docs/algorithms.md#conventions).
-                counts = {
-                    "sequences": float(minibatch.numel()),
-                    "tokens": float(mask[minibatch].sum()),
-                }
-                if counts["tokens"] == 0:
-                    continue  # every row masked out: nothing to learn from
-                where = f"iteration {self.iteration + 1}, epoch {epoch + 1}, minibatch {index + 1}"
-                try:
-                    step_stats, losses, norm = self._minibatch_step(data, minibatch, counts, where)
-                except NonFiniteUpdateError:
-                    self.optimizer.zero_grad(set_to_none=True)
-                    if not cfg.skip_nonfinite:
-                        raise
-                    skipped += 1
-                    continue
-                stats += step_stats
-                step_losses.append(losses)
-                grad_norms.append(norm)
-        metrics = self._metrics(batch, data, stats, step_losses, grad_norms)
-        if cfg.skip_nonfinite:
-            metrics["nonfinite_steps_skipped"] = float(skipped)
-        return metrics
-
-    def _minibatch_step(
-        self,
-        data: dict[str, Tensor | None],
-        minibatch: Tensor,
-        counts: dict[str, float],
-        where: str,
-    ) -> tuple[list[dict[str, Any]], dict[str, float], float]:
-        """Accumulate the minibatch's gradient over micro-batches, check it, step.
-
-        Returns:
-            ``(per-micro-batch stats, the minibatch's loss terms, gradient norm)``; each
-            loss term is the sum of its micro-batch parts, i.e. the minibatch's value.
-        """
-        self.optimizer.zero_grad(set_to_none=True)
-        stats: list[dict[str, Any]] = []
-        losses: dict[str, float] = {}
-        for rows in minibatch.split(self.config.micro_batch_size or minibatch.numel()):
-            loss, micro_stats = self.micro_batch_loss(data, rows, counts)
-            for name in ("policy_loss", "value_loss"):
-                if name in micro_stats:
-                    check_finite(name, micro_stats[name], where)
-                    losses[name] = losses.get(name, 0.0) + float(micro_stats[name])
-            check_finite("loss", loss, where)
-            loss.backward()
-            stats.append(micro_stats)
-        params = [p for group in self.optimizer.param_groups for p in group["params"]]
-        norm = total_grad_norm(params)
-        check_finite("grad_norm", norm, where)
-        clip_grads(params, self.config.max_grad_norm, norm)
-        self.optimizer.step()
-        check_parameters(params, where, self.config.learning_rate)
-        return stats, losses, float(norm)
-
-    # --------------------------------------------------------------- metrics
-    @torch.no_grad()
-    def _metrics(
-        self,
-        batch: RolloutBatch,
-        data: dict[str, Tensor | None],
-        stats: list[dict[str, Any]],
-        step_losses: list[dict[str, float]],
-        grad_norms: list[float],
-    ) -> dict[str, float]:
-        """Metrics of one update; loss terms are means over optimizer steps of each
-        minibatch's value, so no metric depends on the micro-batch size."""
-        scores = batch.scores
-        metrics: dict[str, float] = {
-            "reward_mean": scores.mean().item(),
-            "reward_std": scores.std().item() if scores.numel() > 1 else 0.0,
-            "completion_length": batch.lengths.float().mean().item(),
-            "truncated_fraction": batch.truncated.float().mean().item(),
-            "frac_reward_zero_std": frac_reward_zero_std(scores, batch.group_ids),
-            "advantage_mean": masked_mean(data["advantages"], data["mask"]).item(),
-            "advantage_std": masked_std(data["advantages"], data["mask"]).item(),
-            "grad_norm": sum(grad_norms) / max(1, len(grad_norms)),
-        }
-        if not stats:
-            return metrics
-
-        def cat(key: str) -> Tensor:
-            return torch.cat([s[key].reshape(s["mask"].shape[0], -1) for s in stats])
-
-        mask = cat("mask")
-        logprobs, old = cat("logprobs"), cat("old_logprobs")
-        metrics["policy_loss"] = sum(s["policy_loss"] for s in step_losses) / len(step_losses)
-        metrics["entropy"] = entropy_mean(cat("entropy"), mask)
-        metrics["approx_kl"] = approx_kl(logprobs, old, mask)
-        if stats[0]["ratio"] is not None:
-            ratio = cat("ratio")
-            metrics.update(ratio_stats(ratio, mask))
-            bounds = self.clip_range()
-            if bounds is not None:
-                metrics.update(clip_fractions(ratio, cat("advantages"), mask, *bounds))
-                if not self.clip_zeroes_gradient:
-                    metrics["clip_zeroed_fraction"] = 0.0
-        if stats[0]["tis"] is not None:
-            weights = cat("tis")
-            metrics["tis_weight_mean"] = masked_mean(weights, mask).item()
-            metrics["tis_ess"] = effective_sample_size(weights, mask)
-        if stats[0]["ref_logprobs"] is not None:
-            ref = cat("ref_logprobs")
-            metrics["kl_ref_k1"] = masked_mean(kl_k1(logprobs, ref), mask).item()
-            metrics["kl_ref_k3"] = masked_mean(kl_k3(logprobs, ref), mask).item()
-        if "value_loss" in stats[0]:
-            metrics["value_loss"] = sum(s["value_loss"] for s in step_losses) / len(step_losses)
-            metrics["explained_variance"] = explained_variance(
-                data["values"], data["returns"], data["mask"]
-            )
-        return metrics
 
     # ------------------------------------------------------------------ learn
     def learn(
@@ -496,12 +209,7 @@ class Agent(Generic[ConfigT]):
         """
         if iterations < 0:
             raise ValueError(f"iterations={iterations}: must be >= 0")
-        if callback is None:
-            callbacks: list[Callback] = []
-        elif callable(callback):
-            callbacks = [callback]
-        else:
-            callbacks = list(callback)
+        callbacks = [] if callback is None else [callback] if callable(callback) else list(callback)
         history: list[dict[str, float]] = []
         bar = None
         if progress_bar:
@@ -509,30 +217,28 @@ class Agent(Generic[ConfigT]):
 
             bar = tqdm(total=iterations, desc=self.name, unit="it")
         for cb in callbacks:
-            start = getattr(cb, "on_learn_start", None)
-            if start is not None:
-                start(self)
+            if hasattr(cb, "on_learn_start"):
+                cb.on_learn_start(self)
         try:
             for _ in range(iterations):
                 metrics = self.step()
                 history.append(metrics)
                 if bar is not None:
                     bar.update(1)
+                    kl = metrics.get("kl_ref_k3", metrics.get("approx_kl", 0.0))
                     bar.set_postfix(
                         reward=f"{metrics['reward_mean']:.3f}",
-                        kl=f"{metrics.get('kl_ref_k3', metrics.get('approx_kl', 0.0)):.4f}",
+                        kl=f"{kl:.4f}",
                         len=f"{metrics['completion_length']:.1f}",
                     )
-                answers = [cb(self, metrics) for cb in callbacks]
-                if any(answer is False for answer in answers):
+                if any([cb(self, metrics) is False for cb in callbacks]):
                     break
         finally:
             if bar is not None:
                 bar.close()
         for cb in callbacks:
-            end_hook = getattr(cb, "on_learn_end", None)
-            if end_hook is not None:
-                end_hook(self, history)
+            if hasattr(cb, "on_learn_end"):
+                cb.on_learn_end(self, history)
         return history
 
     def step(self) -> dict[str, float]:
@@ -546,6 +252,200 @@ class Agent(Generic[ConfigT]):
             metrics["groups_dropped"] = float(dropped)
         metrics.update(reward_component_means(self.env))  # CombinedReward's parts, if any
         return metrics
+
+    # ---------------------------------------------------------------- rollout
+    def collect(self) -> tuple[RolloutBatch, int]:
+        """One batch of ``env.num_envs`` completions; with dynamic sampling, groups
+        whose rewards are all equal are dropped and replaced by fresh draws.
+
+        Returns:
+            ``(batch, groups_dropped)``.
+        """
+        if not self.config.dynamic_sampling:
+            return self._draw(), 0
+        return draw_with_signal(self._draw, self.env.num_prompts, self.config.max_resample)
+
+    def _draw(self) -> RolloutBatch:
+        seed = None if self._env_seeded else self.config.seed
+        self._env_seeded = True
+        try:
+            if self.env.autoreset:
+                if self._collector is None:
+                    self._collector = ContinuousCollector(self.env, self.policy, seed=seed)
+                    self._collector.generator = self.generator
+                batch = self._collector.collect(self.env.num_prompts)
+            else:
+                batch = collect(self.env, self.policy, seed=seed, generator=self.generator)
+        except RuntimeError as error:
+            if "probability tensor contains" not in str(error):
+                raise
+            raise NonFiniteUpdateError(
+                f"the policy's next-token probabilities are NaN/inf in the rollout of iteration "
+                f"{self.iteration + 1}: the weights diverged (learning_rate="
+                f"{self.config.learning_rate}). Resume from the last checkpoint with a lower "
+                "learning_rate"
+            ) from error
+        self.tokens_generated += int(batch.lengths.sum())
+        return batch
+
+    # ---------------------------------------------------------------- update
+    def train_on_batch(self, batch: RolloutBatch) -> dict[str, float]:
+        """One update on a rollout batch; returns its metrics."""
+        cfg = self.config
+        batch = batch.to(self.policy.device)
+        with record_function("lmgym.prepare"):
+            data = self.prepare(batch)
+        micro_batches: list[tuple[Tensor, MicroBatchLoss]] = []
+        step_terms: list[dict[str, float]] = []
+        grad_norms: list[float] = []
+        skipped = 0
+        for epoch in range(cfg.update_epochs):
+            order = torch.randperm(batch.batch_size, generator=self._shuffle).to(data.mask.device)
+            for index, minibatch in enumerate(order.chunk(cfg.num_minibatches)):
+                counts = Counts.of(data.mask[minibatch])
+                if counts.tokens == 0:
+                    continue  # every row masked out: nothing to learn from
+                where = f"iteration {self.iteration + 1}, epoch {epoch + 1}, minibatch {index + 1}"
+                try:
+                    with record_function("lmgym.update_step"):
+                        parts, terms, norm = self._minibatch_step(data, minibatch, counts, where)
+                except NonFiniteUpdateError:
+                    self.optimizer.zero_grad(set_to_none=True)
+                    if not cfg.skip_nonfinite:
+                        raise
+                    skipped += 1
+                    continue
+                micro_batches += parts
+                step_terms.append(terms)
+                grad_norms.append(norm)
+        metrics = update_metrics(
+            batch,
+            data,
+            micro_batches,
+            step_terms,
+            grad_norms,
+            self.clip_range(),
+            self.clip_zeroes_gradient,
+        )
+        if cfg.skip_nonfinite:
+            metrics["nonfinite_steps_skipped"] = float(skipped)
+        return metrics
+
+    @torch.no_grad()
+    def prepare(self, batch: RolloutBatch) -> PreparedBatch:
+        """Everything the update needs that does not change during it.
+
+        ``lp_old`` (recomputed, or the sampler's), ``lp_ref``, ``V_old``; rewards with
+        overlong shaping and, when the KL sits in the reward, ``- beta * k1``; then
+        advantages (whitened if asked). Masked rows keep their real score in every
+        statistic and leave the loss only (docs/algorithms.md#conventions).
+        """
+        cfg = self.config
+        ids, attn = batch.input_ids()
+        length = batch.max_new_tokens
+        completion = batch.completion_mask
+        mask = completion & batch.valid[:, None]
+        old_logprobs: Tensor | None = batch.sampler_logprobs
+        if cfg.recompute_old_logprobs:
+            # One pass over one minibatch: lp_old = sg(lp) of the update's own forward.
+            single_pass = cfg.update_epochs == 1 and cfg.num_minibatches == 1
+            old_logprobs = None if single_pass else self._logprobs(ids, attn, length)
+        ref_logprobs = None
+        if self.ref_policy is not None:
+            ref_logprobs = self.ref_policy.logprobs(ids, attn, length, with_entropy=False)[0]
+        values = self.critic.values(ids, attn, length) if self.critic is not None else None
+
+        rewards = batch.rewards
+        if cfg.overlong_cache is not None:
+            shaping = overlong_penalty(batch.lengths, length, cfg.overlong_cache)
+            rewards = rewards + shaping[:, None] * batch.dones
+        if cfg.beta > 0 and cfg.kl_placement == "reward":
+            lp_old = old_logprobs if old_logprobs is not None else self._logprobs(ids, attn, length)
+            rewards = kl_in_reward(rewards, lp_old, ref_logprobs, completion, cfg.beta)
+        advantages, returns = self.advantages(batch, rewards, completion, values)
+        if cfg.whiten_advantages:
+            advantages = whiten(advantages, completion)
+        where = f"iteration {self.iteration + 1}"
+        check_finite("advantages", advantages * mask, where)
+        if returns is not None:
+            check_finite("returns", returns * mask, where)
+        return PreparedBatch(
+            ids=ids,
+            attn=attn,
+            mask=mask,
+            group_ids=batch.group_ids,
+            sampler_logprobs=batch.sampler_logprobs,
+            old_logprobs=old_logprobs,
+            ref_logprobs=ref_logprobs,
+            advantages=advantages,
+            returns=returns,
+            values=values,
+        )
+
+    def _logprobs(self, ids: Tensor, attn: Tensor, length: int) -> Tensor:
+        with torch.no_grad():
+            return self.policy.logprobs(ids, attn, length, with_entropy=False)[0]
+
+    def micro_batch_loss(self, data: PreparedBatch, counts: Counts) -> MicroBatchLoss:
+        """The loss of one micro-batch (rows of ``data``), normalised by the minibatch's
+        ``counts``: ``agg(tis * (l_policy + beta*k) - c_H*H) + sum_k c_k * extra_k``."""
+        cfg = self.config
+        with record_function("lmgym.teacher_forced"):
+            hidden = self.policy.sequence_hidden(data.ids, data.attn, data.max_new_tokens)
+            logprobs, entropy = self.policy.logprobs_from_hidden(hidden, data.ids)
+        out = PolicyOutput(logprobs, entropy, hidden)
+        old = data.old_logprobs if data.old_logprobs is not None else logprobs.detach()
+        loss_tokens, ratio = self.policy_loss(logprobs, old, data.advantages, data.mask)
+        tis = None
+        if cfg.tis_cap is not None:
+            tis = tis_weights(old, data.sampler_logprobs, cfg.tis_cap)
+            loss_tokens = tis * loss_tokens
+        if cfg.beta > 0 and cfg.kl_placement == "loss":
+            kl = kl_estimator(cfg.kl_estimator)(logprobs, data.ref_logprobs)
+            loss_tokens = loss_tokens + cfg.beta * kl
+        if cfg.entropy_coef:
+            loss_tokens = loss_tokens - cfg.entropy_coef * entropy
+        policy_loss = aggregate(
+            loss_tokens,
+            data.mask,
+            cfg.loss_aggregation,
+            num_sequences=counts.sequences,
+            num_tokens=counts.tokens,
+            max_len=counts.max_len,
+        )
+        total, terms = policy_loss, {"policy_loss": policy_loss.detach()}
+        for name, (coefficient, term) in self.extra_losses(data, out, counts).items():
+            total = total + coefficient * term
+            terms[name] = term.detach()
+        return MicroBatchLoss(total, terms, old, ratio, tis, logprobs.detach(), entropy.detach())
+
+    def _minibatch_step(
+        self, data: PreparedBatch, minibatch: Tensor, counts: Counts, where: str
+    ) -> tuple[list[tuple[Tensor, MicroBatchLoss]], dict[str, float], float]:
+        """Accumulate the minibatch's gradient over micro-batches, check it, step.
+
+        Returns:
+            ``(each micro-batch's rows and loss, each loss term's minibatch value,
+            gradient norm before clipping)``.
+        """
+        self.optimizer.zero_grad(set_to_none=True)
+        parts: list[tuple[Tensor, MicroBatchLoss]] = []
+        terms: dict[str, float] = {}
+        for rows in minibatch.split(self.config.micro_batch_size or minibatch.numel()):
+            loss = self.micro_batch_loss(data.rows(rows), counts)
+            for name, term in loss.terms.items():
+                check_finite(name, term, where)
+                terms[name] = terms.get(name, 0.0) + float(term)
+            check_finite("loss", loss.total, where)
+            loss.total.backward()
+            parts.append((rows, loss))
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        norm = total_grad_norm(params)
+        check_finite("grad_norm", norm, where)
+        clip_grads(params, self.config.max_grad_norm, norm)
+        self.optimizer.step()
+        check_parameters(params, where, self.config.learning_rate)
+        return parts, terms, float(norm)
 
     @torch.no_grad()
     def evaluate(

@@ -21,10 +21,13 @@ from typing import Literal
 from torch import Tensor
 
 from lmgym.agents.advantages import gae
+from lmgym.agents.aggregation import aggregate
 from lmgym.agents.base import Agent
 from lmgym.agents.config import AgentConfig, KLPlacement
 from lmgym.agents.grpo import check_clip
 from lmgym.agents.ratios import clipped_surrogate_loss
+from lmgym.agents.records import Counts, PolicyOutput, PreparedBatch
+from lmgym.agents.value import clipped_value_loss
 from lmgym.policy.value import Critic, ValueInit
 from lmgym.types import RolloutBatch
 
@@ -96,6 +99,22 @@ class PPO(Agent[PPOConfig]):
         return clipped_surrogate_loss(
             logprobs, old_logprobs, advantages, self.config.clip_low, self.config.clip_high
         )
+
+    def extra_losses(
+        self, data: PreparedBatch, out: PolicyOutput, counts: Counts
+    ) -> dict[str, tuple[float, Tensor]]:
+        """The critic's clipped value loss, token-mean over the minibatch, times ``vf_coef``."""
+        values = self.critic.values(data.ids, data.attn, data.max_new_tokens, hidden=out.hidden)
+        value_tokens = clipped_value_loss(values, data.values, data.returns, self.config.value_clip)
+        value_loss = aggregate(
+            value_tokens,
+            data.mask,
+            "token-mean",
+            num_sequences=counts.sequences,
+            num_tokens=counts.tokens,
+            max_len=counts.max_len,
+        )
+        return {"value_loss": (self.config.vf_coef, value_loss)}
 
     def clip_range(self) -> tuple[float, float]:
         return self.config.clip_low, self.config.clip_high

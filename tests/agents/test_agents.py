@@ -63,7 +63,7 @@ def test_kl_in_the_reward_lowers_rloo_rewards_seen_by_advantages():
     batch = collect(env, policy, seed=0)
     ref = fresh_policy(seed=1)  # a different reference: k1 != 0
     agent = RLOO(policy, env, ref, beta=0.5, kl_placement="reward")
-    data = agent._prepare(batch)
+    data = agent.prepare(batch)
     ids, attn = batch.input_ids()
     with torch.no_grad():
         lp = policy.logprobs(ids, attn, batch.max_new_tokens)[0]
@@ -72,7 +72,7 @@ def test_kl_in_the_reward_lowers_rloo_rewards_seen_by_advantages():
     scores = ((batch.rewards - 0.5 * (lp - lp_ref)) * mask).sum(1)
     groups = scores.view(4, 4)
     expected = 4 / 3 * (groups - groups.mean(1, keepdim=True))
-    torch.testing.assert_close(data["advantages"][:, 0], expected.flatten(), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(data.advantages[:, 0], expected.flatten(), atol=1e-4, rtol=1e-4)
 
 
 def test_ppo_logs_value_and_clip_metrics_and_moves_the_ratio():

@@ -81,13 +81,13 @@ def test_a_masked_row_keeps_its_real_score_in_every_statistic(agent_class):
     batch = with_scores(batch, scores)
     valid = torch.ones(ROWS, dtype=torch.bool)
     valid[2] = False
-    masked = agent._prepare(dataclasses.replace(batch, valid=valid))
-    full = agent._prepare(batch)
+    masked = agent.prepare(dataclasses.replace(batch, valid=valid))
+    full = agent.prepare(batch)
     keep = valid[:, None] & batch.completion_mask
-    torch.testing.assert_close(masked["advantages"][keep], full["advantages"][keep])
+    torch.testing.assert_close(masked.advantages[keep], full.advantages[keep])
     if agent_class in (GRPO, RLOO, DrGRPO, GSPO, CISPO):
-        assert masked["advantages"][:2].abs().max() == 0.0
-    assert masked["mask"][2].sum() == 0  # ... and the row is out of the loss
+        assert masked.advantages[:2].abs().max() == 0.0
+    assert masked.mask[2].sum() == 0  # ... and the row is out of the loss
 
 
 def test_a_masked_row_contributes_no_gradient_and_counts_in_B():
@@ -267,7 +267,7 @@ def test_huge_rewards_give_the_same_group_normalised_advantages(agent_class):
     """Above ~1e19 a float32 group std overflows; statistics in float64 keep GRPO's
     scale-free advantages exactly those of the same rewards at scale 1."""
     agent, batch = setup(agent_class)
-    huge = agent._prepare(with_scores(batch, [s * 1e20 for s in SCORES]))["advantages"]
+    huge = agent.prepare(with_scores(batch, [s * 1e20 for s in SCORES])).advantages
     scores = torch.tensor(SCORES, dtype=torch.float64).view(-1, GROUP)
     exact = (scores - scores.mean(1, keepdim=True)) / scores.std(1, keepdim=True)
     expected = exact.flatten().float()[:, None] * batch.completion_mask

@@ -1,0 +1,112 @@
+"""Typed records the update passes between its steps (docs/algorithms.md#notation).
+
+``RolloutBatch`` (lmgym.types) is what the env produced; ``PreparedBatch`` is
+what the update needs that does not change during it; ``Counts`` are the
+whole-minibatch normalisers; ``PolicyOutput`` is one micro-batch's forward pass;
+``MicroBatchLoss`` is its loss by named term. Masks are ``bool`` throughout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class PreparedBatch:
+    """One rollout batch made ready for the update (``B`` rows, ``L`` completion tokens).
+
+    Attributes:
+        ids: ``[B, S] int64`` prompt and completion joined (``S = Lp + L``).
+        attn: ``[B, S] bool`` attention mask of ``ids``.
+        mask: ``[B, L] bool`` the loss's tokens: real completion tokens of valid rows.
+        group_ids: ``[B] int64`` the env's group of each row (set at reset).
+        sampler_logprobs: ``[B, L] float32`` ``lp_s``.
+        old_logprobs: ``[B, L] float32`` ``lp_old``, or ``None`` when the update's own
+            first forward pass provides it (one epoch, one minibatch).
+        ref_logprobs: ``[B, L] float32`` ``lp_ref``, or ``None`` without a reference.
+        advantages: ``[B, L] float32`` detached.
+        returns: ``[B, L] float32`` value targets, or ``None`` without a critic.
+        values: ``[B, L] float32`` ``V_old``, or ``None`` without a critic.
+    """
+
+    ids: Tensor
+    attn: Tensor
+    mask: Tensor
+    group_ids: Tensor
+    sampler_logprobs: Tensor
+    old_logprobs: Tensor | None
+    ref_logprobs: Tensor | None
+    advantages: Tensor
+    returns: Tensor | None
+    values: Tensor | None
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self.mask.shape[1]
+
+    def rows(self, index: Tensor) -> PreparedBatch:
+        """The sub-batch of rows ``index`` (``[b] int64``)."""
+        taken = {f.name: getattr(self, f.name) for f in fields(self)}
+        return PreparedBatch(**{k: v[index] if v is not None else None for k, v in taken.items()})
+
+
+@dataclass(frozen=True)
+class Counts:
+    """Whole-minibatch normalisers (docs/algorithms.md#loss-aggregation).
+
+    Attributes:
+        sequences: ``B``, every row of the minibatch (masked rows included).
+        tokens: the number of loss tokens in the minibatch.
+        max_len: ``L_max``.
+    """
+
+    sequences: float
+    tokens: float
+    max_len: int
+
+    @classmethod
+    def of(cls, mask: Tensor) -> Counts:
+        """Counts of a minibatch's ``[b, L] bool`` loss mask."""
+        return cls(float(mask.shape[0]), float(mask.sum()), mask.shape[1])
+
+
+@dataclass(frozen=True)
+class PolicyOutput:
+    """The policy's teacher-forced pass over one micro-batch (``b`` rows).
+
+    Attributes:
+        logprobs: ``[b, L] float32`` ``lp``, with gradient.
+        entropy: ``[b, L] float32`` next-token entropy, with gradient.
+        hidden: ``[b, S, H]`` last hidden states (a shared critic reads them).
+    """
+
+    logprobs: Tensor
+    entropy: Tensor
+    hidden: Tensor
+
+
+@dataclass(frozen=True)
+class MicroBatchLoss:
+    """One micro-batch's loss and what the metrics need from it.
+
+    Attributes:
+        total: 0-dim, the minimised loss (every term times its coefficient).
+        terms: name -> 0-dim detached unweighted term, each normalised by the
+            minibatch's ``Counts`` (so its sum over micro-batches is the minibatch's
+            value): ``policy_loss`` and any extra term (``value_loss``, ...).
+        old_logprobs: ``[b, L]`` the ``lp_old`` used.
+        ratio: ``[b, L]`` the policy ratio, or ``None`` for rules without one.
+        tis: ``[b, L]`` the TIS weights, or ``None``.
+        logprobs: ``[b, L]`` detached ``lp``.
+        entropy: ``[b, L]`` detached entropy.
+    """
+
+    total: Tensor
+    terms: dict[str, Tensor]
+    old_logprobs: Tensor
+    ratio: Tensor | None
+    tis: Tensor | None
+    logprobs: Tensor
+    entropy: Tensor

@@ -1,0 +1,89 @@
+"""The metrics one update logs (docs/metrics.md has every name)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from lmgym.agents.kl import kl_k1, kl_k3
+from lmgym.agents.metrics import (
+    approx_kl,
+    clip_fractions,
+    effective_sample_size,
+    entropy_mean,
+    frac_reward_zero_std,
+    masked_mean,
+    masked_std,
+    ratio_stats,
+)
+from lmgym.agents.records import MicroBatchLoss, PreparedBatch
+from lmgym.agents.value import explained_variance
+from lmgym.types import RolloutBatch
+
+
+@torch.no_grad()
+def update_metrics(
+    batch: RolloutBatch,
+    data: PreparedBatch,
+    micro_batches: list[tuple[Tensor, MicroBatchLoss]],
+    step_terms: list[dict[str, float]],
+    grad_norms: list[float],
+    clip_range: tuple[float, float] | None,
+    clip_zeroes_gradient: bool,
+) -> dict[str, float]:
+    """Metrics of one update.
+
+    Args:
+        batch: the rollout batch trained on.
+        data: its prepared form.
+        micro_batches: ``(rows [b] int64, loss)`` of every micro-batch of every step.
+        step_terms: per optimizer step, each loss term's minibatch value (the sum
+            of its micro-batch parts); logged as means over steps, so no metric
+            depends on the micro-batch size.
+        grad_norms: per optimizer step, the gradient norm before clipping.
+        clip_range: the rule's ``(low, high)`` clip half-widths, if it clips.
+        clip_zeroes_gradient: False for rules (CISPO) whose clip never zeroes a gradient.
+
+    Returns:
+        name -> float.
+    """
+    scores = batch.scores
+    metrics: dict[str, float] = {
+        "reward_mean": scores.mean().item(),
+        "reward_std": scores.std().item() if scores.numel() > 1 else 0.0,
+        "completion_length": batch.lengths.float().mean().item(),
+        "truncated_fraction": batch.truncated.float().mean().item(),
+        "frac_reward_zero_std": frac_reward_zero_std(scores, batch.group_ids),
+        "advantage_mean": masked_mean(data.advantages, data.mask).item(),
+        "advantage_std": masked_std(data.advantages, data.mask).item(),
+        "grad_norm": sum(grad_norms) / max(1, len(grad_norms)),
+    }
+    if not micro_batches:
+        return metrics
+    for name in step_terms[0]:
+        metrics[name] = sum(terms[name] for terms in step_terms) / len(step_terms)
+
+    rows = torch.cat([r for r, _ in micro_batches])
+    losses = [loss for _, loss in micro_batches]
+    mask = data.mask[rows]
+    logprobs = torch.cat([loss.logprobs for loss in losses])
+    metrics["entropy"] = entropy_mean(torch.cat([loss.entropy for loss in losses]), mask)
+    metrics["approx_kl"] = approx_kl(logprobs, torch.cat([x.old_logprobs for x in losses]), mask)
+    if losses[0].ratio is not None:
+        ratio = torch.cat([loss.ratio for loss in losses])  # type: ignore[misc]
+        metrics.update(ratio_stats(ratio, mask))
+        if clip_range is not None:
+            metrics.update(clip_fractions(ratio, data.advantages[rows], mask, *clip_range))
+            if not clip_zeroes_gradient:
+                metrics["clip_zeroed_fraction"] = 0.0
+    if losses[0].tis is not None:
+        weights = torch.cat([loss.tis for loss in losses])  # type: ignore[misc]
+        metrics["tis_weight_mean"] = masked_mean(weights, mask).item()
+        metrics["tis_ess"] = effective_sample_size(weights, mask)
+    if data.ref_logprobs is not None:
+        ref = data.ref_logprobs[rows]
+        metrics["kl_ref_k1"] = masked_mean(kl_k1(logprobs, ref), mask).item()
+        metrics["kl_ref_k3"] = masked_mean(kl_k3(logprobs, ref), mask).item()
+    if data.values is not None and data.returns is not None:
+        metrics["explained_variance"] = explained_variance(data.values, data.returns, data.mask)
+    return metrics
