@@ -54,6 +54,15 @@ from lmgym.agents.numerics import (
 from lmgym.agents.ratios import tis_weights
 from lmgym.agents.records import Counts, MicroBatchLoss, PolicyOutput, PreparedBatch
 from lmgym.agents.report import update_metrics
+from lmgym.distributed import (
+    all_reduce_grads,
+    all_reduce_min,
+    all_reduce_sum,
+    check_same_on_every_rank,
+    gather_batch,
+    gather_rows,
+    rank,
+)
 from lmgym.envs.rewards import reward_component_means
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.policy.causal_lm import CausalLMPolicy
@@ -138,8 +147,10 @@ class Agent(Generic[ConfigT]):
             betas=self.config.adam_betas,
             weight_decay=self.config.weight_decay,
         )
+        check_same_on_every_rank(f"{self.name} config", dataclasses.asdict(self.config))
         self.generator = torch.Generator(device=policy.device)
-        self.generator.manual_seed(self.config.seed)
+        # Rank 0 samples exactly as a single process; other ranks draw other completions.
+        self.generator.manual_seed(self.config.seed + 7919 * rank())
         self._shuffle = torch.Generator()
         self._shuffle.manual_seed(self.config.seed + 1)
         self._collector: ContinuousCollector | None = None
@@ -263,7 +274,16 @@ class Agent(Generic[ConfigT]):
         """
         if not self.config.dynamic_sampling:
             return self._draw(), 0
-        return draw_with_signal(self._draw, self.env.num_prompts, self.config.max_resample)
+        batch, dropped = draw_with_signal(
+            self._draw, self.env.num_prompts, self.config.max_resample
+        )
+        # Data parallel: every rank keeps as many groups as the rank that found fewest,
+        # so minibatches hold equal shares of rows.
+        groups = batch.group_ids.unique()
+        fewest = int(all_reduce_min(torch.tensor([groups.numel()])))
+        if fewest < groups.numel():
+            batch = batch.select(torch.isin(batch.group_ids, groups[:fewest]))
+        return batch, int(all_reduce_sum(torch.tensor([dropped])))
 
     def _draw(self) -> RolloutBatch:
         seed = None if self._env_seeded else self.config.seed
@@ -355,16 +375,23 @@ class Agent(Generic[ConfigT]):
             ref_logprobs = self.ref_policy.logprobs(ids, attn, length, with_entropy=False)[0]
         values = self.critic.values(ids, attn, length) if self.critic is not None else None
 
-        rewards = batch.rewards
+        # Advantages of the union batch over data-parallel ranks (one rank: the batch),
+        # so batch-wide statistics are global; this rank keeps its own rows.
+        union, mine = gather_batch(batch, pad_id=0)
+        rewards = union.rewards
         if cfg.overlong_cache is not None:
-            shaping = overlong_penalty(batch.lengths, length, cfg.overlong_cache)
-            rewards = rewards + shaping[:, None] * batch.dones
+            shaping = overlong_penalty(union.lengths, length, cfg.overlong_cache)
+            rewards = rewards + shaping[:, None] * union.dones
         if cfg.beta > 0 and cfg.kl_placement == "reward":
             lp_old = old_logprobs if old_logprobs is not None else self._logprobs(ids, attn, length)
-            rewards = kl_in_reward(rewards, lp_old, ref_logprobs, completion, cfg.beta)
-        advantages, returns = self.advantages(batch, rewards, completion, values)
+            kl_inputs = gather_rows(lp_old), gather_rows(ref_logprobs)
+            rewards = kl_in_reward(rewards, *kl_inputs, union.completion_mask, cfg.beta)
+        union_values = gather_rows(values) if values is not None else None
+        advantages, returns = self.advantages(union, rewards, union.completion_mask, union_values)
         if cfg.whiten_advantages:
-            advantages = whiten(advantages, completion)
+            advantages = whiten(advantages, union.completion_mask)
+        advantages = advantages[mine]
+        returns = returns[mine] if returns is not None else None
         where = f"iteration {self.iteration + 1}"
         check_finite("advantages", advantages * mask, where)
         if returns is not None:
@@ -430,16 +457,18 @@ class Agent(Generic[ConfigT]):
         """
         self.optimizer.zero_grad(set_to_none=True)
         parts: list[tuple[Tensor, MicroBatchLoss]] = []
-        terms: dict[str, float] = {}
         for rows in minibatch.split(self.config.micro_batch_size or minibatch.numel()):
             loss = self.micro_batch_loss(data.rows(rows), counts)
-            for name, term in loss.terms.items():
-                check_finite(name, term, where)
-                terms[name] = terms.get(name, 0.0) + float(term)
-            check_finite("loss", loss.total, where)
             loss.total.backward()
             parts.append((rows, loss))
+        # Each rank's terms and gradients are its share of the minibatch's: sum them.
+        names = sorted(parts[0][1].terms)
+        summed = torch.stack([sum(loss.terms[n] for _, loss in parts) for n in names])
+        terms = dict(zip(names, all_reduce_sum(summed.double()).tolist(), strict=True))
+        for name, value in terms.items():
+            check_finite(name, torch.tensor(value), where)
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        all_reduce_grads(params)
         norm = total_grad_norm(params)
         check_finite("grad_norm", norm, where)
         clip_grads(params, self.config.max_grad_norm, norm)

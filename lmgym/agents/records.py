@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+import torch
 from torch import Tensor
+
+from lmgym.distributed import all_reduce_sum
 
 
 @dataclass(frozen=True)
@@ -68,8 +71,11 @@ class Counts:
 
     @classmethod
     def of(cls, mask: Tensor) -> Counts:
-        """Counts of a minibatch's ``[b, L] bool`` loss mask."""
-        return cls(float(mask.shape[0]), float(mask.sum()), mask.shape[1])
+        """Counts of a minibatch's ``[b, L] bool`` loss mask, summed over data-parallel
+        ranks (each rank holds its share of the minibatch's rows)."""
+        counts = torch.tensor([mask.shape[0], mask.sum().item()], dtype=torch.float64)
+        sequences, tokens = all_reduce_sum(counts.to(mask.device)).tolist()
+        return cls(sequences, tokens, mask.shape[1])
 
 
 @dataclass(frozen=True)

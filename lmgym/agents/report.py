@@ -18,6 +18,7 @@ from lmgym.agents.metrics import (
 )
 from lmgym.agents.records import MicroBatchLoss, PreparedBatch
 from lmgym.agents.value import explained_variance
+from lmgym.distributed import gather_batch, gather_rows
 from lmgym.types import RolloutBatch
 
 
@@ -31,15 +32,15 @@ def update_metrics(
     clip_range: tuple[float, float] | None,
     clip_zeroes_gradient: bool,
 ) -> dict[str, float]:
-    """Metrics of one update.
+    """Metrics of one update, global across data-parallel ranks.
 
     Args:
-        batch: the rollout batch trained on.
+        batch: the rollout batch trained on (this rank's rows).
         data: its prepared form.
         micro_batches: ``(rows [b] int64, loss)`` of every micro-batch of every step.
         step_terms: per optimizer step, each loss term's minibatch value (the sum
-            of its micro-batch parts); logged as means over steps, so no metric
-            depends on the micro-batch size.
+            of its micro-batch parts, already summed over ranks); logged as means
+            over steps, so no metric depends on the micro-batch size.
         grad_norms: per optimizer step, the gradient norm before clipping.
         clip_range: the rule's ``(low, high)`` clip half-widths, if it clips.
         clip_zeroes_gradient: False for rules (CISPO) whose clip never zeroes a gradient.
@@ -47,17 +48,22 @@ def update_metrics(
     Returns:
         name -> float.
     """
-    scores = batch.scores
+    union, _ = gather_batch(batch, pad_id=0)
+    scores = union.scores
+    advantages, mask = gather_rows(data.advantages), gather_rows(data.mask)
     metrics: dict[str, float] = {
         "reward_mean": scores.mean().item(),
         "reward_std": scores.std().item() if scores.numel() > 1 else 0.0,
-        "completion_length": batch.lengths.float().mean().item(),
-        "truncated_fraction": batch.truncated.float().mean().item(),
-        "frac_reward_zero_std": frac_reward_zero_std(scores, batch.group_ids),
-        "advantage_mean": masked_mean(data.advantages, data.mask).item(),
-        "advantage_std": masked_std(data.advantages, data.mask).item(),
+        "completion_length": union.lengths.float().mean().item(),
+        "truncated_fraction": union.truncated.float().mean().item(),
+        "frac_reward_zero_std": frac_reward_zero_std(scores, union.group_ids),
+        "advantage_mean": masked_mean(advantages, mask).item(),
+        "advantage_std": masked_std(advantages, mask).item(),
         "grad_norm": sum(grad_norms) / max(1, len(grad_norms)),
     }
+    if data.values is not None and data.returns is not None:
+        values, returns = gather_rows(data.values), gather_rows(data.returns)
+        metrics["explained_variance"] = explained_variance(values, returns, mask)
     if not micro_batches:
         return metrics
     for name in step_terms[0]:
@@ -65,25 +71,29 @@ def update_metrics(
 
     rows = torch.cat([r for r, _ in micro_batches])
     losses = [loss for _, loss in micro_batches]
-    mask = data.mask[rows]
-    logprobs = torch.cat([loss.logprobs for loss in losses])
-    metrics["entropy"] = entropy_mean(torch.cat([loss.entropy for loss in losses]), mask)
-    metrics["approx_kl"] = approx_kl(logprobs, torch.cat([x.old_logprobs for x in losses]), mask)
+
+    def tokens(values: list[Tensor]) -> Tensor:
+        """Per-token values of every micro-batch, gathered over ranks."""
+        return gather_rows(torch.cat(values))
+
+    mask = tokens([data.mask[rows]])
+    logprobs = tokens([loss.logprobs for loss in losses])
+    metrics["entropy"] = entropy_mean(tokens([loss.entropy for loss in losses]), mask)
+    metrics["approx_kl"] = approx_kl(logprobs, tokens([x.old_logprobs for x in losses]), mask)
     if losses[0].ratio is not None:
-        ratio = torch.cat([loss.ratio for loss in losses])  # type: ignore[misc]
+        ratio = tokens([loss.ratio for loss in losses])  # type: ignore[misc]
         metrics.update(ratio_stats(ratio, mask))
         if clip_range is not None:
-            metrics.update(clip_fractions(ratio, data.advantages[rows], mask, *clip_range))
+            step_advantages = tokens([data.advantages[rows]])
+            metrics.update(clip_fractions(ratio, step_advantages, mask, *clip_range))
             if not clip_zeroes_gradient:
                 metrics["clip_zeroed_fraction"] = 0.0
     if losses[0].tis is not None:
-        weights = torch.cat([loss.tis for loss in losses])  # type: ignore[misc]
+        weights = tokens([loss.tis for loss in losses])  # type: ignore[misc]
         metrics["tis_weight_mean"] = masked_mean(weights, mask).item()
         metrics["tis_ess"] = effective_sample_size(weights, mask)
     if data.ref_logprobs is not None:
-        ref = data.ref_logprobs[rows]
+        ref = tokens([data.ref_logprobs[rows]])
         metrics["kl_ref_k1"] = masked_mean(kl_k1(logprobs, ref), mask).item()
         metrics["kl_ref_k3"] = masked_mean(kl_k3(logprobs, ref), mask).item()
-    if data.values is not None and data.returns is not None:
-        metrics["explained_variance"] = explained_variance(data.values, data.returns, data.mask)
     return metrics

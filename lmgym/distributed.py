@@ -1,0 +1,173 @@
+"""Data parallelism on ``torch.distributed`` (launched by ``torchrun``).
+
+Each rank collects its own share of the prompt stream (whole groups) with its own
+env and sampler; the update then equals the single-process update on the union
+batch (docs/distributed.md):
+
+- advantage inputs (rewards, masks, group ids, values, ...) are all-gathered, so
+  every global statistic (REINFORCE's batch mean, whitening, batch-scale std) is
+  computed on the union batch, and each rank keeps its own rows;
+- every aggregation normaliser (``B``, token counts) is all-reduced before the
+  backward pass, so a rank's loss is its share of the global loss;
+- gradients are summed across ranks (``all_reduce``) after the micro-batches, so
+  every rank takes the same optimizer step;
+- metrics are computed on gathered tensors and are global.
+
+Outside a process group every function here is the identity: one process is
+world size 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import fields
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from lmgym.types import RolloutBatch
+
+DEFAULT_TIMEOUT_S = 600.0
+"""Collective timeout: a rank that died or diverged ends the run with an error, never a hang."""
+
+
+def is_distributed() -> bool:
+    """True inside an initialised process group of more than one rank."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def rank() -> int:
+    return dist.get_rank() if is_distributed() else 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if is_distributed() else 1
+
+
+def init_from_env(device: str | torch.device = "cpu", timeout_s: float = DEFAULT_TIMEOUT_S) -> bool:
+    """Join the process group ``torchrun`` describes in the environment, if any.
+
+    Backend: NCCL on CUDA, gloo otherwise. Does nothing when ``WORLD_SIZE`` is unset
+    or 1, or when a group is already initialised.
+
+    Returns:
+        True if this process is part of a group of more than one rank.
+    """
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
+        return is_distributed()
+    backend = "nccl" if torch.device(device).type == "cuda" else "gloo"
+    dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    return is_distributed()
+
+
+def all_reduce_sum(tensor: Tensor) -> Tensor:
+    """Sum ``tensor`` over ranks, in place; returns it."""
+    if is_distributed():
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def all_reduce_min(tensor: Tensor) -> Tensor:
+    """Minimum of ``tensor`` over ranks, in place; returns it."""
+    if is_distributed():
+        dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
+    return tensor
+
+
+def all_reduce_grads(params: Sequence[Tensor]) -> None:
+    """Sum the parameters' gradients over ranks in one flat all-reduce.
+
+    The losses are normalised by global counts, so the global gradient is the
+    *sum* of the ranks' gradients (DDP would average them). A parameter without a
+    gradient on this rank (no rows in this minibatch) contributes zeros.
+    """
+    if not is_distributed():
+        return
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    grads = [p.grad for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads])  # type: ignore[union-attr]
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))  # type: ignore[union-attr]
+        offset += g.numel()  # type: ignore[union-attr]
+
+
+def gather_rows(tensor: Tensor, left_pad: Any = None) -> Tensor:
+    """Concatenate every rank's ``tensor`` along dim 0, rank order.
+
+    Ranks may hold different numbers of rows. With ``left_pad`` set, dim 1 may
+    differ too (left-padded prompts): narrower tensors are padded on the left with
+    that value to the widest.
+
+    Args:
+        tensor: ``[b_r, ...]`` on this rank.
+        left_pad: fill value for dim-1 padding, or ``None`` when dim 1 is equal.
+
+    Returns:
+        ``[sum_r b_r, ...]``.
+    """
+    if not is_distributed():
+        return tensor
+    shapes = [None] * world_size()
+    dist.all_gather_object(shapes, tuple(tensor.shape))
+    rows = max(s[0] for s in shapes)  # type: ignore[index]
+    if left_pad is not None:
+        width = max(s[1] for s in shapes)  # type: ignore[index]
+        if tensor.shape[1] < width:
+            pad = tensor.new_full(
+                (tensor.shape[0], width - tensor.shape[1], *tensor.shape[2:]), left_pad
+            )
+            tensor = torch.cat([pad, tensor], dim=1)
+    padded = tensor.new_zeros((rows, *tensor.shape[1:]))
+    padded[: tensor.shape[0]] = tensor
+    parts = [torch.empty_like(padded) for _ in range(world_size())]
+    dist.all_gather(parts, padded.contiguous())
+    return torch.cat([part[: s[0]] for part, s in zip(parts, shapes, strict=True)])  # type: ignore[index]
+
+
+def gather_batch(batch: RolloutBatch, pad_id: int) -> tuple[RolloutBatch, Tensor]:
+    """The union of every rank's rollout batch, and this rank's rows in it.
+
+    Returns:
+        ``(union batch, [b] int64 indices of this rank's rows in the union)``.
+    """
+    if not is_distributed():
+        return batch, torch.arange(batch.batch_size, device=batch.rewards.device)
+    pads = {"prompt_ids": pad_id, "prompt_mask": False}
+    union = RolloutBatch(
+        **{f.name: gather_rows(getattr(batch, f.name), pads.get(f.name)) for f in fields(batch)}
+    )
+    counts = [None] * world_size()
+    dist.all_gather_object(counts, batch.batch_size)
+    start = sum(counts[: rank()])  # type: ignore[arg-type]
+    return union, torch.arange(start, start + batch.batch_size, device=batch.rewards.device)
+
+
+def check_same_on_every_rank(what: str, value: dict[str, Any]) -> None:
+    """Raise ``ValueError`` on every rank if ``value`` differs between ranks.
+
+    Args:
+        what: the name of the thing compared, e.g. ``"agent config"``.
+        value: a JSON-serialisable dict; the error names the keys that differ.
+    """
+    if not is_distributed():
+        return
+    values: list[Any] = [None] * world_size()
+    dist.all_gather_object(values, json.loads(json.dumps(value, default=str)))
+    differ = sorted(
+        {k for v in values for k in set(v) | set(values[0]) if v.get(k) != values[0].get(k)}
+    )
+    if differ:
+        shown = {k: [v.get(k) for v in values] for k in differ}
+        raise ValueError(
+            f"{what} differs between ranks in {differ} (per rank: {shown}); launch every rank "
+            "with the same settings"
+        )

@@ -1,0 +1,42 @@
+"""Worker launched by torchrun: one update's gradient on this rank's share of a batch.
+
+Every rank builds the same policy and the same full batch, keeps its share of the
+groups (rank 1 gets fewer valid tokens: several of its rows are masked, and one of
+its groups is flat), runs ``train_on_batch`` with the optimizer step disabled and
+writes the resulting gradient and metrics, for each agent and aggregation, to
+``OUT/rank{r}.pt``. The test compares them with one process on the full batch.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from dp_cases import CASES, full_batch, gradient_of, make_agent  # noqa: E402
+
+from lmgym.distributed import init_from_env, rank, world_size  # noqa: E402
+
+
+def main(out: Path) -> None:
+    torch.set_num_threads(1)
+    init_from_env(timeout_s=60)
+    assert world_size() == 2
+    results = {}
+    for key in CASES:
+        agent = make_agent(key)
+        batch = full_batch(agent)
+        groups = batch.group_ids.unique()
+        mine = groups[:2] if rank() == 0 else groups[2:]  # 2 groups on rank 0, 1 on rank 1
+        local = batch.select(torch.isin(batch.group_ids, mine))
+        results[key] = gradient_of(agent, local)
+    torch.save(results, out / f"rank{rank()}.pt")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
