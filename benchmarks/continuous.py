@@ -129,8 +129,8 @@ from lmgym import (  # noqa: E402
     collect,
     make_tiny_lm,
 )
+from lmgym.char_tokenizer import DEFAULT_CHARS  # noqa: E402
 from lmgym.policy.kv_slots import is_slot_cache, slots_filled  # noqa: E402
-from lmgym.policy.tiny import DEFAULT_CHARS  # noqa: E402
 
 NUM_THREADS = 2
 NUM_ENVS = 64

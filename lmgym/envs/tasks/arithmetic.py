@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from lmgym.char_tokenizer import make_char_tokenizer
 from lmgym.envs.single import single_env_factory
 from lmgym.envs.tasks._common import (
     ExactMatchReward,
@@ -37,7 +38,6 @@ from lmgym.envs.tasks._common import (
     target_table,
 )
 from lmgym.envs.token_env import RewardMode, TokenVectorEnv, Unfinished
-from lmgym.policy.tiny import make_char_tokenizer
 
 SOLVED_THRESHOLD = 0.9
 OPERATORS = "+-*"
