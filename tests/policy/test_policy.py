@@ -13,7 +13,7 @@ from lmgym.char_tokenizer import make_char_tokenizer
 from lmgym.envs import TokenVectorEnv
 from lmgym.policy import CausalLMPolicy, make_tiny_model, save_tiny
 from lmgym.policy.activations import fuse_gelu
-from lmgym.policy.causal_lm import distinct_rows
+from lmgym.policy.kv_engine import distinct_rows
 from lmgym.policy.kv_slots import slots_capacity, slots_filled
 from lmgym.policy.logprobs import token_logprobs
 from lmgym.policy.sampling import filter_logits, sample_tokens
