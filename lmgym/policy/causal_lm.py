@@ -36,6 +36,7 @@ from transformers import (
 from lmgym.policy.activations import fuse_gelu
 from lmgym.policy.kv_engine import KVCacheRollout, PolicyState, distinct_rows
 from lmgym.policy.logprobs import token_logprobs
+from lmgym.profiling import LM_HEAD, LOGPROBS, TEACHER_FORCED, TRUNK, labelled
 
 if TYPE_CHECKING:
     from lmgym.envs.token_env import TokenVectorEnv
@@ -177,6 +178,7 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
         bias = head.bias[: self.vocab_size] if head.bias is not None else None
         return head.weight[: self.vocab_size], bias
 
+    @labelled(TRUNK)
     def hidden_states(
         self,
         input_ids: Tensor,
@@ -198,6 +200,7 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
         )
         return out.last_hidden_state
 
+    @labelled(LM_HEAD)
     def next_token_logits(self, hidden: Tensor) -> Tensor:
         """``[N, H]`` hidden -> ``[N, V] float32`` logits over the tokenizer's ids."""
         weight, bias = self._head()
@@ -227,6 +230,7 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
         hidden = self.sequence_hidden(input_ids, attention_mask, num_targets)
         return self.logprobs_from_hidden(hidden, input_ids, with_entropy, chunk_size)
 
+    @labelled(LOGPROBS)
     def logprobs_from_hidden(
         self,
         hidden: Tensor,
@@ -245,6 +249,7 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
             hidden, weight, bias, targets, self.temperature, with_entropy, chunk_size
         )
 
+    @labelled(TEACHER_FORCED)
     def sequence_hidden(
         self, input_ids: Tensor, attention_mask: Tensor, num_targets: int
     ) -> Tensor:

@@ -36,6 +36,7 @@ from lmgym.policy.kv_slots import (
     to_slots,
 )
 from lmgym.policy.sampling import sample_tokens
+from lmgym.profiling import ACT, DECODE, PREFILL, RESTART, SAMPLE, labelled, phase
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -152,6 +153,7 @@ class KVCacheRollout:
         return cached[key]
 
     # ------------------------------------------------------------------ act
+    @labelled(PREFILL)
     def _prefill(self, ids: Tensor, mask: Tensor, last_col: Tensor) -> tuple[Tensor, PolicyState]:
         """Feed every row's text up to its last real column into a fresh cache.
 
@@ -191,6 +193,7 @@ class KVCacheRollout:
         state = PolicyState(cache, cache_mask, mask.sum(1), last_col, padded)
         return hidden[:, -1], state
 
+    @labelled(DECODE)
     def _decode(
         self,
         ids: Tensor,
@@ -248,6 +251,7 @@ class KVCacheRollout:
         new_state = PolicyState(cache, cache_mask, positions, last_col, padded, cols)
         return hidden[:, 0], new_state
 
+    @labelled(RESTART)
     def _restart(
         self, ids: Tensor, mask: Tensor, last_col: Tensor, restart: Tensor, state: PolicyState
     ) -> tuple[Tensor, PolicyState]:
@@ -290,6 +294,7 @@ class KVCacheRollout:
         hidden, state = self._decode(ids, last_col, state, filled=int(cols.max()) + 1)
         return hidden.index_put((rows,), newest), state
 
+    @labelled(ACT)
     def act(
         self,
         obs: dict[str, Tensor],
@@ -350,7 +355,9 @@ class KVCacheRollout:
                 hidden, state = self._restart(ids, mask, last_col, restart, state)
             else:  # a cache kind whose tensors lmgym does not edit: refill every row
                 hidden, state = self._prefill(ids, mask, last_col)
-        actions, logprobs = sample_tokens(
-            self.next_token_logits(hidden), self.temperature, self.top_k, self.top_p, generator
-        )
+        logits = self.next_token_logits(hidden)
+        with phase(SAMPLE):
+            actions, logprobs = sample_tokens(
+                logits, self.temperature, self.top_k, self.top_p, generator
+            )
         return actions, logprobs, state
