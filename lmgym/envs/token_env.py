@@ -31,7 +31,7 @@ Reset semantics (``metadata["autoreset_mode"]``):
 In both modes ``reset(options={"reset_mask": mask})`` restarts exactly the masked
 rows at once (the SB3 adapter uses it to give SB3 its same-step autoreset).
 
-Rewards (``ALGORITHMS.md``, Rewards):
+Rewards (docs/algorithms.md#rewards):
 
 - ``reward_mode="bandit"``: the reward model scores each completion once, at its
   last step; every other step's reward is 0.

@@ -1,4 +1,6 @@
-"""Verifiable arithmetic, with outcome and process supervision (§6.2.8).
+"""Verifiable arithmetic, with outcome and process supervision.
+
+Process supervision: docs/algorithms.md#process-supervision.
 
 Prompts are ``"a<op>b="`` for every pair of operands in ``[0, max_operand]`` and
 every operator in ``operations`` (default ``"+"``: 100 prompts such as ``"3+5="``);
