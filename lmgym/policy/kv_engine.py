@@ -39,6 +39,8 @@ from lmgym.policy.sampling import sample_tokens
 from lmgym.profiling import ACT, DECODE, PREFILL, RESTART, SAMPLE, labelled, phase
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from transformers import PreTrainedModel
 
 
@@ -118,22 +120,12 @@ class KVCacheRollout:
 
     if TYPE_CHECKING:  # supplied by CausalLMPolicy
         model: PreTrainedModel
+        device: torch.device
         temperature: float
         top_k: int | None
         top_p: float | None
-
-        @property
-        def device(self) -> torch.device: ...
-
-        def hidden_states(
-            self,
-            input_ids: Tensor,
-            attention_mask: Tensor | None,
-            position_ids: Tensor,
-            cache: DynamicCache | None = None,
-        ) -> Tensor: ...
-
-        def next_token_logits(self, hidden: Tensor) -> Tensor: ...
+        hidden_states: Callable[..., Tensor]
+        next_token_logits: Callable[[Tensor], Tensor]
 
     def _constant(self, kind: str, n: int, device: torch.device) -> Tensor:
         """A cached constant that ``act`` needs every step: ``"arange"``, ``arange(n)``;
