@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from lmgym import RewardInput, TokenVectorEnv
-from lmgym.policy.tiny import DEFAULT_CHARS
+from lmgym.char_tokenizer import DEFAULT_CHARS
 
 
 class ZeroReward:

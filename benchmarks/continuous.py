@@ -64,10 +64,10 @@ flagged above 10%; ``--wait-idle SECONDS`` waits for an idle machine before each
 row and reruns a disturbed one.
 
 Profile (``--profile-calls``, untimed, after the comparison): a few more calls of
-each side with exclusive-time timers around the pieces of a rollout step (the
-prefill of all rows at call start, one-token decode, the prefill of restarted rows
-and its cache writes, each with its trunk forward separately, LM head, sampling,
-``env.step``), plus the mean number of KV-cache columns attention reads per step, so a slow
+each side under ``torch.profiler``, with the exclusive time of each of lmgym's
+phase labels (``lmgym.profiling``: the prefill of all rows, one-token decode, the
+prefill of restarted rows and its cache writes, each with its trunk forward
+separately, LM head, sampling, ``env.step``, the reward model), plus the mean number of KV-cache columns attention reads per step, so a slow
 continuous side shows where its time goes.
 
 Run from the repository root::
@@ -97,6 +97,8 @@ from typing import Any
 import torch
 import transformers
 from torch import Tensor
+from torch.profiler import ProfilerActivity
+from torch.profiler import profile as torch_profile
 
 # Make ``import lmgym`` (the repository root) and ``import _common`` (this directory)
 # work when the package is not installed (run from a checkout).
@@ -120,7 +122,6 @@ from _common import (  # noqa: E402
 )
 from _lm import ZeroReward  # noqa: E402
 
-import lmgym.policy.causal_lm as causal_lm  # noqa: E402
 from lmgym import (  # noqa: E402
     CausalLMPolicy,
     ContinuousCollector,
@@ -129,8 +130,9 @@ from lmgym import (  # noqa: E402
     collect,
     make_tiny_lm,
 )
+from lmgym.char_tokenizer import DEFAULT_CHARS  # noqa: E402
 from lmgym.policy.kv_slots import is_slot_cache, slots_filled  # noqa: E402
-from lmgym.policy.tiny import DEFAULT_CHARS  # noqa: E402
+from lmgym.profiling import TRUNK, phase_times  # noqa: E402
 
 NUM_THREADS = 2
 NUM_ENVS = 64
@@ -518,47 +520,25 @@ def combine(runs: list[Result]) -> Result:
 
 
 # --------------------------------------------------------------------- profile
-class PhaseTimer:
-    """Exclusive wall seconds per named phase: a phase's time excludes the time of the
-    timed phases it calls, so the phases of a call add up to its wall time."""
-
-    def __init__(self) -> None:
-        self.total: dict[str, float] = defaultdict(float)
-        self.calls: dict[str, int] = defaultdict(int)
-        self.stack: list[list] = []  # [label, seconds spent in timed children]
-
-    @property
-    def parent(self) -> str:
-        return self.stack[-1][0] if self.stack else ""
-
-    def wrap(self, name: str | Callable[..., str], fn: Callable) -> Callable:
-        """``fn`` timed under ``name`` (or ``name(*args, **kwargs)``, chosen per call)."""
-
-        @functools.wraps(fn)
-        def timed(*a, **k):
-            frame = [name(*a, **k) if callable(name) else name, 0.0]
-            self.stack.append(frame)
-            t0 = time.perf_counter()
-            try:
-                return fn(*a, **k)
-            finally:
-                elapsed = time.perf_counter() - t0
-                self.stack.pop()
-                self.total[frame[0]] += elapsed - frame[1]
-                self.calls[frame[0]] += 1
-                if self.stack:
-                    self.stack[-1][1] += elapsed
-
-        return timed
-
-
+# Display names of lmgym's profiler labels (lmgym.profiling); a trunk forward is
+# named after the phase that ran it.
+PHASE_NAMES = {
+    "lmgym.collect": "collect: loop rest (buffers, batch assembly)",
+    "lmgym.act": "act: rest (masks, positions, cache bookkeeping)",
+    "lmgym.prefill": "prefill all rows",
+    "lmgym.decode": "decode",
+    "lmgym.restart": "restart rows (cache writes, masks)",
+    "lmgym.lm_head": "LM head",
+    "lmgym.sample": "sampling",
+    "lmgym.env_step": "env.step",
+    "lmgym.env_reset": "env.reset",
+    "lmgym.reward": "reward model",
+}
 PHASES = (
     "collect: loop rest (buffers, batch assembly)",
     "act: rest (masks, positions, cache bookkeeping)",
-    "prefill all rows (call start): trunk forward",
-    "prefill all rows (call start)",
-    "prefill all rows (fallback): trunk forward",
-    "prefill all rows (fallback)",
+    "prefill all rows: trunk forward",
+    "prefill all rows",
     "decode: trunk forward",
     "decode",
     "restart rows: trunk forward",
@@ -566,82 +546,43 @@ PHASES = (
     "LM head",
     "sampling",
     "env.step",
+    "reward model",
+    "env.reset",
 )
 
 
+def phase_name(path: str) -> str:
+    """``"lmgym.collect/lmgym.act/lmgym.decode/lmgym.trunk"`` -> ``"decode: trunk forward"``."""
+    labels = path.split("/")
+    if labels[-1] == TRUNK and len(labels) > 1:
+        return f"{PHASE_NAMES.get(labels[-2], labels[-2]).split(' (')[0]}: trunk forward"
+    return PHASE_NAMES.get(labels[-1], labels[-1])
+
+
 @contextlib.contextmanager
-def instrumented(
-    policy: CausalLMPolicy, env: TokenVectorEnv, timer: PhaseTimer, notes: dict[str, list[float]]
-) -> Iterator[None]:
-    """Wrap the phases of a rollout step with timers (instance attributes; restored).
+def noting(policy: CausalLMPolicy, notes: dict[str, list[float]]) -> Iterator[None]:
+    """Wrap ``policy.act`` (an instance attribute; restored) to note, per step, the
+    cache columns attention reads and the rows and width of a restart."""
+    act = policy.act
 
-    Wraps whichever of ``CausalLMPolicy``'s step pieces exist (``_prefill``,
-    ``_decode``, ``_restart``; lmgym's internals move), the
-    trunk (``hidden_states``, labelled by the phase that called it), the LM head,
-    the sampler and ``env.step``. ``notes`` collects the cache columns attention
-    reads after every step and the rows and width of every restart.
-    """
-    patched: list[tuple[object, str, object]] = []
-    missing = object()
-    fresh = {"on": False}
+    def act_noted(obs, state=None, episode_starts=None, *a, **k):
+        if state is not None and episode_starts is not None and bool(episode_starts.any()):
+            mask = obs["attention_mask"][episode_starts.to(obs["attention_mask"].device)]
+            notes["restarted rows"].append(int(mask.shape[0]))
+            last_col = (mask * torch.arange(mask.shape[1], device=mask.device)).argmax(dim=1)
+            notes["restart width"].append(int(last_col.max()) + 1)
+        out = act(obs, state, episode_starts, *a, **k)
+        cache = getattr(out[2], "cache", None)
+        if cache is not None:
+            read = slots_filled(cache) if is_slot_cache(cache) else out[2].cache_mask.shape[1]
+            notes["cache columns read"].append(read)
+        return out
 
-    def patch(obj: object, attr: str, new: object) -> None:
-        patched.append((obj, attr, obj.__dict__.get(attr, missing)))
-        setattr(obj, attr, new)
-
-    def wrap(attr: str, name: str | Callable[..., str], obj: object = policy) -> None:
-        if callable(getattr(obj, attr, None)):
-            patch(obj, attr, timer.wrap(name, getattr(obj, attr)))
-
-    if callable(getattr(policy, "act", None)):
-        act = policy.act
-
-        def act_noted(obs, state=None, *a, **k):
-            fresh["on"] = state is None
-            out = act(obs, state, *a, **k)
-            cache = getattr(out[2], "cache", None)
-            if cache is not None:
-                read = slots_filled(cache) if is_slot_cache(cache) else out[2].cache_mask.shape[1]
-                notes["cache columns read"].append(read)
-            return out
-
-        patch(
-            policy, "act", timer.wrap("act: rest (masks, positions, cache bookkeeping)", act_noted)
-        )
-
-    def prefill_name(*a, **k) -> str:
-        return "prefill all rows (call start)" if fresh["on"] else "prefill all rows (fallback)"
-
-    if callable(getattr(policy, "_restart", None)):
-        restart = policy._restart
-
-        def restart_noted(ids, mask, last_col, rows_flag, state):
-            notes["restarted rows"].append(int(rows_flag.sum()))
-            notes["restart width"].append(int(last_col[rows_flag].max()) + 1)
-            return restart(ids, mask, last_col, rows_flag, state)
-
-        patch(policy, "_restart", timer.wrap("restart rows (cache writes, masks)", restart_noted))
-    wrap("_prefill", prefill_name)
-    wrap("_decode", "decode")
-    wrap(
-        "hidden_states",
-        lambda *a, **k: f"{timer.parent.split(' (cache')[0]}: trunk forward",
-    )
-    wrap("next_token_logits", "LM head")
-    wrap("step", "env.step", obj=env)
-    sample = getattr(causal_lm, "sample_tokens", None)
-    if sample is not None:
-        causal_lm.sample_tokens = timer.wrap("sampling", sample)
+    policy.act = act_noted
     try:
         yield
     finally:
-        if sample is not None:
-            causal_lm.sample_tokens = sample
-        for obj, attr, old in reversed(patched):
-            if old is missing:
-                delattr(obj, attr)
-            else:
-                setattr(obj, attr, old)
+        del policy.act
 
 
 def profile(
@@ -651,7 +592,8 @@ def profile(
     calls: int,
     group_size: int,
 ) -> tuple[dict[str, dict[str, tuple[float, float]]], dict[str, dict[str, float]]]:
-    """Exclusive seconds per phase, per call of each side (instrumented, untimed).
+    """Exclusive seconds per phase, per call of each side, from a ``torch.profiler``
+    run keyed on lmgym's phase labels (untimed: the profiler adds its own cost).
 
     Returns:
         ``({side: {phase: (seconds per call, calls per call)}}, {side: {note: mean}})``.
@@ -663,26 +605,27 @@ def profile(
         "continuous": (collector.env, lambda: collector.collect(NUM_ENVS // group_size)),
     }
     for side, (env, call) in sides.items():
-        timer = PhaseTimer()
         notes: dict[str, list[float]] = defaultdict(list)
-        timed_call = timer.wrap("collect: loop rest (buffers, batch assembly)", call)
         steps = env.steps
-        with instrumented(policy, env, timer, notes):
+        with noting(policy, notes), torch_profile(activities=[ProfilerActivity.CPU]) as prof:
             start = time.perf_counter()
             for _ in range(calls):
-                timed_call()
+                call()
             wall = time.perf_counter() - start
-        phases = {"call (instrumented wall)": (wall / calls, 1.0)}
-        for name in (*PHASES, *sorted(set(timer.total) - set(PHASES))):
-            if name in timer.total:
-                phases[name] = (timer.total[name] / calls, timer.calls[name] / calls)
+        total: dict[str, float] = defaultdict(float)
+        count: dict[str, int] = defaultdict(int)
+        for path, t in phase_times(prof.events()).items():
+            total[phase_name(path)] += t.seconds
+            count[phase_name(path)] += t.calls
+        phases = {"call (profiled wall)": (wall / calls, 1.0)}
+        for name in (*PHASES, *sorted(set(total) - set(PHASES))):
+            if name in total:
+                phases[name] = (total[name] / calls, count[name] / calls)
         out[side] = phases
         notes_out[side] = {k: statistics.mean(v) for k, v in notes.items() if v}
         trunk = "decode: trunk forward"
-        if timer.calls.get(trunk):
-            notes_out[side]["ms per decode trunk forward"] = (
-                1000 * timer.total[trunk] / timer.calls[trunk]
-            )
+        if count.get(trunk):
+            notes_out[side]["ms per decode trunk forward"] = 1000 * total[trunk] / count[trunk]
         notes_out[side]["env steps per call"] = (env.steps - steps) / calls
         notes_out[side]["restarts per call"] = len(notes.get("restarted rows", [])) / calls
     return out, notes_out
@@ -764,8 +707,8 @@ def profile_table(results: list[Result]) -> list[str]:
         cells = []
         for r, side in cols:
             sec, calls = r.profile[side].get(name, (0.0, 0.0))
-            wall = r.profile[side]["call (instrumented wall)"][0]
-            share = f" ({sec / wall:.0%})" if name != "call (instrumented wall)" else ""
+            wall = r.profile[side]["call (profiled wall)"][0]
+            share = f" ({sec / wall:.0%})" if name != "call (profiled wall)" else ""
             count = f" [{calls:.0f}]" if calls > 1.5 else ""
             cells.append(f"{sec:.3f}{share}{count}" if sec or calls else "-")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
@@ -906,10 +849,11 @@ def report(
             "## Where the time goes",
             "",
             f"Untimed, after the comparison: {args.profile_calls} more calls of each side "
-            "with wall-clock timers around the pieces of a rollout step (instance-level "
-            "wrappers of `CausalLMPolicy` methods, the sampler and `env.step`). Exclusive "
-            "time: a phase excludes the timed phases it calls ('X: trunk forward' is the "
-            "model's forward pass called from X), so the phases add up to the call. "
+            "under `torch.profiler`, read by lmgym's phase labels (`lmgym.profiling`; the "
+            "profiler's own cost per op inflates every phase a little). Exclusive "
+            "time: a phase excludes the labelled phases it calls ('X: trunk forward' is the "
+            "model's forward pass called from X; a restart's one-token step counts as "
+            "decode), so the phases add up to the call. "
             "Seconds per call (share of the call) [calls per call]. In italics: cache "
             "columns attention reads after an act step, rows and width (columns fed) of a restart, ms per "
             "one-token decode forward; means.",
@@ -943,7 +887,7 @@ def main(argv: list[str] | None = None) -> None:
         "--finetune-steps", type=int, default=None, help="override the per-model default"
     )
     parser.add_argument(
-        "--profile-calls", type=int, default=None, help="instrumented calls per side (default 4)"
+        "--profile-calls", type=int, default=None, help="profiled calls per side (default 4)"
     )
     parser.add_argument(
         "--processes",

@@ -67,10 +67,11 @@ from _common import CpuMeter, write_report  # noqa: E402
 
 import lmgym  # noqa: E402
 from lmgym.agents import PPO as LmgymPPO  # noqa: E402
+from lmgym.char_tokenizer import make_char_tokenizer  # noqa: E402
 from lmgym.envs import TASKS, TokenVectorEnv  # noqa: E402
 from lmgym.integrations import TokenIdsObservation  # noqa: E402
 from lmgym.integrations.sb3 import SB3VecEnv  # noqa: E402
-from lmgym.policy import CausalLMPolicy, make_char_tokenizer, make_tiny_model  # noqa: E402
+from lmgym.policy import CausalLMPolicy, make_tiny_model  # noqa: E402
 
 TASK_ID = "lmgym/TargetString-v0"
 TASK_KWARGS = {"target": "decade", "prompt": "bad", "reward_mode": "per_token"}

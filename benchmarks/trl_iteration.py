@@ -55,8 +55,9 @@ overhead; ``on_step_begin`` -> ``on_step_end`` is reported too) and then, still 
 T L T L ... ; the first ``--warmup`` pairs are discarded.
 
 Profile (``--profile-iters``, untimed, after the comparison): extra lmgym iterations
-with timers wrapped around the phases of ``agent.step()`` (policy trunk forward in
-the rollout, LM head, sampling, ``env.step``, reward, update forward/backward/step),
+under ``torch.profiler``, read by lmgym's phase labels (``lmgym.profiling``: policy
+trunk forward in the rollout, LM head, sampling, ``env.step``, reward, update
+forward), with timers wrapped around the agent's phases (update forward/backward/step),
 printed and written to the results file, so a change in lmgym shows where it went.
 
 Run from the repository root (needs the ``bench`` extra: ``pip install -e '.[bench]'``)::
@@ -86,6 +87,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from torch.profiler import ProfilerActivity
+from torch.profiler import profile as torch_profile
 
 # Make ``import lmgym`` (the repository root) and ``import _common`` (this directory)
 # work when the package is not installed (run from a checkout).
@@ -107,10 +110,21 @@ from _common import (  # noqa: E402
     write_report,
 )
 
-import lmgym.policy.causal_lm as causal_lm  # noqa: E402
 from lmgym.agents import GRPO, RLOO  # noqa: E402
 from lmgym.envs import FunctionReward, TokenVectorEnv  # noqa: E402
 from lmgym.policy import CausalLMPolicy, make_tiny_lm  # noqa: E402
+from lmgym.profiling import (  # noqa: E402
+    ACT,
+    ENV_RESET,
+    ENV_STEP,
+    LM_HEAD,
+    LOGPROBS,
+    REWARD,
+    SAMPLE,
+    TRUNK,
+    PhaseTime,
+    phase_times,
+)
 
 CHARS = "".join(c for c in string.printable if c not in "\n\r\x0b\x0c")
 PROMPTS = [
@@ -361,62 +375,30 @@ class PhaseTimer:
 
 
 @contextlib.contextmanager
-def instrumented(agent, env, timer: PhaseTimer) -> Iterator[None]:
-    """Wrap the phases of ``agent.step()`` with timers (instance attributes; restored).
+def instrumented(agent, timer: PhaseTimer) -> Iterator[None]:
+    """Wrap the agent's phases of ``agent.step()`` with timers (instance attributes;
+    restored). The policy's and env's phases come from lmgym's profiler labels instead.
 
     A phase whose method does not exist (lmgym's internals moved) is skipped; its
     row then reads 0.
     """
-    policy = agent.policy
-    in_act = {"on": False}
     patched: list[tuple[object, str, object]] = []
     missing = object()
 
-    def patch(obj: object, attr: str, new: object) -> None:
-        patched.append((obj, attr, obj.__dict__.get(attr, missing)))
-        setattr(obj, attr, new)
-
     def wrap(obj: object, attr: str, name: str) -> None:
         if callable(getattr(obj, attr, None)):
-            patch(obj, attr, timer.wrap(name, getattr(obj, attr)))
+            patched.append((obj, attr, obj.__dict__.get(attr, missing)))
+            setattr(obj, attr, timer.wrap(name, getattr(obj, attr)))
 
-    if callable(getattr(policy, "act", None)):
-        act = policy.act
-
-        def act_flagged(*args, **kwargs):
-            in_act["on"] = True
-            try:
-                return act(*args, **kwargs)
-            finally:
-                in_act["on"] = False
-
-        patch(policy, "act", timer.wrap("rollout: policy.act (total)", act_flagged))
-    if callable(getattr(policy, "hidden_states", None)):
-        hidden = policy.hidden_states
-        rollout = timer.wrap("rollout: trunk forward (KV cache)", hidden)
-        update = timer.wrap("update: trunk forward", hidden)
-        patch(
-            policy, "hidden_states", lambda *a, **k: (rollout if in_act["on"] else update)(*a, **k)
-        )
     wrap(agent, "collect", "collect (total)")
     wrap(agent, "train_on_batch", "train_on_batch (total)")
-    wrap(policy, "next_token_logits", "rollout: LM head")
-    wrap(env, "step", "rollout: env.step (total)")
-    wrap(env, "reward_model", "rollout: reward model")
-    wrap(env, "reset", "rollout: env.reset")
-    wrap(policy, "logprobs_from_hidden", "update: LM head + log-probs (fwd)")
     wrap(agent, "_prepare", "update: _prepare (advantages)")
     wrap(agent, "micro_batch_loss", "update: loss forward")
     wrap(agent, "_clip_and_step", "update: clip + AdamW step")
     wrap(agent, "_metrics", "update: metrics")
-    sample = getattr(causal_lm, "sample_tokens", None)
-    if sample is not None:
-        causal_lm.sample_tokens = timer.wrap("rollout: sampling", sample)
     try:
         yield
     finally:
-        if sample is not None:
-            causal_lm.sample_tokens = sample
         for obj, attr, old in reversed(patched):
             if old is missing:
                 delattr(obj, attr)
@@ -424,20 +406,56 @@ def instrumented(agent, env, timer: PhaseTimer) -> Iterator[None]:
                 setattr(obj, attr, old)
 
 
+def label_totals(times: dict[str, PhaseTime]) -> dict[str, tuple[float, int]]:
+    """Inclusive seconds and calls of lmgym's labelled phases, named as in the table.
+
+    ``phase_times`` gives exclusive time per label path; a phase's inclusive time is
+    the sum over the paths through it.
+    """
+
+    def total(label: str, inside: str | None = None, outside: str | None = None):
+        seconds, calls = 0.0, 0
+        for path, t in times.items():
+            labels = path.split("/")
+            if label not in labels:
+                continue
+            context = labels[: labels.index(label)]
+            if (inside is not None and inside not in context) or outside in context:
+                continue
+            seconds += t.seconds
+            calls += t.calls if labels[-1] == label else 0
+        return seconds, calls
+
+    return {
+        "rollout: policy.act (total)": total(ACT),
+        "rollout: trunk forward (KV cache)": total(TRUNK, inside=ACT),
+        "rollout: LM head": total(LM_HEAD, inside=ACT),
+        "rollout: sampling": total(SAMPLE),
+        "rollout: env.step (total)": total(ENV_STEP),
+        "rollout: reward model": total(REWARD),
+        "rollout: env.reset": total(ENV_RESET),
+        "update: trunk forward": total(TRUNK, outside=ACT),
+        "update: LM head + log-probs (fwd)": total(LOGPROBS),
+    }
+
+
 def profile_lmgym(path: Path, algo: str, warmup: int, iters: int) -> list[tuple[str, float, int]]:
-    """Per-phase seconds per iteration of lmgym's ``agent.step()`` (instrumented, untimed)."""
+    """Per-phase seconds per iteration of lmgym's ``agent.step()`` (profiled, untimed)."""
     agent, env = make_lmgym_agent(path, algo)
     for _ in range(warmup):
         agent.step()
     timer = PhaseTimer()
-    with instrumented(agent, env, timer):
+    with instrumented(agent, timer), torch_profile(activities=[ProfilerActivity.CPU]) as prof:
         start = time.perf_counter()
         for _ in range(iters):
             agent.step()
         wall = time.perf_counter() - start
+    labels = label_totals(phase_times(prof.events()))
     t = {k: v / iters for k, v in timer.total.items()}
     c = {k: v // iters for k, v in timer.calls.items()}
-    rows: list[tuple[str, float, int]] = [("agent.step() (instrumented wall)", wall / iters, 1)]
+    t.update({k: sec / iters for k, (sec, _) in labels.items() if sec})
+    c.update({k: calls // iters for k, (sec, calls) in labels.items() if sec})
+    rows: list[tuple[str, float, int]] = [("agent.step() (profiled wall)", wall / iters, 1)]
 
     def row(name: str) -> None:
         if name in t:
@@ -628,9 +646,10 @@ def report(results: list[Result], args: argparse.Namespace, wall: float, command
             "## Where lmgym's iteration goes",
             "",
             f"Untimed, after the comparison: {args.profile_iters} extra lmgym iterations "
-            "with wall-clock timers around each phase of `agent.step()` (instance-level "
-            "wrappers; 'rest' rows are differences). Seconds per iteration; calls per "
-            "iteration in brackets.",
+            "under `torch.profiler`: the rollout and forward phases from lmgym's phase labels "
+            "(`lmgym.profiling`), the agent's phases from wall-clock timers around its "
+            "methods ('rest' rows are differences; the profiler's own cost per op inflates "
+            "every phase a little). Seconds per iteration; calls per iteration in brackets.",
             "",
         ]
         profiled = [r for r in results if r.profile]
@@ -669,7 +688,7 @@ def main() -> None:
     )
     add_wait_idle_argument(parser)
     parser.add_argument(
-        "--profile-iters", type=int, default=None, help="instrumented lmgym iterations (default 5)"
+        "--profile-iters", type=int, default=None, help="profiled lmgym iterations (default 5)"
     )
     args = parser.parse_args()
     if args.quick:

@@ -32,10 +32,10 @@ from stable_baselines3 import PPO
 from stable_baselines3.common.callbacks import BaseCallback
 
 import lmgym  # noqa: F401  (registers the lmgym/... tasks)
+from lmgym.char_tokenizer import make_char_tokenizer
 from lmgym.envs import TASKS
 from lmgym.integrations import TokenIdsObservation
 from lmgym.integrations.sb3 import SB3VecEnv
-from lmgym.policy import make_char_tokenizer
 
 ENV_ID = "lmgym/TargetString-v0"
 TARGET, PROMPT = "decade", "bad"

@@ -3,14 +3,9 @@
 Importing ``lmgym`` registers its tasks with Gymnasium (``lmgym/<Name>-v0``).
 """
 
+from lmgym.char_tokenizer import make_char_tokenizer
 from lmgym.envs import FunctionReward, TokenEnv, TokenVectorEnv
-from lmgym.policy import (
-    CausalLMPolicy,
-    make_char_tokenizer,
-    make_tiny_lm,
-    make_tiny_model,
-    save_tiny,
-)
+from lmgym.policy import CausalLMPolicy, make_tiny_lm, make_tiny_model, save_tiny
 from lmgym.rollout import ContinuousCollector, collect
 from lmgym.types import RewardInput, RewardModel, RolloutBatch
 

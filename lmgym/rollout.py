@@ -18,6 +18,7 @@ from torch import Tensor
 
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.policy.causal_lm import CausalLMPolicy, PolicyState
+from lmgym.profiling import COLLECT, labelled
 from lmgym.types import RolloutBatch
 
 
@@ -62,6 +63,7 @@ def _episodes(
     )
 
 
+@labelled(COLLECT)
 def collect(
     env: TokenVectorEnv,
     policy: CausalLMPolicy,
@@ -162,6 +164,7 @@ class ContinuousCollector:
         groups, counts = torch.unique(pooled.group_ids, return_counts=True)
         return groups[counts == self.env.group_size]
 
+    @labelled(COLLECT)
     def collect(self, num_groups: int) -> RolloutBatch:
         """Step the env until ``num_groups`` whole groups have ended; return them.
 

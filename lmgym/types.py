@@ -32,7 +32,8 @@ class RolloutBatch:
         completion_mask: ``[B, L] bool`` True on real completion tokens, the
             terminating EOS included.
         sampler_logprobs: ``[B, L] float32`` log-prob of each sampled token under
-            the sampling distribution (``lp_s`` in ALGORITHMS.md); 0 on padding.
+            the sampling distribution (``lp_s``, docs/algorithms.md#notation); 0 on
+            padding.
         rewards: ``[B, L] float32`` reward of each step as returned by ``env.step``
             (bandit mode: nonzero only at the last token); 0 on padding.
         dones: ``[B, L] bool`` True at each row's last completion token.

@@ -7,8 +7,9 @@ from collections.abc import Callable, Sequence
 import pytest
 import torch
 
+from lmgym.char_tokenizer import make_char_tokenizer
 from lmgym.envs import FunctionReward, TokenVectorEnv
-from lmgym.policy import CausalLMPolicy, make_char_tokenizer, make_tiny_model
+from lmgym.policy import CausalLMPolicy, make_tiny_model
 
 
 @pytest.fixture(autouse=True)

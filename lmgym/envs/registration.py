@@ -19,10 +19,10 @@ import gymnasium as gym
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from lmgym.char_tokenizer import make_char_tokenizer
 from lmgym.envs.single import TokenEnv
 from lmgym.envs.tasks._common import num_prompts_of
 from lmgym.envs.token_env import RewardMode, TokenVectorEnv, Unfinished
-from lmgym.policy.tiny import make_char_tokenizer
 from lmgym.types import PromptSource, RewardModel
 
 

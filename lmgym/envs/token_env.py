@@ -31,7 +31,7 @@ Reset semantics (``metadata["autoreset_mode"]``):
 In both modes ``reset(options={"reset_mask": mask})`` restarts exactly the masked
 rows at once (the SB3 adapter uses it to give SB3 its same-step autoreset).
 
-Rewards (``ALGORITHMS.md``, Rewards):
+Rewards (docs/algorithms.md#rewards):
 
 - ``reward_mode="bandit"``: the reward model scores each completion once, at its
   last step; every other step's reward is 0.
@@ -63,6 +63,7 @@ from transformers import PreTrainedTokenizerBase
 
 from lmgym.envs.prompts import build_prompt_table
 from lmgym.envs.rewards import call_reward
+from lmgym.profiling import ENV_RESET, ENV_STEP, REWARD, labelled, phase
 from lmgym.types import PromptSource, RewardInput, RewardModel
 
 RewardMode = Literal["bandit", "per_token"]
@@ -320,6 +321,7 @@ class TokenVectorEnv(VectorEnv):
         self._potential = put(self._potential, potential)
 
     # ------------------------------------------------------------------- reset
+    @labelled(ENV_RESET)
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
@@ -369,6 +371,7 @@ class TokenVectorEnv(VectorEnv):
         return self._obs(), self._info()
 
     # -------------------------------------------------------------------- step
+    @labelled(ENV_STEP)
     def step(
         self, actions: Tensor | np.ndarray | Sequence[int]
     ) -> tuple[dict[str, Tensor], Tensor, Tensor, Tensor, dict[str, Tensor]]:
@@ -466,7 +469,8 @@ class TokenVectorEnv(VectorEnv):
             finished=finished,
             decode=lambda t: self.tokenizer.batch_decode(t.tolist(), skip_special_tokens=True),
         )
-        return call_reward(self.reward_model, batch)
+        with phase(REWARD):
+            return call_reward(self.reward_model, batch)
 
     def _rewards(
         self,

@@ -3,13 +3,15 @@
 Two faces:
 
 - ``act`` (rollout time, no grad): reads the env's observation, feeds the model
-  only what its KV cache has not seen (the whole prompt once, then one token per
-  step), and samples the next token of every row at once. The cache is the
-  policy's recurrent state (``PolicyState``), like an RNN's hidden state; the env
-  owns the text.
+  only what its KV cache has not seen, and samples the next token of every row at
+  once. It lives in ``kv_engine`` (``KVCacheRollout``, mixed in here) with the
+  cache state it carries between calls (``PolicyState``).
 - ``logprobs`` (learner time): a teacher-forced pass that recomputes per-token
   log-probs and entropies of given sequences, chunked so a float32 ``[B, L, V]``
   log-softmax is never held at once.
+
+This module holds the model wrapper (loading, saving, checks, the trunk and the
+LM head) and the teacher-forced pass.
 
 Invariant under test: on the same sequences, ``act``'s sampler log-probs equal
 ``logprobs`` (float32, no top-k/top-p, same temperature).
@@ -18,7 +20,6 @@ Invariant under test: on the same sequences, ``act``'s sampler log-probs equal
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,78 +32,16 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
-from transformers.cache_utils import DynamicLayer
 
 from lmgym.policy.activations import fuse_gelu
-from lmgym.policy.kv_slots import (
-    is_slot_cache,
-    reserve,
-    set_step,
-    slots_capacity,
-    slots_filled,
-    to_slots,
-)
+from lmgym.policy.kv_engine import KVCacheRollout, PolicyState, distinct_rows
 from lmgym.policy.logprobs import token_logprobs
-from lmgym.policy.sampling import sample_tokens
+from lmgym.profiling import LM_HEAD, LOGPROBS, TEACHER_FORCED, TRUNK, labelled
 
 if TYPE_CHECKING:
     from lmgym.envs.token_env import TokenVectorEnv
 
-
-@dataclass
-class PolicyState:
-    """The policy's recurrent state across ``act`` calls: a KV cache over ``N`` rows.
-
-    Cache column ``c`` of row ``i`` is real iff ``cache_mask[i, c]``; cache columns
-    are not observation columns (a restarted row's text goes to its first cache
-    columns), so positions are tracked explicitly.
-
-    Attributes:
-        cache: the transformers KV cache: in-place slots (``kv_slots``, ``C`` =
-            their capacity) for a plain cache, else as the model made it (``C``
-            columns).
-        cache_mask: ``[N, C] bool``; slot columns not yet written are False.
-        positions: ``[N] int64`` position id of the next token fed for each row.
-        last_col: ``[N] int64`` last observation column the cache has seen.
-        padded: whether any column of ``cache_mask`` is masked out. While it is
-            ``False`` the model gets no attention mask at all, which spares it
-            building (and attention applying) an all-ones mask every step.
-        cols: ``[N] int64`` slot column of each row's next token once rows have
-            restarted at different times; ``None`` while all rows share one column.
-    """
-
-    cache: DynamicCache
-    cache_mask: Tensor
-    positions: Tensor
-    last_col: Tensor
-    padded: bool = True
-    cols: Tensor | None = None
-
-
-def distinct_rows(ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor] | None:
-    """Find repeated rows, so that work on them is done once and copied.
-
-    Rows are compared through ``mask`` (padded columns do not count): a group's
-    ``G`` copies of one prompt are one distinct row.
-
-    Args:
-        ids: ``[N, W] int64``.
-        mask: ``[N, W] bool``.
-
-    Returns:
-        ``(first [U] int64, inverse [N] int64)``: the first row of each distinct row
-        and, per row, which distinct row it is (``ids[first][inverse]`` equals ``ids``
-        on the masked columns); ``None`` when all ``N`` rows are distinct.
-    """
-    key = torch.where(mask, ids, -1)
-    distinct, inverse = torch.unique(key, dim=0, return_inverse=True)
-    n, u = key.shape[0], distinct.shape[0]
-    if u == n:
-        return None
-    rows = torch.arange(n, device=ids.device)
-    first = torch.full((u,), n, dtype=torch.long, device=ids.device)
-    first = first.scatter_reduce(0, inverse, rows, reduce="amin")
-    return first, inverse
+__all__ = ["CausalLMPolicy", "PolicyState", "distinct_rows"]
 
 
 def _checkpointing(model: PreTrainedModel) -> bool:
@@ -113,26 +52,11 @@ def _checkpointing(model: PreTrainedModel) -> bool:
     return False
 
 
-def _plain_cache(cache: DynamicCache) -> bool:
-    """Whether every layer is a plain ``DynamicLayer`` (``[N, heads, C, dim]``
-    key/value tensors that may move into slots; sliding-window or quantized layers
-    keep extra state)."""
-    return all(type(layer) is DynamicLayer and layer.is_initialized for layer in cache.layers)
-
-
-def _widen(cache_mask: Tensor, columns: int) -> Tensor:
-    """``[N, C]`` -> ``[N, columns]``, new columns False."""
-    extra = columns - cache_mask.shape[1]
-    if extra <= 0:
-        return cache_mask
-    return torch.cat([cache_mask, cache_mask.new_zeros(cache_mask.shape[0], extra)], dim=1)
-
-
 def _context_length(model: PreTrainedModel) -> int | None:
     return getattr(model.config, "max_position_embeddings", None)
 
 
-class CausalLMPolicy(nn.Module):
+class CausalLMPolicy(KVCacheRollout, nn.Module):
     """A transformers causal LM with a sampler and a teacher-forced log-prob pass.
 
     Args:
@@ -254,6 +178,7 @@ class CausalLMPolicy(nn.Module):
         bias = head.bias[: self.vocab_size] if head.bias is not None else None
         return head.weight[: self.vocab_size], bias
 
+    @labelled(TRUNK)
     def hidden_states(
         self,
         input_ids: Tensor,
@@ -275,231 +200,11 @@ class CausalLMPolicy(nn.Module):
         )
         return out.last_hidden_state
 
-    def _constant(self, kind: str, n: int, device: torch.device) -> Tensor:
-        """A cached constant that ``act`` needs every step: ``"arange"``, ``arange(n)``;
-        ``"true"``, an ``[n, 1]`` all-True column (the cache-mask column of a full
-        step)."""
-        cached: dict[tuple[str, int, torch.device], Tensor] = self.__dict__.setdefault(
-            "_constants", {}
-        )
-        key = (kind, n, device)
-        if key not in cached:
-            if len(cached) >= 8:  # a caller with ever-changing widths
-                cached.clear()
-            if kind == "arange":
-                cached[key] = torch.arange(n, device=device)
-            else:
-                cached[key] = torch.ones(n, 1, dtype=torch.bool, device=device)
-        return cached[key]
-
+    @labelled(LM_HEAD)
     def next_token_logits(self, hidden: Tensor) -> Tensor:
         """``[N, H]`` hidden -> ``[N, V] float32`` logits over the tokenizer's ids."""
         weight, bias = self._head()
         return torch.nn.functional.linear(hidden, weight, bias).float()
-
-    # ------------------------------------------------------------------ act
-    def _prefill(self, ids: Tensor, mask: Tensor, last_col: Tensor) -> tuple[Tensor, PolicyState]:
-        """Feed every row's text up to its last real column into a fresh cache.
-
-        Each row's real tokens are first moved, in order, to the right end of the
-        block, so every row's text is contiguous and ends at the last cache column
-        (the env's rows have right padding after shorter completions). Attention with
-        a sliding window counts cache columns, not tokens: a gap inside a row would
-        shrink its window. A plain cache then moves into slots as wide as the
-        observation: an env's rows never hold more columns, so the decode steps
-        write in place.
-        """
-        capacity = ids.shape[1]
-        width = int(last_col.max()) + 1
-        ids, mask = ids[:, :width], mask[:, :width]
-        if not bool((mask[:, 1:] >= mask[:, :-1]).all() & mask[:, -1].all()):
-            # Padding first, then the real tokens in their order (a stable sort).
-            order = torch.sort(mask.to(torch.uint8), dim=1, stable=True).indices
-            ids, mask = ids.gather(1, order), mask.gather(1, order)
-        positions = (mask.long().cumsum(1) - 1).clamp(min=0)
-        cache = DynamicCache(config=self.model.config)
-        padded = not bool(mask.all())
-        shared = distinct_rows(ids, mask)
-        if shared is None:
-            hidden = self.hidden_states(ids, mask if padded else None, positions, cache)
-        else:
-            # A group's rows share one prompt: prefill it once and copy its cache.
-            first, inverse = shared
-            hidden = self.hidden_states(
-                ids[first], mask[first] if padded else None, positions[first], cache
-            )[inverse]
-            cache.batch_select_indices(inverse)
-        cache_mask = mask
-        if _plain_cache(cache):
-            capacity = max(capacity, width + 1)
-            to_slots(cache, capacity)
-            cache_mask = _widen(mask, capacity)
-        state = PolicyState(cache, cache_mask, mask.sum(1), last_col, padded)
-        return hidden[:, -1], state
-
-    def _decode(
-        self,
-        ids: Tensor,
-        last_col: Tensor,
-        state: PolicyState,
-        all_advanced: bool = False,
-        filled: int | None = None,
-    ) -> tuple[Tensor, PolicyState]:
-        """The common step: feed each advanced row's one new token.
-
-        A row that did not advance (finished) feeds its last token again with that
-        cache column masked out, so it sees nothing new. ``all_advanced``: the caller
-        already knows every row advanced by one column. ``filled``: with per-row
-        columns, the exact width in use after this step (default: an upper bound).
-        """
-        tokens = ids.gather(1, last_col[:, None])
-        if all_advanced:
-            advanced = self._constant("true", ids.shape[0], ids.device)
-            padded = state.padded
-        else:
-            advanced = (last_col > state.last_col)[:, None]
-            padded = state.padded or not bool(advanced.all())
-        cache, cols = state.cache, state.cols
-        if not is_slot_cache(cache):  # a cache lmgym does not edit grows by a column
-            cache_mask = torch.cat([state.cache_mask, advanced], dim=1)
-            attention_mask = cache_mask
-        elif cols is None:  # every row's new column is the next free slot
-            col = slots_filled(cache)
-            cache_mask = _widen(state.cache_mask, reserve(cache, col + 1)).clone()
-            cache_mask[:, col] = advanced[:, 0]
-            attention_mask = cache_mask[:, : col + 1]
-        else:  # row i's new column is cols[i]
-            if filled is None:
-                # Every row moves at most one column a step, so this bounds
-                # cols.max() + 1 without reading it; it is re-read when it hits the
-                # capacity (a row restarted or stopped meanwhile).
-                filled = slots_filled(cache) + 1
-                if filled > slots_capacity(cache):
-                    filled = int(cols.max()) + 1
-            cache_mask = _widen(state.cache_mask, reserve(cache, filled)).clone()
-            set_step(cache, cols, filled)
-            cache_mask[self._constant("arange", cols.shape[0], cols.device), cols] = advanced[:, 0]
-            attention_mask = cache_mask[:, :filled]
-            padded = True
-        advanced = advanced[:, 0]
-        hidden = self.hidden_states(
-            tokens, attention_mask if padded else None, state.positions[:, None], cache
-        )
-        if padded:
-            positions = state.positions + advanced
-            last_col = torch.maximum(last_col, state.last_col)
-            cols = None if cols is None else cols + advanced
-        else:
-            positions = state.positions + 1
-        new_state = PolicyState(cache, cache_mask, positions, last_col, padded, cols)
-        return hidden[:, 0], new_state
-
-    def _restart(
-        self, ids: Tensor, mask: Tensor, last_col: Tensor, restart: Tensor, state: PolicyState
-    ) -> tuple[Tensor, PolicyState]:
-        """Re-feed the restarted rows from their new text; the other rows take one decode step.
-
-        The ``k`` restarted rows are prefilled alone, in a cache of their own, and
-        their ``W`` new columns overwrite the first ``W`` slots of their own rows
-        (their old columns are all dead; the rest are masked out). From then on each
-        row writes its own next column (``PolicyState.cols``). Then one decode step
-        feeds every advanced row its new token. The cost is a ``[k, W]`` prefill plus
-        an ordinary ``[N, 1]`` step; nothing is copied or compacted, and attention
-        reads about as many columns as the longest in-flight row holds.
-        """
-        cache = state.cache
-        rows = restart.nonzero().squeeze(1)
-        width = int(last_col[rows].max()) + 1
-        new_ids, new_mask = ids[rows, :width], mask[rows, :width]
-        new_positions = (new_mask.long().cumsum(1) - 1).clamp(min=0)
-        fresh = DynamicCache(config=self.model.config)
-        new_hidden = self.hidden_states(new_ids, new_mask, new_positions, fresh)
-        newest = new_hidden[torch.arange(rows.numel(), device=ids.device), last_col[rows]]
-        cache_mask = _widen(state.cache_mask, reserve(cache, width))
-        for shared, own in zip(cache.layers, fresh.layers, strict=True):
-            shared.write_rows(rows, own.keys, own.values)
-        cache_mask = cache_mask & ~restart[:, None]
-        cache_mask[rows, :width] = new_mask
-        cols = state.cols
-        if cols is None:  # the rows no longer share a write column
-            cols = torch.full_like(state.positions, slots_filled(cache))
-        cols = cols.index_fill(0, rows, width)
-        state = PolicyState(
-            cache,
-            cache_mask,
-            state.positions.index_put((rows,), new_mask.sum(1)),
-            state.last_col.index_put((rows,), last_col[rows]),
-            True,
-            cols,
-        )
-        # Restarted rows now have last_col == state.last_col: _decode feeds them nothing.
-        hidden, state = self._decode(ids, last_col, state, filled=int(cols.max()) + 1)
-        return hidden.index_put((rows,), newest), state
-
-    def act(
-        self,
-        obs: dict[str, Tensor],
-        state: PolicyState | None = None,
-        episode_starts: Tensor | None = None,
-        generator: torch.Generator | None = None,
-    ) -> tuple[Tensor, Tensor, PolicyState]:
-        """Sample the next token of every row.
-
-        Args:
-            obs: the env's observation, ``input_ids [N, S] int64`` and
-                ``attention_mask [N, S] bool``; each row's last real column is the
-                newest token.
-            state: the state returned by the previous call (``None`` at a batch start).
-            episode_starts: ``[N] bool`` rows whose observation is the first of a new
-                episode (next-step autoreset: the rows reset by the last ``step``).
-                Those rows are re-fed from their prompt; the others keep their cache.
-                Rows that moved back or jumped are detected without the flag.
-            generator: RNG for sampling.
-
-        Returns:
-            ``(actions [N] int64, sampler_logprobs [N] float32, new_state)``.
-            The state's tensors are inference-mode tensors: pass them back to
-            ``act``, do not edit them.
-        """
-        # inference_mode, not no_grad: no version counters or view tracking on the
-        # ~100 small ops of a step, a few percent of a tiny model's rollout.
-        with torch.inference_mode():
-            actions, logprobs, state = self._act(obs, state, episode_starts, generator)
-        # Plain tensors for the caller, who may use them in autograd or edit them.
-        return actions.clone(), logprobs.clone(), state
-
-    def _act(
-        self,
-        obs: dict[str, Tensor],
-        state: PolicyState | None,
-        episode_starts: Tensor | None,
-        generator: torch.Generator | None,
-    ) -> tuple[Tensor, Tensor, PolicyState]:
-        device = self.device  # one parameter scan per call, not two
-        ids = obs["input_ids"].to(device)
-        mask = obs["attention_mask"].to(device).bool()
-        last_col = (mask * self._constant("arange", ids.shape[1], ids.device)).argmax(dim=1)
-        if state is None:
-            hidden, state = self._prefill(ids, mask, last_col)
-        else:
-            # A row that moved back or by more than one column was restarted (a new
-            # episode's text); so was any row the caller flags.
-            step = last_col - state.last_col
-            low, high = (int(x) for x in torch.aminmax(step))  # one pass, the usual case
-            restart = (step < 0) | (step > 1) if low < 0 or high > 1 else None
-            if episode_starts is not None and bool(episode_starts.any()):
-                flagged = episode_starts.to(step.device).bool()
-                restart = flagged if restart is None else restart | flagged
-            if restart is None:
-                hidden, state = self._decode(ids, last_col, state, all_advanced=low == 1)
-            elif is_slot_cache(state.cache):
-                hidden, state = self._restart(ids, mask, last_col, restart, state)
-            else:  # a cache kind whose tensors lmgym does not edit: refill every row
-                hidden, state = self._prefill(ids, mask, last_col)
-        actions, logprobs = sample_tokens(
-            self.next_token_logits(hidden), self.temperature, self.top_k, self.top_p, generator
-        )
-        return actions, logprobs, state
 
     # ------------------------------------------------------------- learner
     def logprobs(
@@ -525,6 +230,7 @@ class CausalLMPolicy(nn.Module):
         hidden = self.sequence_hidden(input_ids, attention_mask, num_targets)
         return self.logprobs_from_hidden(hidden, input_ids, with_entropy, chunk_size)
 
+    @labelled(LOGPROBS)
     def logprobs_from_hidden(
         self,
         hidden: Tensor,
@@ -543,6 +249,7 @@ class CausalLMPolicy(nn.Module):
             hidden, weight, bias, targets, self.temperature, with_entropy, chunk_size
         )
 
+    @labelled(TEACHER_FORCED)
     def sequence_hidden(
         self, input_ids: Tensor, attention_mask: Tensor, num_targets: int
     ) -> Tensor:

@@ -51,7 +51,7 @@ def sample_tokens(
     Returns:
         ``(actions [N] int64, logprobs [N] float32)``; ``logprobs`` is the log-prob of
         the drawn id under the distribution actually sampled from (tempered and
-        filtered): the sampler log-prob ``lp_s`` of ALGORITHMS.md.
+        filtered): the sampler log-prob ``lp_s`` of docs/algorithms.md#notation.
     """
     probs = filter_logits(logits.float(), temperature, top_k, top_p).softmax(dim=-1)
     actions = torch.multinomial(probs, 1, generator=generator)

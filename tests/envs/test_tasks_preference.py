@@ -10,6 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification
 
+from lmgym.char_tokenizer import DEFAULT_CHARS
 from lmgym.envs import SequenceClassifierReward
 from lmgym.envs.tasks.preference import (
     SETTINGS_FILE,
@@ -24,7 +25,6 @@ from lmgym.envs.tasks.preference import (
     train_preference_reward_model,
     vowel_count,
 )
-from lmgym.policy.tiny import DEFAULT_CHARS
 
 EOS = 1
 

@@ -9,9 +9,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
+from lmgym.char_tokenizer import make_char_tokenizer
 from lmgym.envs import TokenVectorEnv
 from lmgym.envs.tasks.target_string import make_target_string_vector
-from lmgym.policy import make_char_tokenizer
 
 #: The SB3 toy task: vocabulary 8 (<pad>, <eos>, <unk>, a..e), a 6-token target,
 #: a reward every token. Random policy: about 0.1 per episode; solved: 0.9.

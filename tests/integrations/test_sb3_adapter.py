@@ -11,6 +11,7 @@ import torch
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from stable_baselines3 import PPO
 
+from lmgym.char_tokenizer import make_char_tokenizer
 from lmgym.envs import TASKS
 from lmgym.envs.tasks.target_string import make_target_string_vector
 from lmgym.integrations import LastTokensObservation, TokenIdsObservation
@@ -21,7 +22,6 @@ from lmgym.integrations.sb3 import (
     make_sb3_vec_env,
     policy_input_features,
 )
-from lmgym.policy import make_char_tokenizer
 
 TASK_IDS = sorted(TASKS)
 

@@ -7,10 +7,10 @@ import pytest
 import torch
 from gymnasium import spaces
 
+from lmgym.char_tokenizer import make_char_tokenizer
 from lmgym.envs import FunctionReward, TokenVectorEnv
 from lmgym.integrations import FullObservation, LastTokensObservation, TokenIdsObservation
 from lmgym.integrations.sb3 import TokenEmbeddingExtractor
-from lmgym.policy import make_char_tokenizer
 
 
 @pytest.fixture

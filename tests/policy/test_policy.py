@@ -9,10 +9,11 @@ import torch
 from transformers import AutoModelForCausalLM
 from transformers.activations import NewGELUActivation
 
+from lmgym.char_tokenizer import make_char_tokenizer
 from lmgym.envs import TokenVectorEnv
-from lmgym.policy import CausalLMPolicy, make_char_tokenizer, make_tiny_model, save_tiny
+from lmgym.policy import CausalLMPolicy, make_tiny_model, save_tiny
 from lmgym.policy.activations import fuse_gelu
-from lmgym.policy.causal_lm import distinct_rows
+from lmgym.policy.kv_engine import distinct_rows
 from lmgym.policy.kv_slots import slots_capacity, slots_filled
 from lmgym.policy.logprobs import token_logprobs
 from lmgym.policy.sampling import filter_logits, sample_tokens

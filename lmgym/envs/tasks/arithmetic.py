@@ -1,4 +1,6 @@
-"""Verifiable arithmetic, with outcome and process supervision (§6.2.8).
+"""Verifiable arithmetic, with outcome and process supervision.
+
+Process supervision: docs/algorithms.md#process-supervision.
 
 Prompts are ``"a<op>b="`` for every pair of operands in ``[0, max_operand]`` and
 every operator in ``operations`` (default ``"+"``: 100 prompts such as ``"3+5="``);
@@ -26,6 +28,7 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from lmgym.char_tokenizer import make_char_tokenizer
 from lmgym.envs.single import single_env_factory
 from lmgym.envs.tasks._common import (
     ExactMatchReward,
@@ -37,7 +40,6 @@ from lmgym.envs.tasks._common import (
     target_table,
 )
 from lmgym.envs.token_env import RewardMode, TokenVectorEnv, Unfinished
-from lmgym.policy.tiny import make_char_tokenizer
 
 SOLVED_THRESHOLD = 0.9
 OPERATORS = "+-*"

@@ -31,10 +31,10 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
+from lmgym.char_tokenizer import make_char_tokenizer
 from lmgym.envs.single import single_env_factory
 from lmgym.envs.tasks._common import build_env
 from lmgym.envs.token_env import RewardMode, TokenVectorEnv, Unfinished
-from lmgym.policy.tiny import make_char_tokenizer
 from lmgym.types import RewardInput
 
 SOLVED_THRESHOLD = 0.9

@@ -56,11 +56,11 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from lmgym.char_tokenizer import DEFAULT_CHARS, make_char_tokenizer
 from lmgym.envs.rewards import SequenceClassifierReward
 from lmgym.envs.single import single_env_factory
 from lmgym.envs.tasks._common import build_env
 from lmgym.envs.token_env import RewardMode, TokenVectorEnv, Unfinished
-from lmgym.policy.tiny import DEFAULT_CHARS, make_char_tokenizer
 from lmgym.types import RewardInput
 
 SOLVED_THRESHOLD = 0.9

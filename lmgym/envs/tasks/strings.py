@@ -30,6 +30,7 @@ from typing import Literal
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from lmgym.char_tokenizer import make_char_tokenizer
 from lmgym.envs.single import single_env_factory
 from lmgym.envs.tasks._common import (
     PositionMatchReward,
@@ -40,7 +41,6 @@ from lmgym.envs.tasks._common import (
     target_table,
 )
 from lmgym.envs.token_env import RewardMode, TokenVectorEnv, Unfinished
-from lmgym.policy.tiny import make_char_tokenizer
 
 SOLVED_THRESHOLD = 0.9
 Rule = Literal["reverse", "sort", "shift"]
