@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from lmgym.profiling import COMM, phase
 from lmgym.types import RolloutBatch
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -68,14 +69,16 @@ def init_from_env(device: str | torch.device = "cpu", timeout_s: float = DEFAULT
 def all_reduce_sum(tensor: Tensor) -> Tensor:
     """Sum ``tensor`` over ranks, in place; returns it."""
     if is_distributed():
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        with phase(COMM):
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return tensor
 
 
 def all_reduce_min(tensor: Tensor) -> Tensor:
     """Minimum of ``tensor`` over ranks, in place; returns it."""
     if is_distributed():
-        dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
+        with phase(COMM):
+            dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
     return tensor
 
 
@@ -93,7 +96,8 @@ def all_reduce_grads(params: Sequence[Tensor]) -> None:
             p.grad = torch.zeros_like(p)
     grads = [p.grad for p in params]
     flat = torch.cat([g.reshape(-1) for g in grads])  # type: ignore[union-attr]
-    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    with phase(COMM):
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
     offset = 0
     for g in grads:
         g.copy_(flat[offset : offset + g.numel()].view_as(g))  # type: ignore[union-attr]
@@ -129,7 +133,8 @@ def gather_rows(tensor: Tensor, left_pad: Any = None) -> Tensor:
     padded = tensor.new_zeros((rows, *tensor.shape[1:]))
     padded[: tensor.shape[0]] = tensor
     parts = [torch.empty_like(padded) for _ in range(world_size())]
-    dist.all_gather(parts, padded.contiguous())
+    with phase(COMM):
+        dist.all_gather(parts, padded.contiguous())
     return torch.cat([part[: s[0]] for part, s in zip(parts, shapes, strict=True)])  # type: ignore[index]
 
 

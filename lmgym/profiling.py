@@ -19,6 +19,12 @@ label                   phase
 ``lmgym.env_step``      ``TokenVectorEnv.step``
 ``lmgym.env_reset``     ``TokenVectorEnv.reset``
 ``lmgym.reward``        the reward model call inside the env
+``lmgym.prepare``       ``Agent.prepare``: lp_old, lp_ref, V_old, rewards, advantages
+``lmgym.loss``          ``Agent.micro_batch_loss`` (its own time: ratios, KL, aggregation)
+``lmgym.backward``      the backward pass of a micro-batch's loss
+``lmgym.optimizer``     gradient sync, norm, clipping and the optimizer step
+``lmgym.metrics``       the update's metrics
+``lmgym.comm``          a ``torch.distributed`` collective (data parallel)
 ======================  ==========================================================
 
 Labels nest (``lmgym.trunk`` sits inside ``lmgym.decode``, itself inside
@@ -54,6 +60,12 @@ LOGPROBS = "lmgym.logprobs"
 ENV_STEP = "lmgym.env_step"
 ENV_RESET = "lmgym.env_reset"
 REWARD = "lmgym.reward"
+PREPARE = "lmgym.prepare"
+LOSS = "lmgym.loss"
+BACKWARD = "lmgym.backward"
+OPTIMIZER = "lmgym.optimizer"
+METRICS = "lmgym.metrics"
+COMM = "lmgym.comm"
 
 _OFF = contextlib.nullcontext()
 

@@ -1,4 +1,4 @@
-"""Returns and advantage estimators (ALGORITHMS.md, "Advantages"; §6.2).
+"""Returns and advantage estimators (docs/algorithms.md#advantages).
 
 All functions are pure and return detached tensors: advantages and value targets
 are constants for the losses. Per-token tensors are `[B, T]`, per-sequence `[B]`;
@@ -36,7 +36,7 @@ def gae(
     gamma: float,
     lam: float,
 ) -> tuple[Tensor, Tensor]:
-    """Generalised advantage estimation (§6.4.1), accumulated backward over T.
+    """Generalised advantage estimation (docs/algorithms.md#gae), accumulated backward over T.
 
     δ_t = r_t + γ·V_{t+1}·(1 − done_t) − V_t,  A_t = δ_t + γλ·(1 − done_t)·A_{t+1},
     where t + 1 is the next real token of the row; past the last real token of a
@@ -48,7 +48,7 @@ def gae(
         dones: `[B, T]` bool or float; 1 at each sequence's last token (read at real
             tokens only).
         mask: `[B, T]` bool or float; 1 for real completion tokens.
-        gamma: discount γ (1 by default in RLHF, §6.3.2).
+        gamma: discount γ (1 by default in RLHF, docs/algorithms.md#discount).
         lam: GAE λ.
 
     Returns:
@@ -190,7 +190,7 @@ def group_mean_std(values: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, T
 
 
 def rloo_advantages(scores: Tensor, group_ids: Tensor) -> Tensor:
-    """REINFORCE leave-one-out (§6.2.4): A_i = R_i − mean_{j ∈ g(i), j ≠ i} R_j.
+    """REINFORCE leave-one-out (docs/algorithms.md#rloo): A_i = R_i − mean_{j ∈ g(i), j ≠ i} R_j.
 
     Computed as the equal form G/(G − 1)·(R_i − mean_{g(i)} R).
 
@@ -223,7 +223,7 @@ def grpo_advantages(
     scale: Literal["group", "batch", "none"] = "group",
     eps: float = 1e-4,
 ) -> Tensor:
-    """GRPO advantages A_i = (R_i − mean_{g(i)} R) / (std + ε) (§6.2.8).
+    """GRPO advantages A_i = (R_i − mean_{g(i)} R) / (std + ε) (docs/algorithms.md#grpo-and-dr-grpo).
 
     `scale` picks the std: "group" (GRPO), "batch" (std of all rewards in the
     batch), or "none" (Dr. GRPO: A_i = R_i − mean_{g(i)} R, which is RLOO's
@@ -265,7 +265,7 @@ def process_grpo_advantages(
     mask: Tensor,
     eps: float = 1e-4,
 ) -> Tensor:
-    """GRPO with process supervision (§6.2.8).
+    """GRPO with process supervision (docs/algorithms.md#process-supervision).
 
     Every step reward is normalised with the mean and std of all step rewards of its
     group (all rows, all steps); token t then gets the sum of the normalised rewards

@@ -1,4 +1,4 @@
-"""Reduce a per-token loss `[B, T]` to the scalar that is minimised (§6.3.2).
+"""Reduce a per-token loss `[B, T]` to the scalar that is minimised (docs/algorithms.md#aggregation).
 
 With ℓ the per-token loss, T_i the real tokens of row i, B the batch's rows:
 

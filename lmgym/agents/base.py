@@ -37,7 +37,6 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 import torch
 from torch import Tensor
-from torch.profiler import record_function
 
 from lmgym.agents.advantages import whiten
 from lmgym.agents.aggregation import aggregate
@@ -67,6 +66,7 @@ from lmgym.envs.rewards import reward_component_means
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.policy.causal_lm import CausalLMPolicy
 from lmgym.policy.value import Critic
+from lmgym.profiling import BACKWARD, LOSS, METRICS, OPTIMIZER, PREPARE, phase
 from lmgym.rollout import ContinuousCollector, collect
 from lmgym.types import RolloutBatch
 
@@ -313,7 +313,7 @@ class Agent(Generic[ConfigT]):
         """One update on a rollout batch; returns its metrics."""
         cfg = self.config
         batch = batch.to(self.policy.device)
-        with record_function("lmgym.prepare"):
+        with phase(PREPARE):
             data = self.prepare(batch)
         micro_batches: list[tuple[Tensor, MicroBatchLoss]] = []
         step_terms: list[dict[str, float]] = []
@@ -327,8 +327,7 @@ class Agent(Generic[ConfigT]):
                     continue  # every row masked out: nothing to learn from
                 where = f"iteration {self.iteration + 1}, epoch {epoch + 1}, minibatch {index + 1}"
                 try:
-                    with record_function("lmgym.update_step"):
-                        parts, terms, norm = self._minibatch_step(data, minibatch, counts, where)
+                    parts, terms, norm = self._minibatch_step(data, minibatch, counts, where)
                 except NonFiniteUpdateError:
                     self.optimizer.zero_grad(set_to_none=True)
                     if not cfg.skip_nonfinite:
@@ -338,15 +337,16 @@ class Agent(Generic[ConfigT]):
                 micro_batches += parts
                 step_terms.append(terms)
                 grad_norms.append(norm)
-        metrics = update_metrics(
-            batch,
-            data,
-            micro_batches,
-            step_terms,
-            grad_norms,
-            self.clip_range(),
-            self.clip_zeroes_gradient,
-        )
+        with phase(METRICS):
+            metrics = update_metrics(
+                batch,
+                data,
+                micro_batches,
+                step_terms,
+                grad_norms,
+                self.clip_range(),
+                self.clip_zeroes_gradient,
+            )
         if cfg.skip_nonfinite:
             metrics["nonfinite_steps_skipped"] = float(skipped)
         return metrics
@@ -417,9 +417,8 @@ class Agent(Generic[ConfigT]):
         """The loss of one micro-batch (rows of ``data``), normalised by the minibatch's
         ``counts``: ``agg(tis * (l_policy + beta*k) - c_H*H) + sum_k c_k * extra_k``."""
         cfg = self.config
-        with record_function("lmgym.teacher_forced"):
-            hidden = self.policy.sequence_hidden(data.ids, data.attn, data.max_new_tokens)
-            logprobs, entropy = self.policy.logprobs_from_hidden(hidden, data.ids)
+        hidden = self.policy.sequence_hidden(data.ids, data.attn, data.max_new_tokens)
+        logprobs, entropy = self.policy.logprobs_from_hidden(hidden, data.ids)
         out = PolicyOutput(logprobs, entropy, hidden)
         old = data.old_logprobs if data.old_logprobs is not None else logprobs.detach()
         loss_tokens, ratio = self.policy_loss(logprobs, old, data.advantages, data.mask)
@@ -458,9 +457,18 @@ class Agent(Generic[ConfigT]):
         self.optimizer.zero_grad(set_to_none=True)
         parts: list[tuple[Tensor, MicroBatchLoss]] = []
         for rows in minibatch.split(self.config.micro_batch_size or minibatch.numel()):
-            loss = self.micro_batch_loss(data.rows(rows), counts)
-            loss.total.backward()
+            with phase(LOSS):
+                loss = self.micro_batch_loss(data.rows(rows), counts)
+            with phase(BACKWARD):
+                loss.total.backward()
             parts.append((rows, loss))
+        with phase(OPTIMIZER):
+            return parts, *self._sync_check_step(parts, where)
+
+    def _sync_check_step(
+        self, parts: list[tuple[Tensor, MicroBatchLoss]], where: str
+    ) -> tuple[dict[str, float], float]:
+        """Sum terms and gradients over ranks, check them, clip, step, check the weights."""
         # Each rank's terms and gradients are its share of the minibatch's: sum them.
         names = sorted(parts[0][1].terms)
         summed = torch.stack([sum(loss.terms[n] for _, loss in parts) for n in names])
@@ -474,7 +482,7 @@ class Agent(Generic[ConfigT]):
         clip_grads(params, self.config.max_grad_norm, norm)
         self.optimizer.step()
         check_parameters(params, where, self.config.learning_rate)
-        return parts, terms, float(norm)
+        return terms, float(norm)
 
     @torch.no_grad()
     def evaluate(

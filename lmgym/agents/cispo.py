@@ -1,4 +1,4 @@
-"""CISPO (§6.2.10): clip the importance weight, not the objective; every token keeps its gradient.
+"""CISPO (docs/algorithms.md#cispo): clip the importance weight, not the objective; every token keeps its gradient.
 
     rho_t = exp(lp_t - lp_old_t)
     w_t = sg( clip(rho_t, 1 - weight_low, 1 + weight_high) )

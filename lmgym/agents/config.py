@@ -43,7 +43,7 @@ class AgentConfig:
     max_grad_norm: float | None = 1.0
     """Clip the global gradient norm to this; None disables clipping."""
     gamma: float = 1.0
-    """Discount factor (1 in RLHF, §6.3.2)."""
+    """Discount factor (1 in RLHF, docs/algorithms.md#discount)."""
     loss_aggregation: Aggregation = "token-mean"
     """How per-token losses become a scalar: seq-mean-token-mean, token-mean or seq-mean-token-sum-norm."""
     beta: float = 0.0

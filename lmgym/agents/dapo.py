@@ -1,4 +1,7 @@
-"""DAPO's batch-side pieces (§6.5): overlong reward shaping and dynamic sampling."""
+"""DAPO's batch-side pieces: overlong reward shaping and dynamic sampling.
+
+See docs/algorithms.md#overlong-shaping and #dynamic-sampling.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ from lmgym.types import RolloutBatch
 
 
 def overlong_penalty(lengths: Tensor, max_len: int, cache: int) -> Tensor:
-    """Soft overlong punishment ``R_len`` (ALGORITHMS.md, "Overlong shaping").
+    """Soft overlong punishment ``R_len`` (docs/algorithms.md#overlong-shaping).
 
     ``0`` if ``T <= L_max - L_cache``; ``(L_max - L_cache - T) / L_cache`` inside the
     window; ``-1`` beyond ``L_max`` (which a budget of ``L_max`` never reaches).

@@ -1,4 +1,6 @@
-"""GRPO (§6.2.8, §6.3.6) and Dr. GRPO: group-normalised advantages, PPO's token clip.
+"""GRPO and Dr. GRPO: group-normalised advantages, PPO's token clip.
+
+See docs/algorithms.md#grpo-and-dr-grpo and #kl-in-the-loss.
 
     A_i = (R_i - mean_{g(i)} R) / (std_{g(i)} R + 1e-4)       (Dr. GRPO: no division)
     rho_t = exp(lp_t - lp_old_t)
@@ -6,7 +8,7 @@
 
 Departures from the paper, all configurable: ``beta`` defaults to 0 (no reference
 model is loaded; the paper used 0.04 with k3 in the loss), and one update epoch
-by default, in which case the ratio is 1 and the clip never binds (§6.3.5).
+by default, in which case the ratio is 1 and the clip never binds (docs/algorithms.md#token-clip).
 DAPO's knobs: ``clip_high=0.28`` (clip-higher), ``dynamic_sampling=True``,
 ``overlong_cache``, ``loss_aggregation="token-mean"``.
 
@@ -110,7 +112,7 @@ class DrGRPOConfig(GRPOConfig):
 class DrGRPO(GRPO):
     """Dr. GRPO: GRPO without the std division and with a constant normaliser.
 
-    Its advantage is RLOO's times (G - 1)/G (§6.2.8).
+    Its advantage is RLOO's times (G - 1)/G (docs/algorithms.md#grpo-and-dr-grpo).
     """
 
     config_class = DrGRPOConfig

@@ -1,4 +1,4 @@
-"""GSPO (§6.2.9): GRPO's advantage with one length-normalised ratio per sequence.
+"""GSPO (docs/algorithms.md#gspo): GRPO's advantage with one length-normalised ratio per sequence.
 
     s_i = exp( (1/T_i) sum_t mask * (lp - lp_old) )
     l_i = max(-A_i s_i, -A_i clip(s_i, 1 - clip_low, 1 + clip_high)),  averaged over sequences

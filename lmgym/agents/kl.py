@@ -1,4 +1,4 @@
-"""Per-token KL estimators between the policy and a reference (ALGORITHMS.md).
+"""Per-token KL estimators between the policy and a reference (docs/algorithms.md).
 
 With tokens sampled from π and d = lp − lp_ref:
 
@@ -8,7 +8,7 @@ With tokens sampled from π and d = lp − lp_ref:
 
 A logged "KL" means nothing without its estimator, so each has its own name. The
 KL can enter the loss (`ℓ ← ℓ + β·k`, canonical GRPO) or the reward
-(`kl_in_reward`, classic RLHF / RLOO / PPO, §6.2.4).
+(`kl_in_reward`, classic RLHF / RLOO / PPO, docs/algorithms.md#kl-in-the-reward).
 """
 
 from collections.abc import Callable
@@ -92,7 +92,7 @@ def kl_in_reward(
 ) -> Tensor:
     """Subtract the per-token KL penalty from the reward: `r − β·k1`, k1 = lp_old − lp_ref.
 
-    Applied before advantages are computed (ALGORITHMS.md, "KL in the reward"); the
+    Applied before advantages are computed (docs/algorithms.md#kl-in-the-reward); the
     result is a constant for the policy loss, so it is detached.
 
     Args:

@@ -1,4 +1,4 @@
-"""Masked reductions and the diagnostics every update logs (ALGORITHMS.md, "Metrics").
+"""Masked reductions and the diagnostics every update logs (docs/algorithms.md#metrics).
 
 The masked helpers (`masked_sum`, `masked_mean`, `masked_var`, `masked_std`) are the
 one implementation of a reduction over real tokens; advantages, losses and metrics
@@ -82,7 +82,7 @@ def clip_fractions(
     `clip_fraction` counts tokens whose ratio left the interval; the clip zeroes a
     token's gradient only when the ratio left it in the direction the advantage
     pushes (ρ above with A > 0, ρ below with A < 0). Otherwise the unclipped branch
-    is the max and the token keeps its gradient, so the two shares differ (§6.4.2).
+    is the max and the token keeps its gradient, so the two shares differ (docs/algorithms.md#metrics).
 
     Args:
         ratio: `[B, T]` float, ρ = exp(lp − lp_old).
@@ -112,7 +112,7 @@ def approx_kl(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> float:
 
     Tokens were sampled from π_old, so with ρ = exp(lp − lp_old) the estimator is
     `mean((ρ − 1) − log ρ)`: k3 with the old policy in the sampling role and the
-    current one in the reference role (ALGORITHMS.md, "Metrics"). It is ≥ 0.
+    current one in the reference role (docs/algorithms.md#metrics). It is ≥ 0.
 
     Args:
         logprobs: `[B, T]` float, current policy.
@@ -203,7 +203,7 @@ def frac_reward_zero_std(scores: Tensor, group_ids: Tensor) -> float:
     """Share of groups whose rewards are all equal (`frac_reward_zero_std`).
 
     Such a group has GRPO advantage 0 for every row, the usual reason a GRPO loss
-    sits at 0; dynamic sampling drops them (ALGORITHMS.md, "Dynamic sampling").
+    sits at 0; dynamic sampling drops them (docs/algorithms.md#dynamic-sampling).
 
     Args:
         scores: `[B]` float, one reward per completion.

@@ -1,4 +1,4 @@
-"""PPO with GAE and a learned critic (§6.2.5-6.2.7, §6.3.5, §6.4.1).
+"""PPO with GAE and a learned critic (docs/algorithms.md#token-clip, #gae, #value-loss).
 
     r_t <- r_t - beta * (lp_old_t - lp_ref_t)                       (KL in the reward)
     delta_t = r_t + gamma V_{t+1} (1 - done_t) - V_t

@@ -1,4 +1,4 @@
-"""Per-token policy losses ℓ (to be minimised) and importance weights (ALGORITHMS.md).
+"""Per-token policy losses ℓ (to be minimised) and importance weights (docs/algorithms.md).
 
 Every loss treats `old_logprobs` and `advantages` as constants (they are detached
 here too, so a caller's graph cannot leak into the policy gradient). Returned
@@ -9,9 +9,9 @@ Two different things bound a ratio, and they must not be confused:
 - the numerical guard (`clamp`): `lp − lp_old` is clamped to ±20 before `exp` so
   nothing overflows; in normal training it never binds;
 - the algorithm's bound: PPO's clip interval, GSPO's sequence clip, CISPO's weight
-  band, or TIS's one-sided cap `C` (§6.3.4).
+  band, or TIS's one-sided cap `C` (docs/algorithms.md#tis).
 
-CISPO bounds and other libraries' forms (§6.2.10). Here the importance weight is
+CISPO bounds and other libraries' forms (docs/algorithms.md#cispo). Here the importance weight is
 `sg(clip(ρ, 1 − weight_low, 1 + weight_high))`, with its own names so nobody reads
 them as PPO's ε.
 
@@ -46,7 +46,7 @@ def log_ratio(logprobs: Tensor, old_logprobs: Tensor, clamp: float = 20.0) -> Te
 
 
 def policy_gradient_loss(logprobs: Tensor, advantages: Tensor) -> Tensor:
-    """One-step policy gradient, ℓ = −A·lp (§6.3.1); same gradient as −A·exp(lp − sg(lp)).
+    """One-step policy gradient, ℓ = −A·lp (docs/algorithms.md#policy-gradient); same gradient as −A·exp(lp − sg(lp)).
 
     Args:
         logprobs: `[B, T]` float, with gradient.
@@ -69,7 +69,7 @@ def clipped_surrogate_loss(
     """PPO / GRPO token clip: ℓ = max(−A·ρ, −A·clip(ρ, 1 − clip_low, 1 + clip_high)).
 
     The max is pessimistic: once ρ has moved past the interval in the direction A
-    pushes, the clipped branch wins and the token's gradient is zero (§6.2.6).
+    pushes, the clipped branch wins and the token's gradient is zero (docs/algorithms.md#token-clip).
 
     Args:
         logprobs: `[B, T]` float, with gradient.
@@ -98,7 +98,7 @@ def gspo_loss(
     clip_high: float = 4e-4,
     clamp: float = 20.0,
 ) -> tuple[Tensor, Tensor]:
-    """GSPO (§6.2.9): one length-normalised ratio per sequence, clipped like PPO.
+    """GSPO (docs/algorithms.md#gspo): one length-normalised ratio per sequence, clipped like PPO.
 
     s_i = exp((1/T_i)·Σ_t mask·(lp − lp_old)),
     ℓ_i = max(−A_i·s_i, −A_i·clip(s_i, 1 − clip_low, 1 + clip_high)).
@@ -134,7 +134,7 @@ def cispo_loss(
     weight_high: float,
     clamp: float = 20.0,
 ) -> tuple[Tensor, Tensor]:
-    """CISPO (§6.2.10): ℓ = −sg(clip(ρ, 1 − weight_low, 1 + weight_high))·A·lp.
+    """CISPO (docs/algorithms.md#cispo): ℓ = −sg(clip(ρ, 1 − weight_low, 1 + weight_high))·A·lp.
 
     The weight, not the objective, is clipped, and it is detached, so every token
     keeps the gradient `−clip(ρ)·A` w.r.t. its log-prob. See the module docstring
@@ -159,7 +159,7 @@ def cispo_loss(
 def tis_weights(
     old_logprobs: Tensor, sampler_logprobs: Tensor, cap: float = 2.0, clamp: float = 20.0
 ) -> Tensor:
-    """Truncated importance sampling weights w = min(exp(lp_old − lp_s), C) (§6.3.4).
+    """Truncated importance sampling weights w = min(exp(lp_old − lp_s), C) (docs/algorithms.md#tis).
 
     Corrects the learner–sampler mismatch; use as `ℓ ← w·ℓ`. The cap C is one-sided:
     small weights pass through unchanged, unlike a clip around 1.

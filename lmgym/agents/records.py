@@ -57,7 +57,7 @@ class PreparedBatch:
 
 @dataclass(frozen=True)
 class Counts:
-    """Whole-minibatch normalisers (docs/algorithms.md#loss-aggregation).
+    """Whole-minibatch normalisers (docs/algorithms.md#aggregation).
 
     Attributes:
         sequences: ``B``, every row of the minibatch (masked rows included).

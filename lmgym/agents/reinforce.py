@@ -1,10 +1,10 @@
-"""REINFORCE (§6.2.3): per-token returns minus a baseline, one policy-gradient step.
+"""REINFORCE (docs/algorithms.md#reinforce): per-token returns minus a baseline, one policy-gradient step.
 
     G_t = sum_{t' >= t} gamma^(t'-t) r_t'        A_t = G_t - b        l_t = -A_t * lp_t
 
 Baselines: none, the batch mean of returns, or an exponential moving average of
 returns across batches. There is no policy ratio: with ``tis_cap`` set, TIS is
-the only off-policy correction (§6.3.4).
+the only off-policy correction (docs/algorithms.md#tis).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""RLOO (§6.2.4, §6.3.7): REINFORCE with a leave-one-out baseline over each group.
+"""RLOO (docs/algorithms.md#rloo): REINFORCE with a leave-one-out baseline over each group.
 
     R_i = sum_t r_{i,t}   (KL already subtracted from r when beta > 0)
     A_i = R_i - mean_{j in g(i), j != i} R_j = G/(G-1) * (R_i - mean_{g(i)} R)

@@ -1,4 +1,4 @@
-"""PPO value-function loss and its diagnostic (ALGORITHMS.md, "Value loss")."""
+"""PPO value-function loss and its diagnostic (docs/algorithms.md#value-loss)."""
 
 import torch
 from torch import Tensor

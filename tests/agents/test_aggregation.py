@@ -34,7 +34,7 @@ def test_aggregate_values() -> None:
     assert aggregate(loss, mask, "seq-mean-token-sum-norm", **counts).item() == pytest.approx(0.75)
 
 
-# §6.3.2 worked example: lengths 2 and 4, per-token loss -A*lp with A = 1, so the gradient
+# docs/algorithms.md#aggregation worked example: lengths 2 and 4, per-token loss -A*lp with A = 1, so the gradient
 # of the aggregate w.r.t. each log-prob is minus that token's weight in the mode.
 WORKED_MASK = t([[1, 1, 0, 0], [1, 1, 1, 1]])
 WORKED_WEIGHTS = {

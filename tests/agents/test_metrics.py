@@ -53,7 +53,7 @@ def test_clip_fraction_differs_from_zeroed_fraction() -> None:
     mask = t([[1, 1, 1, 1, 1, 0]])
     fractions = clip_fractions(ratio, advantages, mask, clip_low=0.2, clip_high=0.2)
     # 4 of 5 real tokens are outside [0.8, 1.2], but only (1.5, +) and (0.5, -) lost
-    # their gradient: the other two take the unclipped branch of the max (§6.4.2).
+    # their gradient: the other two take the unclipped branch of the max (docs/algorithms.md#metrics).
     assert fractions == pytest.approx(
         {
             "clip_fraction": 0.8,

@@ -37,7 +37,7 @@ def test_policy_gradient_loss_value_and_gradient() -> None:
     torch.testing.assert_close(grad_of(loss, logprobs), t([[-2.0, 3.0]]))
 
 
-# (advantage, ratio, loss, d loss / d logprob) with eps = 0.2 on both sides (§6.2.6).
+# (advantage, ratio, loss, d loss / d logprob) with eps = 0.2 on both sides (docs/algorithms.md#token-clip).
 # Where the clip binds the gradient is 0; elsewhere it is -A * rho.
 SIX_CASES = [
     pytest.param(2.0, 0.5, -1.0, -1.0, id="A>0 below: unclipped wins, pushes rho up"),
