@@ -1,0 +1,184 @@
+"""Data parallel on this machine: 1 process x 2 threads vs 2 processes x 1 thread.
+
+Equal global work on both sides: the same GRPO iteration (``--prompts`` prompts x
+``--group`` completions, ``--new-tokens`` tokens each: EOS is given probability 0,
+so every row runs to the budget) on a GPT-2 of ``--layers`` layers. The two-process
+side is launched with ``torchrun`` (gloo) and each rank holds half of the prompts.
+Reported: seconds per iteration, generated tokens/s, the ratio, and the share of
+an iteration spent in ``torch.distributed`` collectives (the ``lmgym.comm``
+profiler label, from one extra profiled iteration), with the bytes all-reduced per
+optimizer step. The results file also says how this should scale on N GPUs.
+
+    .venv/bin/python benchmarks/data_parallel.py --out benchmarks/results/data_parallel.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import command_line, machine_line, utc_now, versions_line, write_report  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+
+
+def run_side(args: argparse.Namespace, num_prompts: int, out: Path) -> None:
+    """Time ``args.iters`` GRPO iterations on this rank's ``num_prompts`` prompts."""
+    import torch
+    import transformers
+    from torch.profiler import ProfilerActivity, profile
+
+    from _lm import forbid_token, make_prompts
+    from lmgym import FunctionReward, TokenVectorEnv
+    from lmgym.agents import GRPO
+    from lmgym.distributed import init_from_env, rank, world_size
+    from lmgym.policy import CausalLMPolicy, make_tiny_lm
+    from lmgym.profiling import COMM, phase_times
+
+    torch.set_num_threads(args.threads)
+    transformers.logging.set_verbosity_error()
+    init_from_env()
+    model, tok = make_tiny_lm(n_layer=args.layers, n_embd=args.width, n_head=6, n_positions=96)
+    forbid_token(model, tok.eos_token_id)
+    policy = CausalLMPolicy(model, tok)
+    prompts = make_prompts(tok, 64, 16)
+    env = TokenVectorEnv(
+        tok,
+        prompts,
+        FunctionReward(lambda p, c: [x.count("e") / args.new_tokens for x in c]),
+        num_prompts=num_prompts,
+        group_size=args.group,
+        max_new_tokens=args.new_tokens,
+    )
+    agent = GRPO(policy, env, learning_rate=1e-4)
+    for _ in range(args.warmup):
+        agent.step()
+    times, tokens = [], []
+    for _ in range(args.iters):
+        before = agent.tokens_generated
+        start = time.perf_counter()
+        agent.step()
+        times.append(time.perf_counter() - start)
+        tokens.append(agent.tokens_generated - before)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
+        agent.step()
+        profiled = time.perf_counter() - start
+    comm = sum(t.seconds for path, t in phase_times(prof.events()).items() if path.endswith(COMM))
+    params = sum(p.numel() for p in policy.model.parameters() if p.requires_grad)
+    if rank() == 0:
+        result = {
+            "world_size": world_size(),
+            "seconds": statistics.median(times),
+            "tokens_per_iter": statistics.median(tokens) * world_size(),
+            "comm_share": comm / profiled,
+            "allreduce_bytes": 4 * params,
+            "params": params,
+        }
+        out.write_text(json.dumps(result))
+
+
+def launch_two(args: argparse.Namespace, out: Path) -> None:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent), env.get("PYTHONPATH", "")])
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
+    command += ["2", __file__, "--worker", str(out), *forwarded(args, threads=1)]
+    subprocess.run(command, env=env, check=True)
+
+
+def forwarded(args: argparse.Namespace, threads: int) -> list[str]:
+    return [
+        f"--layers={args.layers}",
+        f"--width={args.width}",
+        f"--prompts={args.prompts}",
+        f"--group={args.group}",
+        f"--new-tokens={args.new_tokens}",
+        f"--warmup={args.warmup}",
+        f"--iters={args.iters}",
+        f"--threads={threads}",
+    ]
+
+
+def report(args: argparse.Namespace, single: dict, double: dict, argv: list[str]) -> str:
+    ratio = single["seconds"] / double["seconds"]
+    tps = [r["tokens_per_iter"] / r["seconds"] for r in (single, double)]
+    mb = double["allreduce_bytes"] / 2**20
+    return f"""# Data parallel: 1 process x 2 threads vs 2 processes x 1 thread
+
+- {utc_now()}; `{command_line("data_parallel.py", argv)}`
+{machine_line("1 x 2 threads vs 2 x 1 thread")}
+{versions_line(["torch", "transformers"])}
+- GRPO iteration (rollout + update), GPT-2 {args.layers}L/{args.width}d
+  ({double["params"] / 1e6:.1f}M parameters), {args.prompts} prompts x {args.group}
+  completions x {args.new_tokens} tokens globally (EOS unsampleable: equal work);
+  median of {args.iters} iterations after {args.warmup} warm-up.
+
+| side | s / iteration | tokens / s | comm share |
+|---|---|---|---|
+| 1 process x 2 threads | {single["seconds"]:.3f} | {tps[0]:.0f} | - |
+| 2 processes x 1 thread (gloo) | {double["seconds"]:.3f} | {tps[1]:.0f} | {double["comm_share"]:.1%} |
+
+Ratio (1-process time / 2-process time): **{ratio:.2f}x**.
+
+Communication per optimizer step: one flat all-reduce of the gradients
+({mb:.1f} MiB in float32), plus small all-gathers of the advantage inputs and
+metrics (`[B, L]` floats, a few KiB) and two counts.
+
+## Expected scaling on N GPUs
+
+Rollouts and the update's forward/backward are independent per rank (each rank
+holds whole groups), so compute scales as 1/N at fixed global batch. What does not
+shrink is the gradient all-reduce: a ring all-reduce moves about
+2(N-1)/N x {mb:.1f} MiB per rank per optimizer step, i.e. ~{2 * mb:.0f} MiB for
+large N. On NVLink (~100-400 GB/s effective) that is well under a millisecond for
+this model and ~1-4 ms per 100M parameters (400 MB of float32 gradients), small
+next to a GRPO iteration's seconds of generation; over 25 Gb/s Ethernet between
+nodes the same 100M-parameter step costs ~0.25 s, where bf16 gradients or FSDP2's
+reduce-scatter halve the volume. The measured comm share above is the CPU/gloo
+figure for this small model; on this 2-core machine the two sides also compete
+for the same cores, so the ratio measures the overhead of splitting, not a speed-up.
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--layers", type=int, default=6)
+    parser.add_argument("--width", type=int, default=384)
+    parser.add_argument("--prompts", type=int, default=16, help="global prompts per iteration")
+    parser.add_argument("--group", type=int, default=8)
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--quick", action="store_true", help="2 layers, 2 iterations")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    if args.quick:
+        args.layers, args.width, args.iters, args.warmup = 2, 96, 2, 1
+    if args.worker is not None:
+        run_side(args, args.prompts // int(os.environ.get("WORLD_SIZE", "1")), args.worker)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        single_out, double_out = Path(tmp, "single.json"), Path(tmp, "double.json")
+        env = dict(os.environ, PYTHONPATH=str(HERE.parent))
+        command = [sys.executable, __file__, "--worker", str(single_out)]
+        subprocess.run(command + forwarded(args, threads=2), env=env, check=True)
+        launch_two(args, double_out)
+        single, double = (json.loads(p.read_text()) for p in (single_out, double_out))
+    text = report(args, single, double, sys.argv[1:])
+    print(text)
+    write_report(text, args.out)
+
+
+if __name__ == "__main__":
+    main()
