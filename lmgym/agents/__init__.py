@@ -9,16 +9,22 @@
 | Dr. GRPO   | group-centred reward          | token clip                | seq-mean-token-sum-norm |
 | GSPO       | group-normalised reward       | sequence ratio clip       | seq-mean-token-mean     |
 | CISPO      | group-normalised reward       | clipped, detached IS weight | token-mean            |
+| REINFORCE++ | returns-to-go, z-scored over the batch | token clip         | token-mean              |
+| GSPO-token | group-normalised reward (or per token) | sequence ratio, token gradients | seq-mean-token-mean |
+| dual-clip PPO | GAE with a learned critic  | token clip, loss <= -c*A for A < 0 | token-mean         |
 """
 
 from lmgym.agents.base import Agent, Callback
 from lmgym.agents.cispo import CISPO, CISPOConfig
 from lmgym.agents.config import AgentConfig
+from lmgym.agents.dual_clip_ppo import DualClipPPO, DualClipPPOConfig
 from lmgym.agents.grpo import GRPO, DrGRPO, DrGRPOConfig, GRPOConfig
 from lmgym.agents.gspo import GSPO, GSPOConfig
+from lmgym.agents.gspo_token import GSPOToken, GSPOTokenConfig
 from lmgym.agents.numerics import NonFiniteUpdateError
 from lmgym.agents.ppo import PPO, PPOConfig
 from lmgym.agents.reinforce import REINFORCE, REINFORCEConfig
+from lmgym.agents.reinforce_pp import REINFORCEPP, REINFORCEPPConfig
 from lmgym.agents.rloo import RLOO, RLOOConfig
 
 ALGORITHMS: dict[str, type[Agent]] = {
@@ -29,6 +35,9 @@ ALGORITHMS: dict[str, type[Agent]] = {
     "drgrpo": DrGRPO,
     "gspo": GSPO,
     "cispo": CISPO,
+    "reinforce_pp": REINFORCEPP,
+    "gspo_token": GSPOToken,
+    "dual_clip_ppo": DualClipPPO,
 }
 
 __all__ = [
@@ -38,17 +47,23 @@ __all__ = [
     "GSPO",
     "PPO",
     "REINFORCE",
+    "REINFORCEPP",
     "RLOO",
     "Agent",
     "AgentConfig",
     "CISPOConfig",
     "Callback",
+    "DualClipPPO",
+    "DualClipPPOConfig",
     "DrGRPO",
     "DrGRPOConfig",
     "GRPOConfig",
     "GSPOConfig",
+    "GSPOToken",
+    "GSPOTokenConfig",
     "NonFiniteUpdateError",
     "PPOConfig",
     "REINFORCEConfig",
+    "REINFORCEPPConfig",
     "RLOOConfig",
 ]

@@ -27,7 +27,7 @@ from torch import Tensor
 from lmgym.agents.advantages import broadcast_to_tokens, grpo_advantages, process_grpo_advantages
 from lmgym.agents.base import Agent
 from lmgym.agents.config import AgentConfig, Aggregation
-from lmgym.agents.ratios import clipped_surrogate_loss
+from lmgym.agents.token_clip import TokenClip
 from lmgym.types import RolloutBatch
 
 
@@ -55,7 +55,7 @@ def check_clip(
         raise ValueError(f"{low_name}={low}: must be <= 1 (the lower bound is 1 - {low_name})")
 
 
-class GRPO(Agent[GRPOConfig]):
+class GRPO(TokenClip, Agent[GRPOConfig]):
     """Group relative policy optimization."""
 
     config_class = GRPOConfig
@@ -89,16 +89,6 @@ class GRPO(Agent[GRPOConfig]):
         scores = (rewards * mask).sum(dim=1)
         advantages = grpo_advantages(scores, batch.group_ids, self.config.scale)
         return broadcast_to_tokens(advantages, mask), None
-
-    def policy_loss(
-        self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor
-    ) -> tuple[Tensor, Tensor]:
-        return clipped_surrogate_loss(
-            logprobs, old_logprobs, advantages, self.config.clip_low, self.config.clip_high
-        )
-
-    def clip_range(self) -> tuple[float, float]:
-        return self.config.clip_low, self.config.clip_high
 
 
 @dataclass

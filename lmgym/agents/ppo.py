@@ -25,8 +25,8 @@ from lmgym.agents.aggregation import aggregate
 from lmgym.agents.base import Agent
 from lmgym.agents.config import AgentConfig, KLPlacement
 from lmgym.agents.grpo import check_clip
-from lmgym.agents.ratios import clipped_surrogate_loss
 from lmgym.agents.records import Counts, PolicyOutput, PreparedBatch
+from lmgym.agents.token_clip import TokenClip
 from lmgym.agents.value import clipped_value_loss
 from lmgym.policy.value import Critic, ValueInit
 from lmgym.types import RolloutBatch
@@ -60,7 +60,7 @@ class PPOConfig(AgentConfig):
     """Initialisation of the value head: zeros (V = 0) or normal."""
 
 
-class PPO(Agent[PPOConfig]):
+class PPO(TokenClip, Agent[PPOConfig]):
     """Proximal policy optimization with generalized advantage estimation."""
 
     config_class = PPOConfig
@@ -93,13 +93,6 @@ class PPO(Agent[PPOConfig]):
         assert values is not None
         return gae(rewards, values, batch.dones, mask, self.config.gamma, self.config.gae_lambda)
 
-    def policy_loss(
-        self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor
-    ) -> tuple[Tensor, Tensor]:
-        return clipped_surrogate_loss(
-            logprobs, old_logprobs, advantages, self.config.clip_low, self.config.clip_high
-        )
-
     def extra_losses(
         self, data: PreparedBatch, out: PolicyOutput, counts: Counts
     ) -> dict[str, tuple[float, Tensor]]:
@@ -115,6 +108,3 @@ class PPO(Agent[PPOConfig]):
             max_len=counts.max_len,
         )
         return {"value_loss": (self.config.vf_coef, value_loss)}
-
-    def clip_range(self) -> tuple[float, float]:
-        return self.config.clip_low, self.config.clip_high

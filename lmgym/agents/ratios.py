@@ -1,15 +1,18 @@
 """Per-token policy losses ℓ (to be minimised) and importance weights (docs/algorithms.md).
 
 Every loss treats `old_logprobs` and `advantages` as constants (they are detached
-here too, so a caller's graph cannot leak into the policy gradient). Returned
-ratios are detached: they are for metrics.
+here too, so a caller's graph cannot leak into the policy gradient). Ratios
+returned beside a loss are detached: they are for metrics. `clip_objective` and
+`gspo_token_ratio` are the exceptions by design: the first takes a ratio with
+gradient, the second returns one, for a rule to compose.
 
 Two different things bound a ratio, and they must not be confused:
 
 - the numerical guard (`clamp`): `lp − lp_old` is clamped to ±20 before `exp` so
   nothing overflows; in normal training it never binds;
 - the algorithm's bound: PPO's clip interval, GSPO's sequence clip, CISPO's weight
-  band, or TIS's one-sided cap `C` (docs/algorithms.md#tis).
+  band, dual-clip PPO's bound `−c·A` on negative advantages, or TIS's one-sided
+  cap `C` (docs/algorithms.md#tis).
 
 CISPO bounds and other libraries' forms (docs/algorithms.md#cispo). Here the importance weight is
 `sg(clip(ρ, 1 − weight_low, 1 + weight_high))`, with its own names so nobody reads
@@ -58,6 +61,28 @@ def policy_gradient_loss(logprobs: Tensor, advantages: Tensor) -> Tensor:
     return -advantages.detach() * logprobs
 
 
+def clip_objective(ratio: Tensor, advantages: Tensor, clip_low: float, clip_high: float) -> Tensor:
+    """PPO's pessimistic clip of a given ratio ρ.
+
+    ℓ = max(−A·ρ, −A·clip(ρ, 1 − clip_low, 1 + clip_high)), the shared core of the
+    token clip (`clipped_surrogate_loss`), GSPO's sequence clip and GSPO-token's
+    clip; the caller builds the ratio.
+
+    Args:
+        ratio: `[B, T]` (or `[B]`) float ρ, with gradient.
+        advantages: ratio's shape, float; treated as a constant.
+        clip_low: ε_low, the ratio is clipped below at 1 − clip_low.
+        clip_high: ε_high, the ratio is clipped above at 1 + clip_high.
+
+    Returns:
+        ratio's shape, float per-token (or per-sequence) loss.
+    """
+    advantages = advantages.detach()
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    return torch.maximum(unclipped, clipped)
+
+
 def clipped_surrogate_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -82,11 +107,47 @@ def clipped_surrogate_loss(
     Returns:
         `(loss, ratio)`: `[B, T]` float per-token loss and `[B, T]` detached ρ.
     """
-    advantages = advantages.detach()
     ratio = log_ratio(logprobs, old_logprobs, clamp).exp()
-    unclipped = -advantages * ratio
-    clipped = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
-    return torch.maximum(unclipped, clipped), ratio.detach()
+    return clip_objective(ratio, advantages, clip_low, clip_high), ratio.detach()
+
+
+def dual_clip_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float = 3.0,
+    clamp: float = 20.0,
+) -> tuple[Tensor, Tensor]:
+    """Dual-clip PPO (Ye et al. 2020): PPO's token clip, bounded by −c·A where A < 0.
+
+    ℓ = max(−A·ρ, −A·clip(ρ, 1 − clip_low, 1 + clip_high))     for A ≥ 0,
+    ℓ = min(that, −c·A)                                        for A < 0.
+
+    With A < 0 PPO's loss −A·ρ grows without bound in ρ: one token whose ratio
+    exploded (a stale or off-policy sample) can dominate the batch. The second clip
+    caps it at −c·A, i.e. it binds where ρ > c, and there the token's gradient is 0.
+    Tokens with A ≥ 0, and with A < 0 and ρ ≤ c, get PPO's loss unchanged.
+
+    Args:
+        logprobs: `[B, T]` float, with gradient.
+        old_logprobs: `[B, T]` float.
+        advantages: `[B, T]` float.
+        clip_low: ε_low.
+        clip_high: ε_high.
+        dual_clip: c > 1, the bound's multiple of |A|.
+        clamp: numerical guard, see `log_ratio`.
+
+    Returns:
+        `(loss, ratio)`: `[B, T]` float per-token loss and `[B, T]` detached ρ.
+    """
+    advantages = advantages.detach()
+    loss, ratio = clipped_surrogate_loss(
+        logprobs, old_logprobs, advantages, clip_low, clip_high, clamp
+    )
+    bounded = torch.minimum(loss, -dual_clip * advantages)
+    return torch.where(advantages < 0, bounded, loss), ratio
 
 
 def gspo_loss(
@@ -118,12 +179,36 @@ def gspo_loss(
         `(loss, seq_ratio)`: `[B]` float per-sequence loss (aggregate with
         `aggregation.aggregate_sequences`) and `[B]` detached s_i.
     """
-    advantages = advantages.detach()
     mean_log_ratio = masked_mean(logprobs - old_logprobs.detach(), mask, dim=-1)
     seq_ratio = mean_log_ratio.clamp(-clamp, clamp).exp()
-    unclipped = -advantages * seq_ratio
-    clipped = -advantages * seq_ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
-    return torch.maximum(unclipped, clipped), seq_ratio.detach()
+    return clip_objective(seq_ratio, advantages, clip_low, clip_high), seq_ratio.detach()
+
+
+def gspo_token_ratio(
+    logprobs: Tensor, old_logprobs: Tensor, mask: Tensor, clamp: float = 20.0
+) -> Tensor:
+    """GSPO-token's ratio: s_{i,t} = sg(s_i)·exp(lp_{i,t} − sg(lp_{i,t})), with gradient.
+
+    Its value is the sequence ratio s_i of `gspo_loss` at every token, and its
+    gradient is ∇s_{i,t} = s_i·∇lp_{i,t}: each token gets its own gradient, so a
+    per-token advantage A_{i,t} can weigh it. Averaged over a row's tokens,
+    (1/T_i)·Σ_t ∇s_{i,t} = s_i·(1/T_i)·Σ_t ∇lp_{i,t} = ∇s_i, so with A_{i,t} = A_i the
+    seq-mean-token-mean of the clipped loss has GSPO's gradient.
+
+    Args:
+        logprobs: `[B, T]` float, with gradient.
+        old_logprobs: `[B, T]` float, a constant.
+        mask: `[B, T]` bool or float; T_i is the row's count of real tokens.
+        clamp: numerical guard on the mean log-ratio (a clamped row's s_i is
+            exp(±clamp); unlike in `gspo_loss`, its tokens keep a gradient).
+
+    Returns:
+        `[B, T]` float s_{i,t}, with gradient (padding positions hold s_i too).
+    """
+    mean_log_ratio = masked_mean(logprobs.detach() - old_logprobs.detach(), mask, dim=-1)
+    seq_log_ratio = mean_log_ratio.clamp(-clamp, clamp)
+    # lp - sg(lp) is exactly 0 in value: s_{i,t} is bit-equal to s_i.
+    return (seq_log_ratio[:, None] + (logprobs - logprobs.detach())).exp()
 
 
 def cispo_loss(

@@ -25,6 +25,9 @@ CASES = {
     "cispo": ({"learning_rate": 1e-3}, "bandit", 200),
     "ppo": ({}, "bandit", 120),
     "ppo-per-token": ({}, "per_token", 120),
+    "reinforce_pp": ({"learning_rate": 2e-3}, "per_token", 100),
+    "gspo_token": ({"learning_rate": 2e-3}, "bandit", 110),
+    "dual_clip_ppo": ({}, "bandit", 120),
 }
 
 
