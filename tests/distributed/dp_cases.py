@@ -33,12 +33,18 @@ def make_agent(case: tuple[str, str]):
     env = make_target_string_vector(
         tokenizer=tokenizer, num_envs=ROWS, group_size=GROUP, max_new_tokens=6
     )
-    config = {"loss_aggregation": aggregation, "max_grad_norm": None, "entropy_coef": 0.01}
-    if name in ("reinforce", "ppo"):
-        config["whiten_advantages"] = True  # a batch-wide statistic
-    if name == "ppo":
-        config.update(num_minibatches=1, update_epochs=1)
-    return ALGORITHMS[name](policy, env, **config)
+    agent_class = ALGORITHMS[name]
+    # One epoch, one minibatch: the single process's shuffled minibatches have no
+    # two-rank counterpart; a batch-wide statistic (whitening) everywhere it applies.
+    config = {
+        "loss_aggregation": aggregation,
+        "max_grad_norm": None,
+        "entropy_coef": 0.01,
+        "num_minibatches": 1,
+        "update_epochs": 1,
+        "whiten_advantages": True,
+    }
+    return agent_class(policy, env, **config)
 
 
 def full_batch(agent) -> RolloutBatch:
