@@ -407,6 +407,7 @@ class Agent(Generic[ConfigT]):
             advantages=advantages,
             returns=returns,
             values=values,
+            lengths=batch.completion_mask.sum(1),
         )
 
     def _logprobs(self, ids: Tensor, attn: Tensor, length: int) -> Tensor:
@@ -456,9 +457,14 @@ class Agent(Generic[ConfigT]):
         """
         self.optimizer.zero_grad(set_to_none=True)
         parts: list[tuple[Tensor, MicroBatchLoss]] = []
+        if self.config.bucket_by_length:  # micro-batches of similar lengths, no padding computed
+            minibatch = minibatch[data.lengths[minibatch].argsort(descending=True, stable=True)]
         for rows in minibatch.split(self.config.micro_batch_size or minibatch.numel()):
+            micro = data.rows(rows)
             with phase(LOSS):
-                loss = self.micro_batch_loss(data.rows(rows), counts)
+                loss = self.micro_batch_loss(
+                    micro.trimmed() if self.config.bucket_by_length else micro, counts
+                )
             with phase(BACKWARD):
                 loss.total.backward()
             parts.append((rows, loss))

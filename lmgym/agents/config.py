@@ -40,6 +40,8 @@ class AgentConfig:
     """Optimizer steps per epoch; each takes a set of whole rows."""
     micro_batch_size: int | None = None
     """Rows per forward/backward (gradient accumulation inside a minibatch); None: the whole minibatch."""
+    bucket_by_length: bool = True
+    """Sort a minibatch's rows by completion length into micro-batches and trim each one's forward pass to its longest completion (no compute on padding; the loss is unchanged)."""
     max_grad_norm: float | None = 1.0
     """Clip the global gradient norm to this; None disables clipping."""
     gamma: float = 1.0

@@ -32,6 +32,7 @@ class PreparedBatch:
         advantages: ``[B, L] float32`` detached.
         returns: ``[B, L] float32`` value targets, or ``None`` without a critic.
         values: ``[B, L] float32`` ``V_old``, or ``None`` without a critic.
+        lengths: ``[B] int64`` real completion tokens of each row.
     """
 
     ids: Tensor
@@ -44,6 +45,7 @@ class PreparedBatch:
     advantages: Tensor
     returns: Tensor | None
     values: Tensor | None
+    lengths: Tensor
 
     @property
     def max_new_tokens(self) -> int:
@@ -53,6 +55,23 @@ class PreparedBatch:
         """The sub-batch of rows ``index`` (``[b] int64``)."""
         taken = {f.name: getattr(self, f.name) for f in fields(self)}
         return PreparedBatch(**{k: v[index] if v is not None else None for k, v in taken.items()})
+
+    def trimmed(self) -> PreparedBatch:
+        """The same rows with the completion cut after its longest row's last token.
+
+        Columns past every row's completion are padding: a causal model's outputs on
+        the earlier positions do not depend on them, so the cut changes no value.
+        """
+        length = max(int(self.lengths.max()), 1) if self.lengths.numel() else 1
+        if length == self.max_new_tokens:
+            return self
+        width = self.ids.shape[1] - self.max_new_tokens + length
+        cut = {f.name: getattr(self, f.name) for f in fields(self)}
+        for name, value in cut.items():
+            if value is None or value.dim() < 2:
+                continue
+            cut[name] = value[:, :width] if name in ("ids", "attn") else value[:, :length]
+        return PreparedBatch(**cut)
 
 
 @dataclass(frozen=True)

@@ -72,9 +72,13 @@ def update_metrics(
     rows = torch.cat([r for r, _ in micro_batches])
     losses = [loss for _, loss in micro_batches]
 
+    width = data.mask.shape[1]
+
     def tokens(values: list[Tensor]) -> Tensor:
-        """Per-token values of every micro-batch, gathered over ranks."""
-        return gather_rows(torch.cat(values))
+        """Per-token values of every micro-batch (trimmed ones padded back to ``L``),
+        gathered over ranks."""
+        padded = [torch.nn.functional.pad(v, (0, width - v.shape[1])) for v in values]
+        return gather_rows(torch.cat(padded))
 
     mask = tokens([data.mask[rows]])
     logprobs = tokens([loss.logprobs for loss in losses])

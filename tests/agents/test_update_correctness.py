@@ -342,3 +342,37 @@ def test_evaluate_uses_its_own_env_and_moves_no_training_state():
         assert torch.equal(after[key], value) if torch.is_tensor(value) else after[key] == value
     assert torch.equal(agent.generator.get_state(), generator_state)
     assert agent.tokens_generated == tokens
+
+
+# -------------------------------------------------------------- length bucketing
+@pytest.mark.parametrize("agent_class", ALL_AGENTS)
+def test_length_bucketing_changes_neither_gradient_nor_metrics(agent_class):
+    """Rows sorted by length into micro-batches, each pass trimmed to its longest
+    completion: the same update as padded micro-batches (whole-minibatch normalisers)."""
+    results = []
+    for bucket in (False, True):
+        agent, batch = setup(
+            agent_class, micro_batch_size=3, bucket_by_length=bucket, max_grad_norm=None
+        )
+        assert batch.lengths.min() < batch.lengths.max()
+        results.append(gradients_of(agent, batch))
+    (padded, padded_metrics), (bucketed, bucketed_metrics) = results
+    torch.testing.assert_close(bucketed, padded, atol=1e-6, rtol=1e-4)
+    assert bucketed_metrics.keys() == padded_metrics.keys()
+    for key, value in padded_metrics.items():
+        assert bucketed_metrics[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+
+
+def test_length_bucketing_runs_no_pass_over_padding_columns():
+    agent, batch = setup(GRPO, micro_batch_size=3)
+    widths = []
+    forward = agent.policy.sequence_hidden
+
+    def spy(ids, attn, length):
+        widths.append(length)
+        return forward(ids, attn, length)
+
+    agent.policy.sequence_hidden = spy
+    agent.train_on_batch(batch)
+    ordered = batch.lengths.sort(descending=True).values
+    assert widths == [int(ordered[i : i + 3].max()) for i in range(0, ROWS, 3)]
