@@ -35,18 +35,19 @@ def run_side(args: argparse.Namespace, num_prompts: int, out: Path) -> None:
     """Time ``args.iters`` GRPO iterations on this rank's ``num_prompts`` prompts."""
     import torch
     import transformers
+    from _lm import forbid_token, make_prompts
     from torch.profiler import ProfilerActivity, profile
 
-    from _lm import forbid_token, make_prompts
     from lmgym import FunctionReward, TokenVectorEnv
     from lmgym.agents import GRPO
-    from lmgym.distributed import init_from_env, rank, world_size
+    from lmgym.distributed import DataParallelGroup, init_from_env
     from lmgym.policy import CausalLMPolicy, make_tiny_lm
     from lmgym.profiling import COMM, phase_times
 
     torch.set_num_threads(args.threads)
     transformers.logging.set_verbosity_error()
     init_from_env()
+    group = DataParallelGroup()
     model, tok = make_tiny_lm(n_layer=args.layers, n_embd=args.width, n_head=6, n_positions=96)
     forbid_token(model, tok.eos_token_id)
     policy = CausalLMPolicy(model, tok)
@@ -75,11 +76,11 @@ def run_side(args: argparse.Namespace, num_prompts: int, out: Path) -> None:
         profiled = time.perf_counter() - start
     comm = sum(t.seconds for path, t in phase_times(prof.events()).items() if path.endswith(COMM))
     params = sum(p.numel() for p in policy.model.parameters() if p.requires_grad)
-    if rank() == 0:
+    if group.rank == 0:
         result = {
-            "world_size": world_size(),
+            "world_size": group.size,
             "seconds": statistics.median(times),
-            "tokens_per_iter": statistics.median(tokens) * world_size(),
+            "tokens_per_iter": statistics.median(tokens) * group.size,
             "comm_share": comm / profiled,
             "allreduce_bytes": 4 * params,
             "params": params,

@@ -42,14 +42,6 @@ def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-def rank() -> int:
-    return dist.get_rank() if is_distributed() else 0
-
-
-def world_size() -> int:
-    return dist.get_world_size() if is_distributed() else 1
-
-
 def init_from_env(device: str | torch.device = "cpu", timeout_s: float = DEFAULT_TIMEOUT_S) -> bool:
     """Join the process group ``torchrun`` describes in the environment, if any.
 
@@ -66,113 +58,126 @@ def init_from_env(device: str | torch.device = "cpu", timeout_s: float = DEFAULT
     return is_distributed()
 
 
-def all_reduce_sum(tensor: Tensor) -> Tensor:
-    """Sum ``tensor`` over ranks, in place; returns it."""
-    if is_distributed():
-        with phase(COMM):
-            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-    return tensor
-
-
-def all_reduce_min(tensor: Tensor) -> Tensor:
-    """Minimum of ``tensor`` over ranks, in place; returns it."""
-    if is_distributed():
-        with phase(COMM):
-            dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
-    return tensor
-
-
-def all_reduce_grads(params: Sequence[Tensor]) -> None:
-    """Sum the parameters' gradients over ranks in one flat all-reduce.
-
-    The losses are normalised by global counts, so the global gradient is the
-    *sum* of the ranks' gradients (DDP would average them). A parameter without a
-    gradient on this rank (no rows in this minibatch) contributes zeros.
-    """
-    if not is_distributed():
-        return
-    for p in params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-    grads = [p.grad for p in params]
-    flat = torch.cat([g.reshape(-1) for g in grads])  # type: ignore[union-attr]
-    with phase(COMM):
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset : offset + g.numel()].view_as(g))  # type: ignore[union-attr]
-        offset += g.numel()  # type: ignore[union-attr]
-
-
-def gather_rows(tensor: Tensor, left_pad: Any = None) -> Tensor:
-    """Concatenate every rank's ``tensor`` along dim 0, rank order.
-
-    Ranks may hold different numbers of rows. With ``left_pad`` set, dim 1 may
-    differ too (left-padded prompts): narrower tensors are padded on the left with
-    that value to the widest.
+class DataParallelGroup:
+    """The collectives of a data-parallel learner over one process group.
 
     Args:
-        tensor: ``[b_r, ...]`` on this rank.
-        left_pad: fill value for dim-1 padding, or ``None`` when dim 1 is equal.
-
-    Returns:
-        ``[sum_r b_r, ...]``.
+        group: the learners' process group; ``None`` is the default (world) group.
+            Outside an initialised group of more than one rank every method is the
+            identity: one process is a group of size 1.
     """
-    if not is_distributed():
+
+    def __init__(self, group: dist.ProcessGroup | None = None) -> None:
+        self.group = group
+        self.active = is_distributed() and dist.get_world_size(group) > 1
+        self.rank = dist.get_rank(group) if self.active else 0
+        self.size = dist.get_world_size(group) if self.active else 1
+
+    def all_reduce_sum(self, tensor: Tensor) -> Tensor:
+        """Sum ``tensor`` over ranks, in place; returns it."""
+        if self.active:
+            with phase(COMM):
+                dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group)
         return tensor
-    shapes = [None] * world_size()
-    dist.all_gather_object(shapes, tuple(tensor.shape))
-    rows = max(s[0] for s in shapes)  # type: ignore[index]
-    if left_pad is not None:
-        width = max(s[1] for s in shapes)  # type: ignore[index]
-        if tensor.shape[1] < width:
-            pad = tensor.new_full(
-                (tensor.shape[0], width - tensor.shape[1], *tensor.shape[2:]), left_pad
-            )
-            tensor = torch.cat([pad, tensor], dim=1)
-    padded = tensor.new_zeros((rows, *tensor.shape[1:]))
-    padded[: tensor.shape[0]] = tensor
-    parts = [torch.empty_like(padded) for _ in range(world_size())]
-    with phase(COMM):
-        dist.all_gather(parts, padded.contiguous())
-    return torch.cat([part[: s[0]] for part, s in zip(parts, shapes, strict=True)])  # type: ignore[index]
 
+    def all_reduce_min(self, tensor: Tensor) -> Tensor:
+        """Minimum of ``tensor`` over ranks, in place; returns it."""
+        if self.active:
+            with phase(COMM):
+                dist.all_reduce(tensor, op=dist.ReduceOp.MIN, group=self.group)
+        return tensor
 
-def gather_batch(batch: RolloutBatch, pad_id: int) -> tuple[RolloutBatch, Tensor]:
-    """The union of every rank's rollout batch, and this rank's rows in it.
+    def all_reduce_grads(self, params: Sequence[Tensor]) -> None:
+        """Sum the parameters' gradients over ranks in one flat all-reduce.
 
-    Returns:
-        ``(union batch, [b] int64 indices of this rank's rows in the union)``.
-    """
-    if not is_distributed():
-        return batch, torch.arange(batch.batch_size, device=batch.rewards.device)
-    pads = {"prompt_ids": pad_id, "prompt_mask": False}
-    union = RolloutBatch(
-        **{f.name: gather_rows(getattr(batch, f.name), pads.get(f.name)) for f in fields(batch)}
-    )
-    counts = [None] * world_size()
-    dist.all_gather_object(counts, batch.batch_size)
-    start = sum(counts[: rank()])  # type: ignore[arg-type]
-    return union, torch.arange(start, start + batch.batch_size, device=batch.rewards.device)
+        The losses are normalised by global counts, so the global gradient is the
+        *sum* of the ranks' gradients (DDP would average them). A parameter without a
+        gradient on this rank (no rows in this minibatch) contributes zeros.
+        """
+        if not self.active:
+            return
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        grads = [p.grad for p in params]
+        flat = torch.cat([g.reshape(-1) for g in grads])  # type: ignore[union-attr]
+        with phase(COMM):
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))  # type: ignore[union-attr]
+            offset += g.numel()  # type: ignore[union-attr]
 
+    def gather_rows(self, tensor: Tensor, left_pad: Any = None) -> Tensor:
+        """Concatenate every rank's ``tensor`` along dim 0, rank order.
 
-def check_same_on_every_rank(what: str, value: dict[str, Any]) -> None:
-    """Raise ``ValueError`` on every rank if ``value`` differs between ranks.
+        Ranks may hold different numbers of rows. With ``left_pad`` set, dim 1 may
+        differ too (left-padded prompts): narrower tensors are padded on the left with
+        that value to the widest.
 
-    Args:
-        what: the name of the thing compared, e.g. ``"agent config"``.
-        value: a JSON-serialisable dict; the error names the keys that differ.
-    """
-    if not is_distributed():
-        return
-    values: list[Any] = [None] * world_size()
-    dist.all_gather_object(values, json.loads(json.dumps(value, default=str)))
-    differ = sorted(
-        {k for v in values for k in set(v) | set(values[0]) if v.get(k) != values[0].get(k)}
-    )
-    if differ:
-        shown = {k: [v.get(k) for v in values] for k in differ}
-        raise ValueError(
-            f"{what} differs between ranks in {differ} (per rank: {shown}); launch every rank "
-            "with the same settings"
+        Args:
+            tensor: ``[b_r, ...]`` on this rank.
+            left_pad: fill value for dim-1 padding, or ``None`` when dim 1 is equal.
+
+        Returns:
+            ``[sum_r b_r, ...]``.
+        """
+        if not self.active:
+            return tensor
+        shapes = [None] * self.size
+        dist.all_gather_object(shapes, tuple(tensor.shape), group=self.group)
+        rows = max(s[0] for s in shapes)  # type: ignore[index]
+        if left_pad is not None:
+            width = max(s[1] for s in shapes)  # type: ignore[index]
+            if tensor.shape[1] < width:
+                pad = tensor.new_full(
+                    (tensor.shape[0], width - tensor.shape[1], *tensor.shape[2:]), left_pad
+                )
+                tensor = torch.cat([pad, tensor], dim=1)
+        padded = tensor.new_zeros((rows, *tensor.shape[1:]))
+        padded[: tensor.shape[0]] = tensor
+        parts = [torch.empty_like(padded) for _ in range(self.size)]
+        with phase(COMM):
+            dist.all_gather(parts, padded.contiguous(), group=self.group)
+        return torch.cat([part[: s[0]] for part, s in zip(parts, shapes, strict=True)])  # type: ignore[index]
+
+    def gather_batch(self, batch: RolloutBatch, pad_id: int) -> tuple[RolloutBatch, Tensor]:
+        """The union of every rank's rollout batch, and this rank's rows in it.
+
+        Returns:
+            ``(union batch, [b] int64 indices of this rank's rows in the union)``.
+        """
+        if not self.active:
+            return batch, torch.arange(batch.batch_size, device=batch.rewards.device)
+        pads = {"prompt_ids": pad_id, "prompt_mask": False}
+        union = RolloutBatch(
+            **{
+                f.name: self.gather_rows(getattr(batch, f.name), pads.get(f.name))
+                for f in fields(batch)
+            }
         )
+        counts = [None] * self.size
+        dist.all_gather_object(counts, batch.batch_size, group=self.group)
+        start = sum(counts[: self.rank])  # type: ignore[arg-type]
+        return union, torch.arange(start, start + batch.batch_size, device=batch.rewards.device)
+
+    def check_same_on_every_rank(self, what: str, value: dict[str, Any]) -> None:
+        """Raise ``ValueError`` on every rank if ``value`` differs between ranks.
+
+        Args:
+            what: the name of the thing compared, e.g. ``"agent config"``.
+            value: a JSON-serialisable dict; the error names the keys that differ.
+        """
+        if not self.active:
+            return
+        values: list[Any] = [None] * self.size
+        dist.all_gather_object(values, json.loads(json.dumps(value, default=str)), group=self.group)
+        differ = sorted(
+            {k for v in values for k in set(v) | set(values[0]) if v.get(k) != values[0].get(k)}
+        )
+        if differ:
+            shown = {k: [v.get(k) for v in values] for k in differ}
+            raise ValueError(
+                f"{what} differs between ranks in {differ} (per rank: {shown}); launch every rank "
+                "with the same settings"
+            )

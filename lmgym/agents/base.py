@@ -53,15 +53,7 @@ from lmgym.agents.numerics import (
 from lmgym.agents.ratios import tis_weights
 from lmgym.agents.records import Counts, MicroBatchLoss, PolicyOutput, PreparedBatch
 from lmgym.agents.report import update_metrics
-from lmgym.distributed import (
-    all_reduce_grads,
-    all_reduce_min,
-    all_reduce_sum,
-    check_same_on_every_rank,
-    gather_batch,
-    gather_rows,
-    rank,
-)
+from lmgym.distributed import DataParallelGroup
 from lmgym.envs.rewards import reward_component_means
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.policy.causal_lm import CausalLMPolicy
@@ -95,6 +87,9 @@ class Agent(Generic[ConfigT]):
         ref_policy: frozen reference for the KL term; required when ``beta > 0``,
             optional otherwise (then only used to log KL to the reference).
         config: the algorithm's config dataclass (default: its documented defaults).
+        process_group: the data-parallel learners' ``torch.distributed`` group
+            (``None``: the default group when one is initialised, else one process;
+            docs/distributed.md).
         **overrides: config fields to change, e.g. ``learning_rate=3e-4``; an
             unknown name is an error listing the valid ones.
     """
@@ -111,6 +106,7 @@ class Agent(Generic[ConfigT]):
         env: TokenVectorEnv,
         ref_policy: CausalLMPolicy | None = None,
         config: ConfigT | None = None,
+        process_group: Any = None,
         **overrides: Any,
     ) -> None:
         self.config: ConfigT = build_config(self.config_class, config, overrides)  # type: ignore[assignment]
@@ -147,10 +143,11 @@ class Agent(Generic[ConfigT]):
             betas=self.config.adam_betas,
             weight_decay=self.config.weight_decay,
         )
-        check_same_on_every_rank(f"{self.name} config", dataclasses.asdict(self.config))
+        self.group = DataParallelGroup(process_group)
+        self.group.check_same_on_every_rank(f"{self.name} config", dataclasses.asdict(self.config))
         self.generator = torch.Generator(device=policy.device)
         # Rank 0 samples exactly as a single process; other ranks draw other completions.
-        self.generator.manual_seed(self.config.seed + 7919 * rank())
+        self.generator.manual_seed(self.config.seed + 7919 * self.group.rank)
         self._shuffle = torch.Generator()
         self._shuffle.manual_seed(self.config.seed + 1)
         self._collector: ContinuousCollector | None = None
@@ -280,10 +277,10 @@ class Agent(Generic[ConfigT]):
         # Data parallel: every rank keeps as many groups as the rank that found fewest,
         # so minibatches hold equal shares of rows.
         groups = batch.group_ids.unique()
-        fewest = int(all_reduce_min(torch.tensor([groups.numel()])))
+        fewest = int(self.group.all_reduce_min(torch.tensor([groups.numel()])))
         if fewest < groups.numel():
             batch = batch.select(torch.isin(batch.group_ids, groups[:fewest]))
-        return batch, int(all_reduce_sum(torch.tensor([dropped])))
+        return batch, int(self.group.all_reduce_sum(torch.tensor([dropped])))
 
     def _draw(self) -> RolloutBatch:
         seed = None if self._env_seeded else self.config.seed
@@ -322,7 +319,7 @@ class Agent(Generic[ConfigT]):
         for epoch in range(cfg.update_epochs):
             order = torch.randperm(batch.batch_size, generator=self._shuffle).to(data.mask.device)
             for index, minibatch in enumerate(order.chunk(cfg.num_minibatches)):
-                counts = Counts.of(data.mask[minibatch])
+                counts = Counts.of(data.mask[minibatch], self.group)
                 if counts.tokens == 0:
                     continue  # every row masked out: nothing to learn from
                 where = f"iteration {self.iteration + 1}, epoch {epoch + 1}, minibatch {index + 1}"
@@ -346,6 +343,7 @@ class Agent(Generic[ConfigT]):
                 grad_norms,
                 self.clip_range(),
                 self.clip_zeroes_gradient,
+                self.group,
             )
         if cfg.skip_nonfinite:
             metrics["nonfinite_steps_skipped"] = float(skipped)
@@ -377,16 +375,16 @@ class Agent(Generic[ConfigT]):
 
         # Advantages of the union batch over data-parallel ranks (one rank: the batch),
         # so batch-wide statistics are global; this rank keeps its own rows.
-        union, mine = gather_batch(batch, pad_id=0)
+        union, mine = self.group.gather_batch(batch, pad_id=0)
         rewards = union.rewards
         if cfg.overlong_cache is not None:
             shaping = overlong_penalty(union.lengths, length, cfg.overlong_cache)
             rewards = rewards + shaping[:, None] * union.dones
         if cfg.beta > 0 and cfg.kl_placement == "reward":
             lp_old = old_logprobs if old_logprobs is not None else self._logprobs(ids, attn, length)
-            kl_inputs = gather_rows(lp_old), gather_rows(ref_logprobs)
+            kl_inputs = self.group.gather_rows(lp_old), self.group.gather_rows(ref_logprobs)
             rewards = kl_in_reward(rewards, *kl_inputs, union.completion_mask, cfg.beta)
-        union_values = gather_rows(values) if values is not None else None
+        union_values = self.group.gather_rows(values) if values is not None else None
         advantages, returns = self.advantages(union, rewards, union.completion_mask, union_values)
         if cfg.whiten_advantages:
             advantages = whiten(advantages, union.completion_mask)
@@ -478,11 +476,11 @@ class Agent(Generic[ConfigT]):
         # Each rank's terms and gradients are its share of the minibatch's: sum them.
         names = sorted(parts[0][1].terms)
         summed = torch.stack([sum(loss.terms[n] for _, loss in parts) for n in names])
-        terms = dict(zip(names, all_reduce_sum(summed.double()).tolist(), strict=True))
+        terms = dict(zip(names, self.group.all_reduce_sum(summed.double()).tolist(), strict=True))
         for name, value in terms.items():
             check_finite(name, torch.tensor(value), where)
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
-        all_reduce_grads(params)
+        self.group.all_reduce_grads(params)
         norm = total_grad_norm(params)
         check_finite("grad_norm", norm, where)
         clip_grads(params, self.config.max_grad_norm, norm)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 import torch
 from torch import Tensor
 
-from lmgym.distributed import all_reduce_sum
+from lmgym.distributed import DataParallelGroup
 
 
 @dataclass(frozen=True)
@@ -89,11 +89,13 @@ class Counts:
     max_len: int
 
     @classmethod
-    def of(cls, mask: Tensor) -> Counts:
+    def of(cls, mask: Tensor, group: DataParallelGroup | None = None) -> Counts:
         """Counts of a minibatch's ``[b, L] bool`` loss mask, summed over data-parallel
         ranks (each rank holds its share of the minibatch's rows)."""
         counts = torch.tensor([mask.shape[0], mask.sum().item()], dtype=torch.float64)
-        sequences, tokens = all_reduce_sum(counts.to(mask.device)).tolist()
+        if group is not None:
+            counts = group.all_reduce_sum(counts.to(mask.device))
+        sequences, tokens = counts.tolist()
         return cls(sequences, tokens, mask.shape[1])
 
 

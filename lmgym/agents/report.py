@@ -18,7 +18,7 @@ from lmgym.agents.metrics import (
 )
 from lmgym.agents.records import MicroBatchLoss, PreparedBatch
 from lmgym.agents.value import explained_variance
-from lmgym.distributed import gather_batch, gather_rows
+from lmgym.distributed import DataParallelGroup
 from lmgym.types import RolloutBatch
 
 
@@ -31,6 +31,7 @@ def update_metrics(
     grad_norms: list[float],
     clip_range: tuple[float, float] | None,
     clip_zeroes_gradient: bool,
+    group: DataParallelGroup,
 ) -> dict[str, float]:
     """Metrics of one update, global across data-parallel ranks.
 
@@ -44,11 +45,13 @@ def update_metrics(
         grad_norms: per optimizer step, the gradient norm before clipping.
         clip_range: the rule's ``(low, high)`` clip half-widths, if it clips.
         clip_zeroes_gradient: False for rules (CISPO) whose clip never zeroes a gradient.
+        group: the data-parallel learners (metrics are over all their rows).
 
     Returns:
         name -> float.
     """
-    union, _ = gather_batch(batch, pad_id=0)
+    gather_rows = group.gather_rows
+    union, _ = group.gather_batch(batch, pad_id=0)
     scores = union.scores
     advantages, mask = gather_rows(data.advantages), gather_rows(data.mask)
     metrics: dict[str, float] = {

@@ -19,22 +19,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from dp_cases import CASES, full_batch, gradient_of, make_agent  # noqa: E402
 
-from lmgym.distributed import init_from_env, rank, world_size  # noqa: E402
+from lmgym.distributed import DataParallelGroup, init_from_env  # noqa: E402
 
 
 def main(out: Path) -> None:
     torch.set_num_threads(1)
     init_from_env(timeout_s=60)
-    assert world_size() == 2
+    rank = DataParallelGroup().rank
+    assert DataParallelGroup().size == 2
     results = {}
     for key in CASES:
         agent = make_agent(key)
         batch = full_batch(agent)
         groups = batch.group_ids.unique()
-        mine = groups[:2] if rank() == 0 else groups[2:]  # 2 groups on rank 0, 1 on rank 1
+        mine = groups[:2] if rank == 0 else groups[2:]  # 2 groups on rank 0, 1 on rank 1
         local = batch.select(torch.isin(batch.group_ids, mine))
         results[key] = gradient_of(agent, local)
-    torch.save(results, out / f"rank{rank()}.pt")
+    torch.save(results, out / f"rank{rank}.pt")
     dist.destroy_process_group()
 
 
