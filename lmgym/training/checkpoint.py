@@ -145,7 +145,7 @@ class CheckpointManager:
         state = {"iteration": agent.iteration, "rng": global_rng_state(), **(trainer_state or {})}
         with atomic_directory(final, manifest=[TRAINER_STATE, f"{AGENT_DIR}/manifest.json"]) as tmp:
             write_agent(agent, tmp / AGENT_DIR)
-            atomic.write_point(f"wrote {AGENT_DIR}")
+            atomic.write_point(f"saved {AGENT_DIR}")
             save_state(state, tmp / TRAINER_STATE, name="trainer state")
         self.point_latest_at(final)
         self._prune(final)
