@@ -266,7 +266,10 @@ def _flag(field: str) -> str:
 
 
 def _error(command: str, message: str) -> int:
-    print(f"lmgym {command}: error: {message}", file=sys.stderr)
+    """Print ``lmgym COMMAND: error: MESSAGE`` as one line (a library's multi-line message
+    is joined) and return the exit status 2."""
+    line = " ".join(part.strip() for part in message.splitlines() if part.strip())
+    print(f"lmgym {command}: error: {line}", file=sys.stderr)
     return 2
 
 
@@ -520,15 +523,15 @@ def evaluate(argv: Sequence[str]) -> int:
             model_path, label = resolve_model(target), target
         task = args.task or run_config.get("task") or DEFAULT_TASK
         check_task(task)
+        env_kwargs = check_env_kwargs(
+            task, dict(args.env) if args.env else dict(run_config.get("env_kwargs", {}))
+        )
         # `is None`, not `or`: --temperature 0 means greedy, not "the run's temperature".
         temperature = (
             args.temperature if args.temperature is not None else run_config.get("temperature", 1.0)
         )
         policy = CausalLMPolicy.from_pretrained(
             model_path, device=args.device, temperature=temperature
-        )
-        env_kwargs = check_env_kwargs(
-            task, dict(args.env) if args.env else dict(run_config.get("env_kwargs", {}))
         )
         env, split = make_eval_env(
             task,
