@@ -363,7 +363,10 @@ class Trainer:
         manager = CheckpointManager(run.checkpoints, cfg.keep_checkpoints)
         checkpoint = manager.latest() if self._resume_latest else self.resume_from
         if checkpoint is None:
-            raise FileNotFoundError(f"run directory {run.path} has no checkpoint to resume from")
+            raise FileNotFoundError(
+                f"run directory {run.path} has no checkpoint to resume from (it stopped before "
+                f"its first one); start it again with --run-dir {run.path} --overwrite"
+            )
         self.resume_from = checkpoint
         try:
             CheckpointManager.verify(checkpoint)

@@ -141,3 +141,31 @@ def test_recover_leftovers_puts_back_a_directory_moved_aside(tmp_path):
     ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["iter_000003", "iter_000004"]
     assert (tmp_path / "iter_000003" / "manifest.json").read_text() == "{}"
+
+
+def test_a_run_killed_before_its_first_checkpoint_says_how_to_restart(
+    tmp_path, train, capsys, killed_at, same_history
+):
+    whole, run = tmp_path / "whole", tmp_path / "run"
+    assert train("--iterations", "2", "--run-dir", str(whole)) == 0
+    status, label = killed_at(1, lambda: train("--iterations", "2", "--run-dir", str(run)))
+    assert (status, label) == (77, "write config.json")  # the directory exists, locked, empty
+    capsys.readouterr()
+    assert train("--resume", str(run), "--iterations", "2") == 2
+    assert "is not an lmgym run directory" in capsys.readouterr().err
+    assert train("--iterations", "2", "--run-dir", str(run)) == 2  # exists: needs --overwrite
+
+    # Killed while writing its first row (points: config.json x3, progress.csv created x3).
+    status, label = killed_at(
+        7, lambda: train("--iterations", "2", "--run-dir", str(run), "--overwrite")
+    )
+    assert (status, label) == (77, "write progress.csv")
+    assert not (run / "checkpoints").exists()
+    capsys.readouterr()
+    assert train("--resume", str(run), "--iterations", "2") == 2
+    assert capsys.readouterr().err == (
+        f"lmgym train: error: run directory {run} has no checkpoint to resume from (it stopped "
+        f"before its first one); start it again with --run-dir {run} --overwrite\n"
+    )
+    assert train("--iterations", "2", "--run-dir", str(run), "--overwrite") == 0
+    same_history(run, whole)
