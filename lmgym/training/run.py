@@ -310,7 +310,11 @@ class RunDirectory:
         """
         self.lock.acquire()
         _refuse_symlink(self.checkpoints)
-        return recover_leftovers(self.path) + recover_leftovers(self.checkpoints)
+        return (
+            recover_leftovers(self.path)
+            + recover_leftovers(self.checkpoints)
+            + recover_leftovers(self.path / self.ABANDONED)
+        )
 
     def release_lock(self) -> None:
         """Give the lock back (a no-op when not held)."""

@@ -121,6 +121,8 @@ def test_leftovers_of_crashed_writes_are_cleaned_on_the_next_start(tmp_path, tra
     (checkpoints / ".iter_000002.tmp-4242" / "trainer_state.pt").write_bytes(b"half")
     (checkpoints / ".latest.tmp-4242").write_text("iter_0")
     (run / ".progress.csv.tmp-4242").write_text("reward_mean\n")
+    (run / "abandoned").mkdir()
+    (run / "abandoned" / ".001-after-iter_000001.tmp-4242").mkdir()
     capsys.readouterr()
     assert train("--resume", str(run), "--iterations", "2") == 0
     out = capsys.readouterr().out
