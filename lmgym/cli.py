@@ -165,7 +165,8 @@ def _train_parser(algo: str, suppress: bool = False) -> argparse.ArgumentParser:
         default=default(None),
         metavar="KEY=VALUE",
         help="an argument of the task's env factory, e.g. --env reward_mode=per_token "
-        "(VALUE read as JSON when it parses); repeatable",
+        "(VALUE converted to the parameter's type: booleans from true/false/yes/no/1/0 only); "
+        "repeatable",
     )
     parser.add_argument(
         "--callback",
@@ -265,7 +266,10 @@ def _flag(field: str) -> str:
 
 
 def _error(command: str, message: str) -> int:
-    print(f"lmgym {command}: error: {message}", file=sys.stderr)
+    """Print ``lmgym COMMAND: error: MESSAGE`` as one line (a library's multi-line message
+    is joined) and return the exit status 2."""
+    line = " ".join(part.strip() for part in message.splitlines() if part.strip())
+    print(f"lmgym {command}: error: {line}", file=sys.stderr)
     return 2
 
 
@@ -275,12 +279,28 @@ def _quiet_transformers() -> None:
     hf_logging.disable_progress_bar()
 
 
+def _stopped_hint(run_dir: str | None) -> str:
+    """How to continue a run that stopped on an error, when it has a checkpoint."""
+    if not run_dir:
+        return ""
+    from lmgym.training.checkpoint import CheckpointManager
+    from lmgym.training.run import RunDirectory
+
+    try:
+        latest = CheckpointManager(RunDirectory(run_dir).checkpoints).latest()
+    except ValueError:
+        return ""
+    if latest is None:
+        return ""
+    return f"; its last complete checkpoint is {latest} (continue: lmgym train --resume {run_dir})"
+
+
 def train(argv: Sequence[str]) -> int:
     """``lmgym train``: see the module docstring and docs/cli.md."""
     from lmgym.agents import ALGORITHMS
+    from lmgym.persistence import CheckpointError, DirectoryLockedError
     from lmgym.training.config_file import ConfigFileError, read_config_file
-    from lmgym.training.manifest import CheckpointError
-    from lmgym.training.run import RunDirectoryExistsError
+    from lmgym.training.env_args import check_env_kwargs
     from lmgym.training.trainer import Trainer, check_task
 
     argv = list(argv)
@@ -301,7 +321,7 @@ def train(argv: Sequence[str]) -> int:
     saved: dict[str, Any] | None = None
     try:
         if known.resume is not None:
-            run, _checkpoint = Trainer.find_checkpoint(known.resume)
+            run = Trainer.find_run(known.resume)
             saved = run.read_config()
             from lmgym.training.config_file import flatten_config
 
@@ -310,7 +330,7 @@ def train(argv: Sequence[str]) -> int:
             source = str(run.config_path)
         elif known.config is not None:
             file_values = read_config_file(known.config)
-    except (ConfigFileError, FileNotFoundError) as exc:
+    except (ConfigFileError, OSError, ValueError) as exc:
         return _error("train", str(exc))
 
     algo = known.algo or file_values.get("algo") or "grpo"
@@ -332,6 +352,7 @@ def train(argv: Sequence[str]) -> int:
     run_values, agent_values = _split_namespace(args)
     try:
         check_task(run_values["task"])
+        run_values["env_kwargs"] = check_env_kwargs(run_values["task"], run_values["env_kwargs"])
     except ValueError as exc:
         return _error("train", str(exc))
 
@@ -341,6 +362,10 @@ def train(argv: Sequence[str]) -> int:
             given_run, given_agent = _split_namespace(
                 _train_parser(algo, suppress=True).parse_args(argv)
             )
+            if "env_kwargs" in given_run:
+                given_run["env_kwargs"] = check_env_kwargs(
+                    saved["run"]["task"], given_run["env_kwargs"]
+                )
             for field, value in given_agent.items():
                 old = saved["agent"][field]
                 old = tuple(old) if isinstance(old, list) else old
@@ -368,12 +393,25 @@ def train(argv: Sequence[str]) -> int:
             trainer = Trainer.resume(known.resume, changes=given_run)
         else:
             config = TrainConfig(**run_values)
-            agent_config = ALGORITHMS[algo].config_class(**agent_values)
+            try:
+                agent_config = ALGORITHMS[algo].config_class(**agent_values)
+            except TypeError as exc:
+                return _error("train", str(exc))
             _quiet_transformers()
             trainer = Trainer(config, agent_config, overwrite=args.overwrite)
         result = trainer.run()
-    except (RunDirectoryExistsError, CheckpointError, FileNotFoundError, ValueError) as exc:
-        return _error("train", str(exc))
+    except (CheckpointError, DirectoryLockedError, OSError, ValueError) as exc:
+        # OSError includes a full disk (ENOSPC): checkpoints are all-or-nothing, so the
+        # last complete one is intact.
+        run_dir = trainer.config.run_dir if trainer is not None else None
+        write_error = isinstance(exc, OSError) and not isinstance(
+            exc, FileExistsError | FileNotFoundError
+        )
+        hint = _stopped_hint(run_dir) if write_error else ""
+        return _error("train", f"{exc}{hint}")
+    except FloatingPointError as exc:  # a non-finite loss, gradient or statistic
+        run_dir = trainer.config.run_dir if trainer is not None else None
+        return _error("train", f"{exc}{_stopped_hint(run_dir)}")
     except KeyboardInterrupt:
         run_dir = trainer.config.run_dir if trainer is not None else None
         hint = f"; continue from its last checkpoint: lmgym train --resume {run_dir}"
@@ -422,7 +460,7 @@ def _eval_parser() -> argparse.ArgumentParser:
         "--temperature",
         type=float,
         default=None,
-        help="sampling temperature (default: the run's, or 1)",
+        help="sampling temperature; 0 is greedy decoding (default: the run's, or 1)",
     )
     parser.add_argument(
         "--correct-threshold",
@@ -451,41 +489,50 @@ def evaluate(argv: Sequence[str]) -> int:
     """``lmgym eval``: evaluate a run or a model."""
     import torch
 
+    from lmgym.persistence import CheckpointError, check_agent_dir
     from lmgym.policy import CausalLMPolicy
-    from lmgym.training.checkpoint import is_checkpoint
+    from lmgym.training.checkpoint import CheckpointManager, is_checkpoint
+    from lmgym.training.env_args import check_env_kwargs
     from lmgym.training.evaluation import correct_threshold_for, evaluate_policy, make_eval_env
-    from lmgym.training.manifest import CheckpointError, verify_manifest
-    from lmgym.training.run import RunDirectory
+    from lmgym.training.model_source import resolve_model
+    from lmgym.training.run import RunDirectory, check_device
     from lmgym.training.trainer import Trainer, check_task
 
     args = _eval_parser().parse_args(list(argv))
     if args.prompts < 1 or args.k < 1:
         return _error("eval", f"--prompts and --k must be >= 1, got {args.prompts} and {args.k}")
+    if args.temperature is not None and args.temperature < 0:
+        return _error("eval", f"--temperature {args.temperature}: must be >= 0 (0: greedy)")
     torch.set_num_threads(args.threads)
     _quiet_transformers()
     target = args.run or args.model
     run_config: dict[str, Any] = {}
     try:
+        check_device(args.device)
         path = Path(target)
         if args.run is not None or is_checkpoint(path) or RunDirectory(path).is_run():
             run, checkpoint = Trainer.find_checkpoint(path)
             run_config = run.read_config()["run"]
-            verify_manifest(checkpoint)
-            verify_manifest(checkpoint / "agent")
+            CheckpointManager.verify(checkpoint)
             model_path: Path | str = checkpoint / "agent" / "policy"
             label = str(checkpoint)
         elif (path / "policy").is_dir() and (path / "agent_config.json").is_file():
-            verify_manifest(path)  # a directory written by Agent.save
+            check_agent_dir(path)  # a directory written by Agent.save
             model_path, label = path / "policy", target
         else:
-            model_path, label = target, target
+            model_path, label = resolve_model(target), target
         task = args.task or run_config.get("task") or DEFAULT_TASK
         check_task(task)
-        temperature = args.temperature or run_config.get("temperature", 1.0)
+        env_kwargs = check_env_kwargs(
+            task, dict(args.env) if args.env else dict(run_config.get("env_kwargs", {}))
+        )
+        # `is None`, not `or`: --temperature 0 means greedy, not "the run's temperature".
+        temperature = (
+            args.temperature if args.temperature is not None else run_config.get("temperature", 1.0)
+        )
         policy = CausalLMPolicy.from_pretrained(
             model_path, device=args.device, temperature=temperature
         )
-        env_kwargs = dict(args.env) if args.env else dict(run_config.get("env_kwargs", {}))
         env, split = make_eval_env(
             task,
             policy.tokenizer,

@@ -26,12 +26,7 @@ gradient clipping and the metrics of docs/metrics.md. One iteration::
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import os
-import shutil
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -56,6 +51,7 @@ from lmgym.agents.report import update_metrics
 from lmgym.distributed import DataParallelGroup
 from lmgym.envs.rewards import reward_component_means
 from lmgym.envs.token_env import TokenVectorEnv
+from lmgym.persistence.agent import load_agent, save_agent
 from lmgym.policy.causal_lm import CausalLMPolicy
 from lmgym.policy.value import Critic
 from lmgym.profiling import BACKWARD, LOSS, METRICS, OPTIMIZER, PREPARE, phase
@@ -71,11 +67,6 @@ A callback object may also define ``on_learn_start(agent)`` and
 first and after the last iteration (``lmgym.training.callbacks`` has ready ones:
 early stop at a threshold, periodic evaluation, sample printing, logging,
 checkpoints)."""
-
-STATE_FILE = "agent_state.pt"
-MANIFEST_FILE = "manifest.json"
-CONFIG_FILE = "agent_config.json"
-POLICY_DIR = "policy"
 
 
 class Agent(Generic[ConfigT]):
@@ -532,62 +523,18 @@ class Agent(Generic[ConfigT]):
 
     # -------------------------------------------------------------- save/load
     def save(self, path: str | Path) -> Path:
-        """Write a checkpoint to the directory ``path``, atomically.
+        """Write the agent to the directory ``path``, atomically (``lmgym.persistence.agent``).
 
         Contents: the policy (``save_pretrained``: safetensors weights, tokenizer),
         ``agent_state.pt`` (optimizer, sampler and shuffle RNG, the env's prompt
         stream, iteration and token counters, critic head, stateful helpers such as
-        REINFORCE's EMA baseline, sampling settings), ``agent_config.json``, and last
-        ``manifest.json`` (size and SHA-256 of every file). Everything is written
-        under a temporary name and renamed into place at the end, so a crash
-        mid-write leaves any previous checkpoint at ``path`` intact and never a
-        partial one under that name; ``load`` verifies the manifest, so a file
-        damaged later fails with a clear error.
+        REINFORCE's EMA baseline, sampling settings; tensors and plain data only),
+        ``agent_config.json``, and last ``manifest.json`` (size and SHA-256 of every
+        file). It is written under a temporary name and renamed into place, so a
+        crash mid-write leaves any previous save at ``path`` intact and never a
+        partial one under that name.
         """
-        from lmgym.training.manifest import write_manifest
-
-        path = Path(path)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir(parents=True)
-        self.policy.save_pretrained(tmp / POLICY_DIR)
-        helpers = {
-            name: dataclasses.asdict(value)
-            for name, value in vars(self).items()
-            if dataclasses.is_dataclass(value)
-            and not isinstance(value, type)
-            and value is not self.config
-        }
-        state = {
-            "algorithm": self.name,
-            "iteration": self.iteration,
-            "tokens_generated": self.tokens_generated,
-            "optimizer": self.optimizer.state_dict(),
-            "generator": self.generator.get_state(),
-            "shuffle": self._shuffle.get_state(),
-            "critic": self.critic.state_dict_for_save() if self.critic is not None else None,
-            "env": self.env.get_state() if self._env_seeded else None,
-            "helpers": helpers,
-            "sampling": {
-                "temperature": self.policy.temperature,
-                "top_k": self.policy.top_k,
-                "top_p": self.policy.top_p,
-            },
-        }
-        torch.save(state, tmp / STATE_FILE)
-        (tmp / CONFIG_FILE).write_text(
-            json.dumps({"algorithm": self.name, **asdict(self.config)}, indent=2)
-        )
-        write_manifest(tmp)
-        if path.exists():
-            old = path.with_name(f".{path.name}.old-{os.getpid()}")
-            path.rename(old)
-            tmp.rename(path)
-            shutil.rmtree(old)
-        else:
-            tmp.rename(path)
-        return path
+        return save_agent(self, path)
 
     @classmethod
     def load(
@@ -599,48 +546,13 @@ class Agent(Generic[ConfigT]):
     ) -> Agent:
         """Rebuild an agent saved with ``save``: same weights, optimizer, RNG, config,
         and the env's prompt stream (so the next batches are the ones the saved
-        agent would have drawn).
+        agent would have drawn). Nothing is unpickled, and the manifest is verified
+        before any file is read.
 
         Raises:
-            FileNotFoundError: ``path`` is not a checkpoint.
-            lmgym.training.manifest.CheckpointError: a file is missing, truncated or
-                altered (checked against ``manifest.json`` before anything is read).
-            ValueError: the checkpoint holds another algorithm.
+            FileNotFoundError: ``path`` is not a saved agent.
+            lmgym.persistence.CheckpointError: a file is missing, truncated, altered,
+                unlisted, or holds objects other than tensors and plain data.
+            ValueError: the directory holds another algorithm.
         """
-        from lmgym.training.manifest import verify_manifest
-
-        path = Path(path)
-        for needed in (CONFIG_FILE, STATE_FILE, POLICY_DIR, MANIFEST_FILE):
-            if not (path / needed).exists():
-                raise FileNotFoundError(
-                    f"{path} is not an lmgym checkpoint: {needed} is missing "
-                    "(was it written by Agent.save?)"
-                )
-        verify_manifest(path)
-        saved = json.loads((path / CONFIG_FILE).read_text())
-        algorithm = saved.pop("algorithm")
-        if algorithm != cls.name:
-            raise ValueError(f"{path} holds a {algorithm!r} agent; load it with that class")
-        if "adam_betas" in saved:
-            saved["adam_betas"] = tuple(saved["adam_betas"])
-        state = torch.load(path / STATE_FILE, map_location=device, weights_only=False)
-        policy = CausalLMPolicy.from_pretrained(
-            path / POLICY_DIR, device=device, **state["sampling"]
-        )
-        agent = cls(policy, env, ref_policy, config=cls.config_class(**saved))
-        agent.optimizer.load_state_dict(state["optimizer"])
-        agent.generator.set_state(state["generator"].cpu())
-        agent._shuffle.set_state(state["shuffle"].cpu())
-        if agent.critic is not None and state["critic"] is not None:
-            agent.critic.load_from_save(state["critic"])
-        for name, values in state.get("helpers", {}).items():
-            helper = getattr(agent, name, None)
-            if helper is not None:
-                for key, value in values.items():
-                    setattr(helper, key, value)
-        agent.iteration = state["iteration"]
-        agent.tokens_generated = state["tokens_generated"]
-        if state.get("env") is not None:
-            env.set_state(state["env"])
-            agent._env_seeded = True
-        return agent
+        return load_agent(cls, path, env, ref_policy, device)

@@ -6,13 +6,15 @@ What ``lmgym train`` / ``eval`` / ``bench`` do, as a library:
 - ``Trainer(TrainConfig(...), agent_config).run()``: one training run with a run
   directory (``config.json``, ``progress.csv``, TensorBoard events, ``samples.jsonl``,
   ``checkpoints/``); ``Trainer.resume(run_dir)`` continues one.
-- ``CheckpointManager``: atomic, manifest-verified checkpoints.
+- ``CheckpointManager``: atomic, manifest-verified checkpoints (written and read by
+  ``lmgym.persistence``: nothing is unpickled).
 - ``EarlyStopAtThreshold``, ``PeriodicEval``, ``SamplePrinter``, ``MetricsLogger``,
   ``CheckpointCallback``: callbacks for ``Agent.learn``.
 - ``evaluate_policy``: mean reward, pass@k and mean length on a task's eval prompts.
 - ``run_bench``: agents x tasks x seeds with equal budgets, a Markdown table and PNG curves.
 
-Names are imported lazily (``lmgym.agents`` imports ``lmgym.training.manifest``).
+Names are imported lazily, so importing one part does not import the others (torch,
+transformers, Stable-Baselines3).
 """
 
 from __future__ import annotations
@@ -21,9 +23,9 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "CheckpointError": "lmgym.training.manifest",
-    "verify_manifest": "lmgym.training.manifest",
-    "write_manifest": "lmgym.training.manifest",
+    "CheckpointError": "lmgym.persistence.manifest",
+    "verify_manifest": "lmgym.persistence.manifest",
+    "write_manifest": "lmgym.persistence.manifest",
     "CheckpointManager": "lmgym.training.checkpoint",
     "TrainingCallback": "lmgym.training.callbacks",
     "EarlyStopAtThreshold": "lmgym.training.callbacks",

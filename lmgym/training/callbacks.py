@@ -302,9 +302,6 @@ class MetricsLogger(TrainingCallback):
             record_metrics(self.stdout, row, agent.iteration)
         return None
 
-    def on_learn_end(self, agent: Agent, history: list[dict[str, float]]) -> None:
-        self.logger.output_formats[0].file.flush()  # type: ignore[attr-defined]
-
 
 class CheckpointCallback(TrainingCallback):
     """Save a checkpoint every ``every`` iterations and once more at the end of ``learn``.

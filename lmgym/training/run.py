@@ -3,27 +3,48 @@
 Layout of a run directory::
 
     config.json          what was run: {"lmgym_run": 1, "algo", "run": TrainConfig, "agent": config}
-    progress.csv         one row of metrics per iteration (Stable-Baselines3 CSV logger)
+    progress.csv         one row of metrics per iteration
     events.out.tfevents* the same metrics for TensorBoard (when tensorboard is installed)
     samples.jsonl        sampled completions, every ``sample_every`` iterations
     eval.jsonl           periodic evaluations (``eval_every``)
     checkpoints/         iter_000050/ ... (see ``CheckpointManager``), ``latest`` names the newest
+    abandoned/           history a resume from an earlier checkpoint set aside (never deleted)
+    .lmgym.lock(.pid)    the lock a process holds while it trains in the directory
 
 ``config.json`` doubles as a config file: ``lmgym train --config RUN/config.json``
 repeats a run.
+
+Rules that keep a run from being lost or hijacked: one process at a time holds
+the directory (``lock``; a second gets an error naming the holder's PID); a run
+directory may not be a symbolic link; ``--overwrite`` replaces only an lmgym run
+(or an empty directory), never a file or someone else's directory; every
+rewrite is a temporary file renamed into place; and a resume from an earlier
+checkpoint moves the rows and checkpoints after it into ``abandoned/`` before the
+live files are cut back, so nothing is deleted (``rewind``).
 """
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from lmgym.agents.config import AgentConfig
+from lmgym.persistence import atomic
+from lmgym.persistence.atomic import (
+    append_line,
+    atomic_directory,
+    atomic_write_text,
+    complete_lines,
+    recover_leftovers,
+)
+from lmgym.persistence.lock import LOCK_FILES, DirectoryLock
 
 DEFAULT_TASK = "lmgym/TargetString-v0"
 RUN_MARKER = "lmgym_run"
@@ -97,6 +118,36 @@ class TrainConfig:
             raise ValueError(f"stop_window={self.stop_window}: must be >= 1")
         if self.temperature <= 0:
             raise ValueError(f"temperature={self.temperature}: must be > 0")
+        check_device(self.device)
+
+
+def check_device(device: str) -> None:
+    """Raise ``ValueError`` if ``device`` is not a torch device this machine has.
+
+    ``gpu`` is not a torch device (``cuda`` is); ``cuda`` needs a CUDA build and a
+    GPU; ``mps`` needs Apple's Metal backend.
+    """
+    import torch
+
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(
+            f"device={device!r} is not a torch device; use cpu, cuda or cuda:N"
+        ) from None
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(
+                f"device={device!r}: CUDA is not available on this machine "
+                "(torch.cuda.is_available() is False); use --device cpu"
+            )
+        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+            raise ValueError(
+                f"device={device!r}: this machine has {torch.cuda.device_count()} CUDA "
+                "device(s), numbered from 0"
+            )
+    if parsed.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device={device!r}: the MPS backend is not available; use --device cpu")
 
 
 # Fields a resumed run must keep: changing them would not continue the same run.
@@ -123,11 +174,23 @@ def default_run_dir(algo: str, task: str, root: str | Path = "runs") -> Path:
 
 
 class RunDirectoryExistsError(FileExistsError):
-    """The run directory exists and ``overwrite`` was not given."""
+    """The run directory exists and ``overwrite`` was not given (or cannot apply)."""
+
+
+class RunDirectoryError(ValueError):
+    """A path that cannot be used as a run directory (a symbolic link, a file, not a run)."""
+
+
+def _refuse_symlink(path: Path) -> None:
+    if path.is_symlink():
+        raise RunDirectoryError(
+            f"run directory {path} is a symbolic link (to {path.resolve()}); lmgym does not "
+            "follow links for run directories: pass the real directory"
+        )
 
 
 class RunDirectory:
-    """A run's directory: paths of its files, and its ``config.json``.
+    """A run's directory: paths of its files, its ``config.json``, its lock and history.
 
     Args:
         path: the directory.
@@ -138,9 +201,13 @@ class RunDirectory:
     SAMPLES = "samples.jsonl"
     EVAL = "eval.jsonl"
     CHECKPOINTS = "checkpoints"
+    ABANDONED = "abandoned"
+    HISTORY = (PROGRESS, SAMPLES, EVAL)
+    """The files that grow one record per iteration (cut back on resume)."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        self.lock = DirectoryLock(self.path, what="run directory")
 
     def __repr__(self) -> str:
         return f"RunDirectory({str(self.path)!r})"
@@ -172,47 +239,86 @@ class RunDirectory:
         except (OSError, ValueError, TypeError):
             return False
 
+    def _entries(self) -> list[Path]:
+        """What the directory holds besides a lock's files."""
+        return [p for p in self.path.iterdir() if p.name not in LOCK_FILES]
+
     @classmethod
     def create(cls, path: str | Path, overwrite: bool = False) -> RunDirectory:
-        """Make a new, empty run directory.
+        """Make a new, empty run directory and take its lock (``release_lock`` when done).
 
         Raises:
+            RunDirectoryError: ``path`` is a symbolic link, or a file.
             RunDirectoryExistsError: ``path`` exists and ``overwrite`` is False, or
-                ``overwrite`` is True but ``path`` is a non-empty directory that is not
-                an lmgym run (never deleted).
+                ``overwrite`` is True but ``path`` holds something that is not an
+                lmgym run (never deleted).
+            DirectoryLockedError: another process is training in it.
         """
         run = cls(path)
+        _refuse_symlink(run.path)
+        if run.path.exists() and not run.path.is_dir():
+            raise RunDirectoryError(
+                f"run directory {run.path} is a file, not a directory; pick another path "
+                "(--overwrite only replaces an lmgym run directory)"
+            )
         if run.path.exists():
             if not overwrite:
                 raise RunDirectoryExistsError(
                     f"run directory {run.path} already exists; pass --overwrite to replace it "
                     f"or --resume {run.path} to continue it"
                 )
-            if run.path.is_dir() and any(run.path.iterdir()) and not run.is_run():
+            if run._entries() and not run.is_run():
                 raise RunDirectoryExistsError(
                     f"run directory {run.path} exists and is not an lmgym run (no {cls.CONFIG} "
                     "from lmgym train); refusing to delete it with --overwrite, pick another path"
                 )
-            if run.path.is_dir():
-                shutil.rmtree(run.path)
-            else:
-                run.path.unlink()
+            run.lock.acquire()
+            for entry in run._entries():
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
+            return run
         run.path.mkdir(parents=True)
+        run.lock.acquire()
         return run
 
     @classmethod
     def open(cls, path: str | Path) -> RunDirectory:
-        """An existing run directory.
+        """An existing run directory (not locked: ``acquire_lock`` before writing).
 
         Raises:
+            RunDirectoryError: ``path`` is a symbolic link.
             FileNotFoundError: ``path`` is not an lmgym run directory.
         """
         run = cls(path)
+        _refuse_symlink(run.path)
         if not run.is_run():
             raise FileNotFoundError(
                 f"{run.path} is not an lmgym run directory (no {cls.CONFIG} written by lmgym train)"
             )
         return run
+
+    def acquire_lock(self) -> list[str]:
+        """Take the run's lock, then clean up what crashed writers left (``recover_leftovers``).
+
+        Returns:
+            What the clean-up did (empty when there was nothing).
+
+        Raises:
+            DirectoryLockedError: another process holds it; the message names its PID.
+        """
+        self.lock.acquire()
+        _refuse_symlink(self.checkpoints)
+        return (
+            recover_leftovers(self.path)
+            + recover_leftovers(self.checkpoints)
+            + recover_leftovers(self.path / self.ABANDONED)
+        )
+
+    def release_lock(self) -> None:
+        """Give the lock back (a no-op when not held)."""
+        self.lock.release()
 
     def write_config(self, config: TrainConfig, agent_config: AgentConfig) -> None:
         """Write ``config.json`` (atomically: a temporary file, then a rename)."""
@@ -222,9 +328,7 @@ class RunDirectory:
             "run": dataclasses.asdict(config),
             "agent": dataclasses.asdict(agent_config),
         }
-        tmp = self.config_path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(data, indent=2) + "\n")
-        tmp.replace(self.config_path)
+        atomic_write_text(self.config_path, json.dumps(data, indent=2) + "\n")
 
     def read_config(self) -> dict[str, Any]:
         """``config.json`` as written by ``write_config``."""
@@ -232,17 +336,76 @@ class RunDirectory:
 
     def append_jsonl(self, name: str, record: dict[str, Any]) -> None:
         """Append one JSON line to ``name`` inside the run directory."""
-        with open(self.path / name, "a") as handle:
-            handle.write(json.dumps(record) + "\n")
+        append_line(self.path / name, json.dumps(record))
 
-    def truncate_jsonl(self, name: str, iteration: int) -> None:
-        """Drop records of ``name`` past ``iteration`` (a resumed run recomputes them)."""
+    # ------------------------------------------------------------- history
+    def _split_history(self, name: str, iteration: int) -> tuple[list[str], bool]:
+        """``(lines to keep, whether anything comes after iteration)`` of a history file.
+
+        Kept: the CSV header and the records of iterations up to ``iteration``. A
+        record past it, an unreadable one, or an unfinished last line counts as after.
+        """
         path = self.path / name
         if not path.exists():
-            return
-        keep = [
-            line
-            for line in path.read_text().splitlines()
-            if line.strip() and json.loads(line).get("iteration", 0) <= iteration
-        ]
-        path.write_text("".join(line + "\n" for line in keep))
+            return [], False
+        raw = path.read_bytes()
+        lines = complete_lines(path)
+        keep: list[str] = []
+        after = bool(raw) and not raw.endswith(b"\n")  # a kill mid-append left half a line
+        column = None
+        for number, line in enumerate(lines):
+            if name == self.PROGRESS and number == 0:
+                header = next(csv.reader([line]), [])
+                column = header.index("iteration") if "iteration" in header else None
+                keep.append(line)
+                continue
+            if not line.strip():
+                continue
+            try:
+                if name == self.PROGRESS:
+                    cells = next(csv.reader([line]), [])
+                    value = float(cells[column]) if column is not None else float("inf")
+                else:
+                    value = float(json.loads(line).get("iteration", 0))
+            except (ValueError, IndexError, TypeError, AttributeError):
+                value = float("inf")
+            if value <= iteration:
+                keep.append(line)
+            else:
+                after = True
+        return keep, after
+
+    def rewind(self, iteration: int, later_checkpoints: Sequence[Path] = ()) -> Path | None:
+        """Cut the history back to ``iteration`` for a resume, keeping what it cuts.
+
+        When ``progress.csv``, ``samples.jsonl`` or ``eval.jsonl`` hold records after
+        ``iteration`` (a session that went on past its last checkpoint, or the branch
+        a resume from an earlier checkpoint leaves), or ``later_checkpoints`` is not
+        empty, the three files are first copied whole into
+        ``abandoned/NNN-after-iter_XXXXXX/`` (an atomic directory with a manifest)
+        and the later checkpoints moved into its ``checkpoints/``. Then each file is
+        rewritten to its records up to ``iteration`` (a temporary file renamed into
+        place), so the resumed run's files continue without a gap or a repeat.
+
+        Returns:
+            The directory the abandoned history went to, or ``None`` (nothing after).
+        """
+        split = {name: self._split_history(name, iteration) for name in self.HISTORY}
+        branch = None
+        if later_checkpoints or any(after for _, after in split.values()):
+            root = self.path / self.ABANDONED
+            number = 1 + sum(1 for p in root.iterdir() if p.is_dir()) if root.is_dir() else 1
+            branch = root / f"{number:03d}-after-iter_{iteration:06d}"
+            root.mkdir(exist_ok=True)
+            with atomic_directory(branch) as tmp:
+                for name in self.HISTORY:
+                    if (self.path / name).exists():
+                        shutil.copyfile(self.path / name, tmp / name)
+            for checkpoint in later_checkpoints:
+                (branch / self.CHECKPOINTS).mkdir(exist_ok=True)
+                atomic.write_point(f"set aside {checkpoint.name}")
+                checkpoint.rename(branch / self.CHECKPOINTS / checkpoint.name)
+        for name, (keep, after) in split.items():
+            if after:
+                atomic_write_text(self.path / name, "".join(line + "\n" for line in keep))
+        return branch

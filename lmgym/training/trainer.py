@@ -36,6 +36,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from lmgym.agents.base import Agent, Callback
 from lmgym.agents.config import AgentConfig
 from lmgym.envs.token_env import TokenVectorEnv
+from lmgym.persistence.manifest import CheckpointError
 from lmgym.policy.causal_lm import CausalLMPolicy
 from lmgym.training.callbacks import (
     CheckpointCallback,
@@ -47,7 +48,8 @@ from lmgym.training.callbacks import (
     derived_seed,
     tqdm_print,
 )
-from lmgym.training.checkpoint import CheckpointManager, is_checkpoint
+from lmgym.training.checkpoint import CheckpointManager, checkpoint_iteration, is_checkpoint
+from lmgym.training.env_args import check_env_kwargs
 from lmgym.training.evaluation import (
     EvalResult,
     correct_threshold_for,
@@ -55,8 +57,14 @@ from lmgym.training.evaluation import (
     make_eval_env,
 )
 from lmgym.training.logger import make_logger, make_stdout_logger
-from lmgym.training.manifest import CheckpointError
-from lmgym.training.run import FIXED_ON_RESUME, RunDirectory, TrainConfig, default_run_dir
+from lmgym.training.model_source import resolve_model
+from lmgym.training.run import (
+    FIXED_ON_RESUME,
+    RunDirectory,
+    RunDirectoryError,
+    TrainConfig,
+    default_run_dir,
+)
 
 
 def check_algo(algo: str) -> None:
@@ -80,11 +88,18 @@ def load_policy(
     model: str | None, temperature: float = 1.0, device: torch.device | str = "cpu"
 ) -> CausalLMPolicy:
     """The policy for ``model`` (hub name or directory); ``None``: the tiny GPT-2, built
-    locally and round-tripped through ``save_pretrained`` / ``from_pretrained``."""
+    locally and round-tripped through ``save_pretrained`` / ``from_pretrained``.
+
+    Raises:
+        ModelNotFoundError: a missing directory, or a hub name while offline and not
+            cached (``resolve_model``); one line saying what to pass instead.
+    """
     from lmgym.policy import save_tiny
 
     if model is not None:
-        return CausalLMPolicy.from_pretrained(model, device=device, temperature=temperature)
+        return CausalLMPolicy.from_pretrained(
+            resolve_model(model), device=device, temperature=temperature
+        )
     with tempfile.TemporaryDirectory() as tmp:
         path = save_tiny(f"{tmp}/tiny-gpt2")
         return CausalLMPolicy.from_pretrained(path, device=device, temperature=temperature)
@@ -180,6 +195,7 @@ class Trainer:
         check_algo(config.algo)
         check_task(config.task)
         config.check()
+        config.env_kwargs = check_env_kwargs(config.task, config.env_kwargs)
         agent_class = ALGORITHMS[config.algo]
         if agent_config is None:
             agent_config = agent_class.config_class()
@@ -194,19 +210,51 @@ class Trainer:
         self.overwrite = overwrite
         self.out = out
         self.resume_from: Path | None = None
+        self._resume_run: RunDirectory | None = None
+        self._resume_latest = False
+        self._saved_threads: int | None = None
 
     # -------------------------------------------------------------- resume
+    @staticmethod
+    def find_run(path: str | Path) -> RunDirectory:
+        """The run directory ``path`` names: a run directory, or a checkpoint inside one
+        (``RUN/checkpoints/iter_NNNNNN``).
+
+        Raises:
+            RunDirectoryError: a symbolic link, or a checkpoint that is not inside a run's
+                ``checkpoints/``.
+            FileNotFoundError: not an lmgym run directory.
+        """
+        path = Path(path)
+        if is_checkpoint(path):
+            if path.is_symlink():
+                raise RunDirectoryError(
+                    f"checkpoint {path} is a symbolic link; pass the real checkpoint directory"
+                )
+            if (
+                path.parent.name != RunDirectory.CHECKPOINTS
+                or checkpoint_iteration(path.name) is None
+            ):
+                raise RunDirectoryError(
+                    f"{path} is not a checkpoint inside a run directory (expected "
+                    "RUN/checkpoints/iter_NNNNNN); evaluate it with lmgym eval --model instead"
+                )
+            return RunDirectory.open(path.parent.parent)
+        return RunDirectory.open(path)
+
     @staticmethod
     def find_checkpoint(path: str | Path) -> tuple[RunDirectory, Path]:
         """``(run, checkpoint)`` for a run directory (its latest checkpoint) or a checkpoint.
 
         Raises:
             FileNotFoundError: neither, or a run without checkpoints.
+            CheckpointError: the run's ``checkpoints/latest`` names something else than
+                one of its checkpoints.
         """
         path = Path(path)
+        run = Trainer.find_run(path)
         if is_checkpoint(path):
-            return RunDirectory.open(path.parent.parent), path
-        run = RunDirectory.open(path)
+            return run, path
         latest = CheckpointManager(run.checkpoints).latest()
         if latest is None:
             raise FileNotFoundError(f"run directory {run.path} has no checkpoint to resume from")
@@ -223,6 +271,10 @@ class Trainer:
     ) -> Trainer:
         """Continue a run from its latest checkpoint (or from the checkpoint ``path``).
 
+        The checkpoint is chosen, verified and loaded by ``run()``, under the run's
+        lock. Callbacks named in the run's ``config.json`` are imported again (``run``
+        prints which).
+
         Args:
             path: a run directory or one of its checkpoints.
             changes: ``TrainConfig`` fields to change, e.g. ``{"iterations": 200}``
@@ -236,9 +288,12 @@ class Trainer:
         """
         from lmgym.agents import ALGORITHMS
 
-        run, checkpoint = cls.find_checkpoint(path)
+        path = Path(path)
+        run = cls.find_run(path)
         saved = run.read_config()
         changes = dict(changes or {})
+        if "env_kwargs" in changes:
+            changes["env_kwargs"] = check_env_kwargs(saved["run"]["task"], changes["env_kwargs"])
         for name in FIXED_ON_RESUME:
             if name in changes and changes[name] != saved["run"][name]:
                 raise ValueError(
@@ -254,7 +309,10 @@ class Trainer:
         trainer = cls(
             config, agent_class.config_class(**agent_values), callbacks=callbacks, out=out
         )
-        trainer.resume_from = checkpoint
+        trainer._resume_run = run
+        trainer._resume_latest = not is_checkpoint(path)
+        trainer.resume_from = path if is_checkpoint(path) else None
+        trainer._saved_threads = saved["run"].get("threads")
         return trainer
 
     # ----------------------------------------------------------------- run
@@ -272,46 +330,73 @@ class Trainer:
             load_policy(self.config.model, self.config.temperature, self.config.device)
         )
 
-    def _build(self) -> tuple[RunDirectory, Agent, dict[str, Any]]:
-        """The run directory, the agent (fresh or resumed) and the saved trainer state."""
+    def _build_fresh(self) -> Agent:
+        """A new agent; nothing is written yet."""
         from lmgym.agents import ALGORITHMS
 
         cfg = self.config
-        torch.set_num_threads(cfg.threads)
-        if self.resume_from is None:
-            run = RunDirectory.create(
-                cfg.run_dir or default_run_dir(cfg.algo, cfg.task), overwrite=self.overwrite
+        policy = load_policy(cfg.model, cfg.temperature, cfg.device)
+        env = make_train_env(cfg, policy.tokenizer)
+        torch.manual_seed(self.agent_config.seed)
+        return ALGORITHMS[cfg.algo](
+            policy, env, self._reference(policy, fresh=True), config=self.agent_config
+        )
+
+    def _checkpoint_error(self, run: RunDirectory, checkpoint: Path, exc: Exception) -> Exception:
+        """``exc`` with the run's other checkpoints named as a way out."""
+        others = [p.name for p in CheckpointManager(run.checkpoints).checkpoints()]
+        others = [name for name in others if name != checkpoint.name]
+        hint = (
+            f"; other checkpoints in this run: {', '.join(others)} (pass one to --resume, "
+            f"e.g. --resume {run.checkpoints / others[-1]})"
+            if others
+            else ""
+        )
+        return CheckpointError(f"{exc}{hint}")
+
+    def _build_resumed(self, run: RunDirectory) -> tuple[Agent, dict[str, Any]]:
+        """Choose, verify and load the checkpoint, then set the abandoned history aside.
+
+        Called with the run's lock held.
+        """
+        cfg = self.config
+        manager = CheckpointManager(run.checkpoints, cfg.keep_checkpoints)
+        checkpoint = manager.latest() if self._resume_latest else self.resume_from
+        if checkpoint is None:
+            raise FileNotFoundError(
+                f"run directory {run.path} has no checkpoint to resume from (it stopped before "
+                f"its first one); start it again with --run-dir {run.path} --overwrite"
             )
-            cfg.run_dir = str(run.path)
-            policy = load_policy(cfg.model, cfg.temperature, cfg.device)
-            env = make_train_env(cfg, policy.tokenizer)
-            torch.manual_seed(self.agent_config.seed)
-            agent = ALGORITHMS[cfg.algo](
-                policy, env, self._reference(policy, fresh=True), config=self.agent_config
-            )
-            run.write_config(cfg, self.agent_config)
-            return run, agent, {}
-        run = RunDirectory.open(Path(self.resume_from).parent.parent)
-        # The env needs the tokenizer: read it from the checkpoint's policy directory.
-        tokenizer = AutoTokenizer.from_pretrained(Path(self.resume_from) / "agent" / "policy")
+        self.resume_from = checkpoint
+        try:
+            CheckpointManager.verify(checkpoint)
+        except CheckpointError as exc:
+            raise self._checkpoint_error(run, checkpoint, exc) from None
+        # The env needs the tokenizer: read it from the (verified) checkpoint's policy.
+        tokenizer = AutoTokenizer.from_pretrained(checkpoint / "agent" / "policy")
         env = make_train_env(cfg, tokenizer)
         ref = self._reference(fresh=False)
         try:
-            agent, state = CheckpointManager.load(self.resume_from, env, ref, device=cfg.device)
-        except CheckpointError as exc:
-            others = [p.name for p in CheckpointManager(run.checkpoints).checkpoints()]
-            others = [name for name in others if name != Path(self.resume_from).name]
-            hint = (
-                f"; other checkpoints in this run: {', '.join(others)} (pass one to --resume, "
-                f"e.g. --resume {run.checkpoints / others[-1]})"
-                if others
-                else ""
+            agent, state = CheckpointManager.load(
+                checkpoint, env, ref, device=cfg.device, verified=True
             )
-            raise CheckpointError(f"{exc}{hint}") from None
+        except CheckpointError as exc:
+            raise self._checkpoint_error(run, checkpoint, exc) from None
+        later = [
+            p
+            for p in manager.checkpoints()
+            if (checkpoint_iteration(p.name) or 0) > agent.iteration
+        ]
+        branch = run.rewind(agent.iteration, later)
+        if branch is not None:
+            self.out(
+                f"the history after iteration {agent.iteration} (rows, samples, evaluations"
+                f"{', checkpoints ' + ', '.join(p.name for p in later) if later else ''}) was "
+                f"moved to {branch}; nothing was deleted"
+            )
+        manager.point_latest_at(checkpoint)
         run.write_config(cfg, self.agent_config)
-        run.truncate_jsonl(RunDirectory.SAMPLES, agent.iteration)
-        run.truncate_jsonl(RunDirectory.EVAL, agent.iteration)
-        return run, agent, state
+        return agent, state
 
     def _eval_env(self, agent: Agent) -> tuple[TokenVectorEnv, str]:
         cfg = self.config
@@ -324,19 +409,73 @@ class Trainer:
             device=cfg.device,
         )
 
+    def _config_callbacks(self) -> list[Callback]:
+        """The callbacks named in the config (``--callback``), imported."""
+        specs = self.config.callbacks
+        if specs and self.resume_from is not None:
+            self.out(
+                f"importing the callbacks named in {self.config.run_dir}/config.json: "
+                f"{', '.join(specs)}"
+            )
+        return [load_callback(spec) for spec in specs]
+
     def run(self) -> TrainResult:
         """Train to ``config.iterations`` (in total), checkpointing and logging on the way.
+
+        Everything that can fail before training (the model, the env, the evaluation
+        env, the callbacks' imports) is done before a new run directory is created, so
+        a failed start leaves none behind. The run directory is locked from then
+        until ``run`` returns (a second ``run`` on it raises ``DirectoryLockedError``).
 
         Returns:
             A ``TrainResult``.
         """
+        cfg = self.config
+        torch.set_num_threads(cfg.threads)
+        if self._resume_run is None:
+            agent, state = self._build_fresh(), {}
+            eval_env, split = self._eval_env(agent)
+            extra = self._config_callbacks()
+            run = RunDirectory.create(
+                cfg.run_dir or default_run_dir(cfg.algo, cfg.task), overwrite=self.overwrite
+            )
+            try:
+                cfg.run_dir = str(run.path)
+                run.write_config(cfg, self.agent_config)
+            except BaseException:
+                run.release_lock()
+                raise
+        else:
+            run = self._resume_run
+            for line in run.acquire_lock():
+                self.out(f"cleaned up after a crashed writer: {line}")
+            try:
+                agent, state = self._build_resumed(run)
+                eval_env, split = self._eval_env(agent)
+                extra = self._config_callbacks()
+            except BaseException:
+                run.release_lock()
+                raise
+        try:
+            return self._train(run, agent, state, eval_env, split, extra)
+        finally:
+            run.release_lock()
+
+    def _train(
+        self,
+        run: RunDirectory,
+        agent: Agent,
+        state: dict[str, Any],
+        eval_env: TokenVectorEnv,
+        split: str,
+        extra: list[Callback],
+    ) -> TrainResult:
         from lmgym.envs.registration import TASKS
 
         cfg = self.config
-        run, agent, state = self._build()
-        eval_env, split = self._eval_env(agent)
         threshold = correct_threshold_for(cfg.task)
         seed = self.agent_config.seed
+        resumed = self._resume_run is not None
 
         def evaluate() -> EvalResult:
             return evaluate_policy(
@@ -374,16 +513,14 @@ class Trainer:
                 )
             early = EarlyStopAtThreshold(stop_at, cfg.stop_window, out=self.out)
             callbacks.append(early)
-        logger = make_logger(
-            run.path, keep_rows_until=agent.iteration if self.resume_from is not None else None
-        )
+        logger = make_logger(run.path, resume_at=agent.iteration if resumed else None)
         stdout = make_stdout_logger() if cfg.log_interval else None
         callbacks.append(MetricsLogger(logger, stdout, cfg.log_interval))
         if cfg.sample_every and cfg.samples:
             callbacks.append(
                 SamplePrinter(eval_env, cfg.sample_every, cfg.samples, seed, run, self.out)
             )
-        callbacks += [load_callback(spec) for spec in cfg.callbacks]
+        callbacks += extra
         callbacks += self.user_callbacks
         for cb in callbacks:
             key = getattr(cb, "state_key", None)
@@ -405,7 +542,7 @@ class Trainer:
         callbacks.append(checkpoint)
 
         rows = cfg.num_prompts * cfg.group_size
-        if self.resume_from is None:
+        if not resumed:
             self.out(
                 f"{cfg.algo} on {cfg.task}: {rows} rows ({cfg.num_prompts} prompts x "
                 f"{cfg.group_size}), {cfg.iterations} iterations, model "
@@ -416,6 +553,12 @@ class Trainer:
                 f"resuming {cfg.algo} on {cfg.task} from {self.resume_from} at iteration "
                 f"{agent.iteration}; training to {cfg.iterations}"
             )
+            if self._saved_threads is not None and cfg.threads != self._saved_threads:
+                self.out(
+                    f"note: threads={cfg.threads} differs from the run's {self._saved_threads}; "
+                    "the metrics may then differ in the last digits from a run that kept "
+                    "its thread count (float sums in another order)"
+                )
         self.out(f"run directory: {run.path}")
         before = evaluate()
         remaining = max(0, cfg.iterations - agent.iteration)

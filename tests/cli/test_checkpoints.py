@@ -84,7 +84,7 @@ def test_a_crash_mid_write_leaves_no_checkpoint_under_a_final_name(tmp_path, mon
     def crash(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr("lmgym.training.checkpoint.write_manifest", crash)
+    monkeypatch.setattr("lmgym.persistence.atomic.write_manifest", crash)
     with pytest.raises(OSError, match="disk full"):
         manager.save(agent)
     assert [p.name for p in manager.checkpoints()] == ["iter_000001"]

@@ -1,0 +1,182 @@
+"""An agent on disk: what ``Agent.save`` writes and ``Agent.load`` reads.
+
+Layout of a saved agent (also ``agent/`` inside a training checkpoint)::
+
+    policy/              save_pretrained: safetensors weights, config, tokenizer
+    agent_state.pt       optimizer, sampler and shuffle RNG, the env's prompt stream,
+                         iteration and token counters, critic head, stateful helpers
+                         (REINFORCE's EMA baseline), sampling settings
+    agent_config.json    {"algorithm", **the config}
+    manifest.json        size + SHA-256 of every file above (written last)
+
+``agent_state.pt`` holds only tensors and plain data and is read with
+``torch.load(weights_only=True)`` (``lmgym.persistence.state``); the weights are
+safetensors, and a policy directory carrying a pickle-based weight file is
+refused. ``load`` verifies the manifest before it reads any file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import torch
+
+from lmgym.persistence.atomic import atomic_directory
+from lmgym.persistence.manifest import (
+    MANIFEST_FILE,
+    CheckpointError,
+    verify_manifest,
+    write_manifest,
+)
+from lmgym.persistence.state import load_state, save_state
+
+if TYPE_CHECKING:
+    from lmgym.agents.base import Agent
+    from lmgym.envs.token_env import TokenVectorEnv
+    from lmgym.policy.causal_lm import CausalLMPolicy
+
+STATE_FILE = "agent_state.pt"
+CONFIG_FILE = "agent_config.json"
+POLICY_DIR = "policy"
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+"""Weight formats that unpickle on load: never read from a checkpoint's policy directory."""
+
+AgentT = TypeVar("AgentT", bound="Agent")
+
+
+def agent_state(agent: Agent) -> dict[str, Any]:
+    """Everything besides the weights and the config that ``load`` needs to continue exactly."""
+    helpers = {
+        name: dataclasses.asdict(value)
+        for name, value in vars(agent).items()
+        if dataclasses.is_dataclass(value)
+        and not isinstance(value, type)
+        and value is not agent.config
+    }
+    return {
+        "algorithm": agent.name,
+        "iteration": agent.iteration,
+        "tokens_generated": agent.tokens_generated,
+        "optimizer": agent.optimizer.state_dict(),
+        "generator": agent.generator.get_state(),
+        "shuffle": agent._shuffle.get_state(),
+        "critic": agent.critic.state_dict_for_save() if agent.critic is not None else None,
+        "env": agent.env.get_state() if agent._env_seeded else None,
+        "helpers": helpers,
+        "sampling": {
+            "temperature": agent.policy.temperature,
+            "top_k": agent.policy.top_k,
+            "top_p": agent.policy.top_p,
+        },
+    }
+
+
+def write_agent(agent: Agent, directory: Path) -> None:
+    """Write the agent's files and their ``manifest.json`` into the empty ``directory``
+    (part of an ``atomic_directory``: it is not renamed into place here)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    agent.policy.save_pretrained(directory / POLICY_DIR)
+    save_state(agent_state(agent), directory / STATE_FILE, name="agent state")
+    (directory / CONFIG_FILE).write_text(
+        json.dumps({"algorithm": agent.name, **dataclasses.asdict(agent.config)}, indent=2)
+    )
+    write_manifest(directory)
+
+
+def save_agent(agent: Agent, path: str | Path) -> Path:
+    """``Agent.save``: write ``path`` atomically (see the module docstring for the layout).
+
+    Returns:
+        ``path``.
+    """
+    path = Path(path)
+    with atomic_directory(path) as tmp:
+        write_agent(agent, tmp)
+    return path
+
+
+def check_agent_dir(path: Path) -> None:
+    """Raise if ``path`` is not a directory ``save_agent`` wrote, or if it is damaged or unsafe.
+
+    Raises:
+        FileNotFoundError: a required file is missing (not a saved agent).
+        CheckpointError: the manifest does not match, or the policy directory holds
+            a pickle-based weight file.
+    """
+    for needed in (CONFIG_FILE, STATE_FILE, POLICY_DIR, MANIFEST_FILE):
+        if not (path / needed).exists():
+            raise FileNotFoundError(
+                f"{path} is not an lmgym checkpoint: {needed} is missing "
+                "(was it written by Agent.save?)"
+            )
+    verify_manifest(path)
+    pickled = sorted(
+        p.relative_to(path).as_posix()
+        for p in (path / POLICY_DIR).rglob("*")
+        if p.suffix.lower() in PICKLE_SUFFIXES
+    )
+    if pickled:
+        raise CheckpointError(
+            f"checkpoint {path} is refused: {', '.join(pickled)} is a pickle-based weight file "
+            "(loading it could run code); lmgym checkpoints hold safetensors weights only"
+        )
+
+
+def load_agent(
+    cls: type[AgentT],
+    path: str | Path,
+    env: TokenVectorEnv,
+    ref_policy: CausalLMPolicy | None = None,
+    device: torch.device | str = "cpu",
+    *,
+    verified: bool = False,
+) -> AgentT:
+    """``Agent.load``: rebuild an agent written by ``save_agent``.
+
+    Args:
+        cls: the agent class (must match the saved algorithm).
+        path: the directory.
+        env: the env to continue in (its prompt stream is restored).
+        ref_policy: the frozen reference, when the agent's ``beta > 0``.
+        device: where to load the policy.
+        verified: ``check_agent_dir(path)`` was just called (skip hashing again).
+
+    Raises:
+        FileNotFoundError: ``path`` is not a saved agent.
+        CheckpointError: a file is missing, truncated, altered, unsafe or unlisted
+            (checked against ``manifest.json`` before anything is read).
+        ValueError: the directory holds another algorithm.
+    """
+    from lmgym.policy.causal_lm import CausalLMPolicy
+
+    path = Path(path)
+    if not verified:
+        check_agent_dir(path)
+    saved = json.loads((path / CONFIG_FILE).read_text())
+    algorithm = saved.pop("algorithm")
+    if algorithm != cls.name:
+        raise ValueError(f"{path} holds a {algorithm!r} agent; load it with that class")
+    if "adam_betas" in saved:
+        saved["adam_betas"] = tuple(saved["adam_betas"])
+    state = load_state(path / STATE_FILE, map_location=device)
+    policy = CausalLMPolicy.from_pretrained(path / POLICY_DIR, device=device, **state["sampling"])
+    agent = cls(policy, env, ref_policy, config=cls.config_class(**saved))
+    agent.optimizer.load_state_dict(state["optimizer"])
+    agent.generator.set_state(state["generator"].cpu())
+    agent._shuffle.set_state(state["shuffle"].cpu())
+    if agent.critic is not None and state["critic"] is not None:
+        agent.critic.load_from_save(state["critic"])
+    for name, values in state.get("helpers", {}).items():
+        helper = getattr(agent, name, None)
+        if helper is not None:
+            for key, value in values.items():
+                setattr(helper, key, value)
+    agent.iteration = state["iteration"]
+    agent.tokens_generated = state["tokens_generated"]
+    if state.get("env") is not None:
+        env.set_state(state["env"])
+        agent._env_seeded = True
+    return agent
