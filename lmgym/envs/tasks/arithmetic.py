@@ -37,6 +37,7 @@ from lmgym.envs.tasks._common import (
     target_table,
 )
 from lmgym.envs.token_env import RewardMode, TokenVectorEnv, Unfinished
+from lmgym.policy.special_tokens import AllowedSpecialTokens
 from lmgym.policy.tiny import make_char_tokenizer
 
 SOLVED_THRESHOLD = 0.9
@@ -77,6 +78,7 @@ def _arithmetic_vector(
     reward_mode: RewardMode,
     unfinished: Unfinished,
     autoreset: bool,
+    allowed_special_tokens: AllowedSpecialTokens,
     tokenizer: PreTrainedTokenizerBase | None,
     device: torch.device | str,
 ) -> TokenVectorEnv:
@@ -105,6 +107,7 @@ def _arithmetic_vector(
         reward_mode=reward_mode,
         unfinished=unfinished,
         autoreset=autoreset,
+        allowed_special_tokens=allowed_special_tokens,
         device=device,
     )
 
@@ -121,6 +124,7 @@ def make_arithmetic_vector(
     reward_mode: RewardMode = "bandit",
     unfinished: Unfinished = "score",
     autoreset: bool = False,
+    allowed_special_tokens: AllowedSpecialTokens = (),
     tokenizer: PreTrainedTokenizerBase | None = None,
     device: torch.device | str = "cpu",
 ) -> TokenVectorEnv:
@@ -154,6 +158,7 @@ def make_arithmetic_vector(
         reward_mode=reward_mode,
         unfinished=unfinished,
         autoreset=autoreset,
+        allowed_special_tokens=allowed_special_tokens,
         tokenizer=tokenizer,
         device=device,
     )
@@ -174,6 +179,7 @@ def make_arithmetic_process_vector(
     reward_mode: RewardMode = "per_token",
     unfinished: Unfinished = "score",
     autoreset: bool = False,
+    allowed_special_tokens: AllowedSpecialTokens = (),
     tokenizer: PreTrainedTokenizerBase | None = None,
     device: torch.device | str = "cpu",
 ) -> TokenVectorEnv:
@@ -192,6 +198,7 @@ def make_arithmetic_process_vector(
         reward_mode=reward_mode,
         unfinished=unfinished,
         autoreset=autoreset,
+        allowed_special_tokens=allowed_special_tokens,
         tokenizer=tokenizer,
         device=device,
     )
