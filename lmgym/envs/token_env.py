@@ -64,8 +64,8 @@ the same call can be retried.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from typing import Any, Literal
+from dataclasses import replace
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import torch
@@ -99,8 +99,7 @@ def _check_choice(field: str, value: str, choices: Sequence[str]) -> None:
         raise ValueError(f"{field}={value!r} is not one of {list(choices)}")
 
 
-@dataclass(frozen=True)
-class _Rows:
+class _Rows(NamedTuple):
     """The env's per-row state. ``step`` and ``reset`` build a new one and commit it
     only once everything (the reward model included) has succeeded.
 
@@ -137,8 +136,8 @@ class _Rows:
 
     def put(self, rows: Tensor, **values: Tensor) -> _Rows:
         """A copy with ``values[name]`` written at ``rows`` (``[k] int64``) of each field."""
-        return replace(
-            self, **{name: getattr(self, name).index_put((rows,), v) for name, v in values.items()}
+        return self._replace(
+            **{name: getattr(self, name).index_put((rows,), v) for name, v in values.items()}
         )
 
 
@@ -250,8 +249,11 @@ class TokenVectorEnv(VectorEnv):
         )
         refused = torch.zeros(self.vocab_size, dtype=torch.bool)
         refused[self.refused_token_ids] = True
-        self._refused = refused.to(self.device) if self.refused_token_ids else None
         self.legal_token_ids = (~refused).nonzero().squeeze(1)
+        # _illegal[a + 1] for a clamped to [-1, V]: True below 0, at V and on refused ids,
+        # so one lookup checks range and special tokens at once.
+        true = torch.ones(1, dtype=torch.bool)
+        self._illegal = torch.cat([true, refused, true]).to(self.device)
 
         self.prompt_table = build_prompt_table(prompts, tokenizer, max_prompt_length, self.device)
         self.prompt_width = self.prompt_table.width
@@ -452,11 +454,8 @@ class TokenVectorEnv(VectorEnv):
         length = old.length + active
         truncated = active & ~stop & (length >= self.max_new_tokens)
         finished = stop | truncated
-        state = replace(
-            old,
-            ids=torch.where(write, actions[:, None], old.ids),
-            mask=old.mask | write,
-            length=length,
+        state = old._replace(
+            ids=torch.where(write, actions[:, None], old.ids), mask=old.mask | write, length=length
         )
         # Next-step autoreset: rows that finished last step start their next episode.
         # They are not active, so appending did not touch them.
@@ -471,18 +470,19 @@ class TokenVectorEnv(VectorEnv):
 
         rewards, potential, valid = self._rewards(state, old, active, finished, truncated, refill)
 
-        state = replace(state, potential=potential, valid=valid, returns=state.returns + rewards)
         if self.autoreset:
-            state = replace(state, needs_reset=finished, done=finished)
+            flags = {"needs_reset": finished, "done": finished}
             terminated_out, truncated_out = stop, truncated
         else:
-            state = replace(
-                state,
-                done=old.done | finished,
-                terminated=old.terminated | stop,
-                truncated=old.truncated | truncated,
-            )
-            terminated_out, truncated_out = state.terminated, state.truncated
+            terminated_out, truncated_out = old.terminated | stop, old.truncated | truncated
+            flags = {
+                "done": old.done | finished,
+                "terminated": terminated_out,
+                "truncated": truncated_out,
+            }
+        state = state._replace(
+            potential=potential, valid=valid, returns=state.returns + rewards, **flags
+        )
         # Nothing above wrote to the env: a failing reward model left it intact.
         self._rows, self._stream = state, stream
         return self._obs(), rewards, terminated_out, truncated_out, self._info()
@@ -512,11 +512,8 @@ class TokenVectorEnv(VectorEnv):
                 "integer tensor or array (a float or bool is not a token id)"
             )
         actions = actions.long()
-        clamped = actions.clamp(0, self.vocab_size - 1)
-        suspect = clamped != actions
-        if self._refused is not None:
-            suspect = suspect | self._refused[clamped]
-        if not bool(suspect.any()):
+        illegal = self._illegal[(actions + 1).clamp_(0, self.vocab_size + 1)]
+        if not bool(illegal.any()):
             return actions  # the common case, checked with one read back
         # Only live rows' actions count: a finished row ignores its action.
         live = ~self._rows.done
@@ -528,21 +525,20 @@ class TokenVectorEnv(VectorEnv):
                 f"{self.vocab_size}); sample only the first vocab_size={self.vocab_size} ids "
                 "(mask the extra rows of a model whose embedding is larger than its tokenizer)"
             )
-        if self._refused is not None:
-            bad = live & self._refused[clamped]
-            if bool(bad.any()):
-                row = int(bad.nonzero()[0, 0])
-                (name,) = token_names(self.tokenizer, [int(actions[row])])
-                raise ValueError(
-                    f"actions[{row}]={int(actions[row])} is the special token {name}, which "
-                    "this env refuses: only its stop token(s) are legal special tokens by "
-                    "default, so that a string reward never misses a token the policy chose. "
-                    "Pass allowed_special_tokens=[...] (or 'all') to the env to make it a "
-                    "legal action (its text, e.g. '<pad>', is then part of the completion "
-                    "the reward sees), or keep the policy from choosing it (CausalLMPolicy "
-                    "masks special tokens by default; SB3VecEnv maps its actions to "
-                    "env.legal_token_ids)"
-                )
+        bad = live & illegal
+        if bool(bad.any()):
+            row = int(bad.nonzero()[0, 0])
+            (name,) = token_names(self.tokenizer, [int(actions[row])])
+            raise ValueError(
+                f"actions[{row}]={int(actions[row])} is the special token {name}, which "
+                "this env refuses: only its stop token(s) are legal special tokens by "
+                "default, so that a string reward never misses a token the policy chose. "
+                "Pass allowed_special_tokens=[...] (or 'all') to the env to make it a "
+                "legal action (its text, e.g. '<pad>', is then part of the completion "
+                "the reward sees), or keep the policy from choosing it (CausalLMPolicy "
+                "masks special tokens by default; SB3VecEnv maps its actions to "
+                "env.legal_token_ids)"
+            )
         return actions
 
     # ----------------------------------------------------------------- rewards
@@ -605,7 +601,7 @@ class TokenVectorEnv(VectorEnv):
             scores = scores.index_put((rows,), self._score(state, rows, finished[rows]))
         potential = state.potential  # refilled rows: 0
         if self.reward_mode == "bandit" or self.per_token_form == "dense":
-            rewards = torch.where(to_score, scores, 0.0)
+            rewards = scores  # only the potential form centres, so the call was to_score
         else:
             rewards = torch.where(active, scores - old.potential, 0.0)
             potential = torch.where(active, scores, potential)
