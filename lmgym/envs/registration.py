@@ -37,8 +37,9 @@ class TaskInfo:
             (``None``: not stated, for a custom env).
         description: one line: what the completion must do and how it is rewarded.
         reward_range: ``(low, high)`` of the episode return.
-        random_baseline: mean episode return of the uniform random policy (uniform
-            token ids) at default settings; ``None`` if not measured.
+        random_baseline: mean episode return of the uniform random policy (token ids
+            uniform over the env's legal actions) at default settings; ``None`` if not
+            measured.
         modes: the reward modes in which the task is meaningful (any mode runs).
         requires: the pip extra the task needs (e.g. ``"semantic"``), if any.
         requires_module: the module that extra provides; ``available()`` looks for it.
@@ -162,7 +163,7 @@ def register_all() -> None:
         "make_preference",
         "make_preference_vector",
         solved_threshold=0.9,
-        random_baseline=0.36,
+        random_baseline=0.38,
         description="learned Bradley-Terry reward model (trained locally); win rate vs data text",
     )
     register_task(

@@ -26,7 +26,7 @@ more vowels in eight characters). ``score="logit"`` returns the raw score
 model, so a policy can exploit the model's mistakes (reward hacking); compare
 against ``vowel_count`` to see it.
 
-Random-policy baseline (uniform token ids, default settings): about 0.36.
+Random-policy baseline (uniform legal token ids, default settings): about 0.38.
 Solved: ``R >= 0.9``. Per-token mode (potential form) scores every prefix with the
 reward model: meaningful, but one reward-model call per step.
 """
