@@ -88,7 +88,9 @@ class TokenActionsSpace(spaces.MultiDiscrete):
     ) -> np.ndarray:
         """``[N]`` legal ids; see ``TokenActionSpace.sample``."""
         if probability is not None:
-            rows = [p * self.legal_mask for p in probability]
+            rows = [np.asarray(p, dtype=np.float64) * self.legal_mask for p in probability]
+            if any(p.sum() <= 0 for p in rows):
+                raise ValueError("probability: a row puts no mass on a legal token id")
             return super().sample(probability=tuple(p / p.sum() for p in rows))
         if mask is None:
             mask = tuple(self.legal_mask for _ in range(len(self.nvec)))

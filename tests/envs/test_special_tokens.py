@@ -154,6 +154,10 @@ def test_action_spaces_hold_only_legal_ids(make_env):
     only_eos_or_a = np.zeros(env.vocab_size, dtype=np.int8)
     only_eos_or_a[[PAD, EOS, 3]] = 1
     assert {int(space.sample(mask=only_eos_or_a)) for _ in range(200)} == {EOS, 3}
+    uniform = np.full(env.vocab_size, 1 / env.vocab_size)
+    assert not {int(space.sample(probability=uniform)) for _ in range(500)} & {PAD, UNK}
+    with pytest.raises(ValueError, match="no mass on a legal token id"):
+        space.sample(probability=np.eye(env.vocab_size)[PAD])
 
     batched = env.action_space
     assert isinstance(batched, TokenActionsSpace) and batched.shape == (3,)
@@ -162,6 +166,10 @@ def test_action_spaces_hold_only_legal_ids(make_env):
     assert not np.isin(samples, [PAD, UNK]).any()
     assert batched.contains(np.array([EOS, 3, 4])) and not batched.contains(np.array([3, 0, 4]))
     assert batch_space(space, 3) == batched
+    rows = (uniform,) * 3
+    assert not np.isin(
+        np.stack([batched.sample(probability=rows) for _ in range(200)]), [0, 2]
+    ).any()
 
 
 def test_allowing_all_special_tokens_gives_the_whole_vocabulary(make_env):
