@@ -37,10 +37,14 @@ def _episodes(
     rows: Tensor,
     sampler_logprobs: Tensor,
     rewards: Tensor,
+    special_mass: Tensor,
     terminated: Tensor,
     truncated: Tensor,
 ) -> RolloutBatch:
-    """A ``RolloutBatch`` of the finished episodes in ``rows``, read from the env's final obs."""
+    """A ``RolloutBatch`` of the finished episodes in ``rows``, read from the env's final obs.
+
+    ``sampler_logprobs``, ``rewards`` and ``special_mass`` are ``[N, L]`` per-step buffers.
+    """
     lp = env.prompt_width
     ids, mask = obs["input_ids"][rows], obs["attention_mask"][rows]
     completion_mask = mask[:, lp:]
@@ -60,6 +64,7 @@ def _episodes(
         terminated=terminated[rows],
         truncated=truncated[rows],
         valid=info["valid"][rows],
+        special_mass=(special_mass[rows] * completion_mask).sum(dim=1) / lengths.clamp(min=1),
     )
 
 
@@ -95,6 +100,7 @@ def collect(
     n, length = env.num_envs, env.max_new_tokens
     sampler_logprobs = torch.zeros(n, length, device=env.device)
     rewards = torch.zeros(n, length, device=env.device)
+    special_mass = torch.zeros(n, length, device=env.device)
     state: PolicyState | None = None
     for t in range(length):
         actions, logprobs, state = policy.act(obs, state, generator=generator)
@@ -103,11 +109,15 @@ def collect(
         # their length, so _episodes' completion_mask zeroes it (and the env gave 0).
         sampler_logprobs[:, t] = logprobs.to(env.device)
         rewards[:, t] = reward
+        if state.special_mass is not None:
+            special_mass[:, t] = state.special_mass.to(env.device)
         done = terminated | truncated
         if bool(done.all()):
             break
     rows = torch.arange(n, device=env.device)
-    return _episodes(env, obs, info, rows, sampler_logprobs, rewards, terminated, truncated)
+    return _episodes(
+        env, obs, info, rows, sampler_logprobs, rewards, special_mass, terminated, truncated
+    )
 
 
 def _weights_key(policy: CausalLMPolicy) -> tuple[tuple[int, int], ...]:
@@ -141,6 +151,7 @@ class ContinuousCollector:
         n, length = env.num_envs, env.max_new_tokens
         self._logprobs = torch.zeros(n, length, device=env.device)
         self._rewards = torch.zeros(n, length, device=env.device)
+        self._special_mass = torch.zeros(n, length, device=env.device)
         self._restarting = torch.zeros(n, dtype=torch.bool, device=env.device)
         # The KV cache carries over between calls while the weights stay the same.
         self._state: PolicyState | None = None
@@ -190,19 +201,31 @@ class ContinuousCollector:
             obs, reward, terminated, truncated, info = env.step(actions.to(env.device))
             self._logprobs = torch.where(write, logprobs.to(env.device)[:, None], self._logprobs)
             self._rewards = torch.where(write, reward[:, None], self._rewards)
+            if state.special_mass is not None:
+                mass = state.special_mass.to(env.device)[:, None]
+                self._special_mass = torch.where(write, mass, self._special_mass)
             self.tokens_generated += int(live.sum())
             finished = terminated | truncated
             rows = finished.nonzero().squeeze(1)
             if rows.numel() > 0:
                 self._pool.append(
                     _episodes(
-                        env, obs, info, rows, self._logprobs, self._rewards, terminated, truncated
+                        env,
+                        obs,
+                        info,
+                        rows,
+                        self._logprobs,
+                        self._rewards,
+                        self._special_mass,
+                        terminated,
+                        truncated,
                     )
                 )
                 complete = self._complete_groups()  # only changes when episodes end
                 # Finished rows restart next step: clear their per-episode buffers now.
                 self._logprobs = self._logprobs * ~finished[:, None]
                 self._rewards = self._rewards * ~finished[:, None]
+                self._special_mass = self._special_mass * ~finished[:, None]
             # Rows reset by this step (their action was ignored) show a new prompt now.
             starts = self._restarting
             self._restarting = finished

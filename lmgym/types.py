@@ -45,6 +45,10 @@ class RolloutBatch:
         truncated: ``[B] bool`` cut at ``max_new_tokens`` without a stop id.
         valid: ``[B] bool`` False for rows the env's unfinished-completion policy
             ``"mask"`` dropped from the loss.
+        special_mass: ``[B] float32`` probability the policy's special-token mask
+            removed, averaged over the row's steps (0 when nothing is masked); how
+            much the model wanted ``<pad>``, ``<unk>``, ... (``CausalLMPolicy``,
+            ``allowed_special_tokens``).
     """
 
     prompt_ids: Tensor
@@ -60,6 +64,7 @@ class RolloutBatch:
     terminated: Tensor
     truncated: Tensor
     valid: Tensor
+    special_mass: Tensor
 
     @property
     def batch_size(self) -> int:
@@ -131,7 +136,9 @@ class RewardInput:
 
     @cached_property
     def completions(self) -> list[str]:
-        """Decoded completion strings, special tokens (EOS, padding) skipped."""
+        """Decoded completion strings: in an lmgym env, the text of exactly the chosen
+        tokens, special tokens included, only a final special stop token (``<eos>``)
+        and the padding left out (``lmgym.envs.text``)."""
         return self._decode(self.completion_ids)
 
     def __len__(self) -> int:

@@ -26,6 +26,7 @@ gradient clipping and the metrics of docs/metrics.md. One iteration::
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar

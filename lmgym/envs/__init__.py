@@ -1,6 +1,7 @@
 """Environments: the token-level vector env, its single-env facade, rewards, prompt
 sources, tasks and registration."""
 
+from lmgym.envs.action_space import TokenActionSpace, TokenActionsSpace
 from lmgym.envs.prompts import (
     DatasetColumn,
     JsonlPrompts,
@@ -41,6 +42,8 @@ __all__ = [
     "RewardError",
     "SequenceClassifierReward",
     "TaskInfo",
+    "TokenActionSpace",
+    "TokenActionsSpace",
     "TokenEnv",
     "TokenModuleReward",
     "TokenScoreReward",

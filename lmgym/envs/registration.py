@@ -23,6 +23,7 @@ from lmgym.char_tokenizer import make_char_tokenizer
 from lmgym.envs.single import TokenEnv
 from lmgym.envs.tasks._common import num_prompts_of
 from lmgym.envs.token_env import RewardMode, TokenVectorEnv, Unfinished
+from lmgym.policy.special_tokens import AllowedSpecialTokens
 from lmgym.types import PromptSource, RewardModel
 
 
@@ -36,8 +37,9 @@ class TaskInfo:
             (``None``: not stated, for a custom env).
         description: one line: what the completion must do and how it is rewarded.
         reward_range: ``(low, high)`` of the episode return.
-        random_baseline: mean episode return of the uniform random policy (uniform
-            token ids) at default settings; ``None`` if not measured.
+        random_baseline: mean episode return of the uniform random policy (token ids
+            uniform over the env's legal actions) at default settings; ``None`` if not
+            measured.
         modes: the reward modes in which the task is meaningful (any mode runs).
         requires: the pip extra the task needs (e.g. ``"semantic"``), if any.
         requires_module: the module that extra provides; ``available()`` looks for it.
@@ -161,7 +163,7 @@ def register_all() -> None:
         "make_preference",
         "make_preference_vector",
         solved_threshold=0.9,
-        random_baseline=0.36,
+        random_baseline=0.38,
         description="learned Bradley-Terry reward model (trained locally); win rate vs data text",
     )
     register_task(
@@ -227,6 +229,7 @@ def make_reward_env_vector(
     unfinished: Unfinished = "score",
     unfinished_penalty: float = -1.0,
     autoreset: bool = False,
+    allowed_special_tokens: AllowedSpecialTokens = (),
     tokenizer: PreTrainedTokenizerBase | None = None,
     device: torch.device | str = "cpu",
 ) -> TokenVectorEnv:
@@ -242,6 +245,7 @@ def make_reward_env_vector(
         unfinished=unfinished,
         unfinished_penalty=unfinished_penalty,
         autoreset=autoreset,
+        allowed_special_tokens=allowed_special_tokens,
         device=device,
     )
 
@@ -277,6 +281,7 @@ def register_reward_env(
     reward_mode: RewardMode = "bandit",
     unfinished: Unfinished = "score",
     unfinished_penalty: float = -1.0,
+    allowed_special_tokens: AllowedSpecialTokens = (),
     tokenizer: PreTrainedTokenizerBase | None = None,
     solved_threshold: float | None = None,
     reward_range: tuple[float, float] = (0.0, 1.0),
@@ -299,6 +304,9 @@ def register_reward_env(
         reward_mode: default reward mode.
         unfinished: default unfinished-completion policy.
         unfinished_penalty: default return of a cut-off completion under ``"penalty"``.
+        allowed_special_tokens: default special tokens that are legal actions besides
+            EOS (``TokenVectorEnv``); by default none, so the reward's text never hides
+            a token the policy chose.
         tokenizer: the policy's tokenizer (default the built-in character tokenizer).
         solved_threshold: listed by ``lmgym tasks`` if given.
         reward_range: listed by ``lmgym tasks``.
@@ -327,6 +335,7 @@ def register_reward_env(
         unfinished: Unfinished = unfinished,
         unfinished_penalty: float = unfinished_penalty,
         autoreset: bool = False,
+        allowed_special_tokens: AllowedSpecialTokens = allowed_special_tokens,
         device: torch.device | str = "cpu",
     ) -> TokenVectorEnv:
         return make_reward_env_vector(
@@ -339,6 +348,7 @@ def register_reward_env(
             unfinished=unfinished,
             unfinished_penalty=unfinished_penalty,
             autoreset=autoreset,
+            allowed_special_tokens=allowed_special_tokens,
             tokenizer=tokenizer,
             device=device,
         )
@@ -348,6 +358,7 @@ def register_reward_env(
         reward_mode: RewardMode = reward_mode,
         unfinished: Unfinished = unfinished,
         unfinished_penalty: float = unfinished_penalty,
+        allowed_special_tokens: AllowedSpecialTokens = allowed_special_tokens,
     ) -> TokenEnv:
         return TokenEnv(
             vector_entry(
@@ -355,6 +366,7 @@ def register_reward_env(
                 reward_mode=reward_mode,
                 unfinished=unfinished,
                 unfinished_penalty=unfinished_penalty,
+                allowed_special_tokens=allowed_special_tokens,
             )
         )
 

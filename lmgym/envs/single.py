@@ -13,6 +13,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+import torch
 
 from lmgym.envs.token_env import TokenVectorEnv
 
@@ -66,6 +67,11 @@ class TokenEnv(gym.Env):
         action_array = np.asarray(action)
         if action_array.size != 1:
             raise ValueError(f"action: expected one token id, got shape {action_array.shape}")
+        if not np.issubdtype(action_array.dtype, np.integer):  # numpy bools are not integers
+            raise ValueError(
+                f"action: expected an integer token id, got {action!r} (dtype "
+                f"{action_array.dtype}); a float or bool is not a token id"
+            )
         obs, reward, terminated, truncated, info = self.vector_env.step(
             action_array.reshape(1).astype(np.int64)
         )
@@ -78,9 +84,14 @@ class TokenEnv(gym.Env):
         )
 
     def decode(self, obs: dict[str, np.ndarray]) -> str:
-        """The text of an observation: prompt and completion so far."""
-        ids = obs["input_ids"][obs["attention_mask"].astype(bool)]
-        return self.vector_env.tokenizer.decode(ids.tolist(), skip_special_tokens=True)
+        """The text of an observation: prompt and completion so far, the completion as
+        string rewards see it (``TokenVectorEnv.decode_completions``)."""
+        env = self.vector_env
+        ids = torch.as_tensor(obs["input_ids"])[None]
+        mask = torch.as_tensor(obs["attention_mask"]).bool()[None]
+        lp = env.prompt_width
+        prompt = env.tokenizer.decode(ids[0, :lp][mask[0, :lp]].tolist())
+        return prompt + env.decode_completions(ids[:, lp:], mask[:, lp:])[0]
 
 
 #: Vector-factory arguments a single env fixes: one row, no group, plain reset semantics.

@@ -46,12 +46,26 @@ Rewards (docs/algorithms.md#rewards):
   TRL's default), ``"penalty"`` (the episode return is exactly
   ``unfinished_penalty``), or ``"mask"`` (scored, but ``info["valid"]`` and
   ``RolloutBatch.valid`` are False so agents drop the row from the loss).
+
+Special tokens. Ordinary tokens and the stop ids are the legal actions; any other
+special token (``<pad>``, ``<unk>``, ...) is refused with an error unless listed in
+``allowed_special_tokens`` (or ``"all"``). A string reward reads
+``RewardInput.completions``, the text of exactly the actions taken: every real token
+decoded, allowed special tokens included (``'<pad>'``), only a final special stop
+token (``<eos>``) left out (``lmgym.envs.text``). So ``'<pad>cc<unk>cccc'`` cannot
+pass for ``'cccccc'``.
+
+Failures. ``step`` and ``reset`` build every new value (row buffers, prompt stream,
+potentials) with one reward-model call and commit them together only after it
+succeeded: after a ``RewardError`` the env is exactly as it was, in every mode, and
+the same call can be retried.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from dataclasses import replace
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import torch
@@ -61,8 +75,17 @@ from gymnasium.vector.utils import batch_space
 from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
+from lmgym.envs.action_space import TokenActionSpace
 from lmgym.envs.prompts import build_prompt_table
 from lmgym.envs.rewards import call_reward
+from lmgym.envs.stream import PromptStream
+from lmgym.envs.text import completion_texts, infer_completion_mask
+from lmgym.policy.special_tokens import (
+    AllowedSpecialTokens,
+    refused_special_ids,
+    special_token_ids,
+    token_names,
+)
 from lmgym.profiling import ENV_RESET, ENV_STEP, REWARD, labelled, phase
 from lmgym.types import PromptSource, RewardInput, RewardModel
 
@@ -75,6 +98,48 @@ PromptOrder = Literal["shuffle", "sequential"]
 def _check_choice(field: str, value: str, choices: Sequence[str]) -> None:
     if value not in choices:
         raise ValueError(f"{field}={value!r} is not one of {list(choices)}")
+
+
+class _Rows(NamedTuple):
+    """The env's per-row state. ``step`` and ``reset`` build a new one and commit it
+    only once everything (the reward model included) has succeeded.
+
+    Attributes: ``[N, Lp + L]`` ``ids`` (int64) and ``mask`` (bool); ``[N]``
+    ``length``, ``group_ids``, ``prompt_index``, ``prompt_length`` (int64),
+    ``done``, ``terminated``, ``truncated``, ``needs_reset``, ``valid`` (bool),
+    ``returns`` (the episode's reward so far) and ``potential`` (float32).
+    """
+
+    ids: Tensor
+    mask: Tensor
+    length: Tensor
+    done: Tensor
+    terminated: Tensor
+    truncated: Tensor
+    needs_reset: Tensor
+    valid: Tensor
+    returns: Tensor
+    potential: Tensor
+    group_ids: Tensor
+    prompt_index: Tensor
+    prompt_length: Tensor
+
+    @classmethod
+    def empty(cls, n: int, width: int, pad_token_id: int, device: torch.device) -> _Rows:
+        ids = torch.full((n, width), pad_token_id, dtype=torch.long, device=device)
+        false = torch.zeros(n, dtype=torch.bool, device=device)
+        zero = torch.zeros(n, dtype=torch.long, device=device)
+        zeros = torch.zeros(n, device=device)
+        return cls(
+            ids, torch.zeros_like(ids, dtype=torch.bool), zero, false, false, false, false,
+            ~false, zeros, zeros, zero, zero, zero,
+        )  # fmt: skip
+
+    def put(self, rows: Tensor, **values: Tensor) -> _Rows:
+        """A copy with ``values[name]`` written at ``rows`` (``[k] int64``) of each field."""
+        return self._replace(
+            **{name: getattr(self, name).index_put((rows,), v) for name, v in values.items()}
+        )
 
 
 class TokenVectorEnv(VectorEnv):
@@ -95,6 +160,13 @@ class TokenVectorEnv(VectorEnv):
         unfinished: ``"score"``, ``"penalty"`` or ``"mask"``.
         unfinished_penalty: Episode return of a cut-off completion under ``"penalty"``.
         stop_token_ids: Ids that end an episode; default the tokenizer's EOS id.
+        allowed_special_tokens: Special tokens (ids or token strings, or ``"all"``)
+            that are legal actions besides the stop ids. By default any other special
+            token (``<pad>``, ``<unk>``, ...) is refused with an error (text that hides
+            a chosen token lets a policy game a string reward); an allowed one is part
+            of the text the reward sees (``'<pad>'``). ``refused_token_ids`` and
+            ``legal_token_ids`` list the outcome; the action space leaves refused ids
+            out (``TokenActionSpace``).
         autoreset: ``False`` episode-synchronous, ``True`` next-step autoreset.
         prompt_order: ``"shuffle"`` (a fresh permutation per pass over the prompts,
             reproducible under ``reset(seed=...)``) or ``"sequential"``.
@@ -119,6 +191,7 @@ class TokenVectorEnv(VectorEnv):
         unfinished: Unfinished = "score",
         unfinished_penalty: float = -1.0,
         stop_token_ids: Sequence[int] | None = None,
+        allowed_special_tokens: AllowedSpecialTokens = (),
         autoreset: bool = False,
         prompt_order: PromptOrder = "shuffle",
         device: torch.device | str = "cpu",
@@ -168,6 +241,20 @@ class TokenVectorEnv(VectorEnv):
                 f"[0, {self.vocab_size})"
             )
         self.stop_token_ids = stop.to(self.device)
+        special = special_token_ids(tokenizer)
+        # A final stop id that is a special token ends the text instead of being in it.
+        self._hidden_stop_ids = stop[torch.isin(stop, torch.tensor(special, dtype=torch.long))]
+        self.allowed_special_tokens = allowed_special_tokens
+        self.refused_token_ids = refused_special_ids(
+            tokenizer, stop.tolist(), allowed_special_tokens
+        )
+        refused = torch.zeros(self.vocab_size, dtype=torch.bool)
+        refused[self.refused_token_ids] = True
+        self.legal_token_ids = (~refused).nonzero().squeeze(1)
+        # _illegal[a + 1] for a clamped to [-1, V]: True below 0, at V and on refused ids,
+        # so one lookup checks range and special tokens at once.
+        true = torch.ones(1, dtype=torch.bool)
+        self._illegal = torch.cat([true, refused, true]).to(self.device)
 
         self.prompt_table = build_prompt_table(prompts, tokenizer, max_prompt_length, self.device)
         self.prompt_width = self.prompt_table.width
@@ -179,25 +266,22 @@ class TokenVectorEnv(VectorEnv):
                 "attention_mask": spaces.MultiBinary(self.seq_len),
             }
         )
-        self.single_action_space = spaces.Discrete(self.vocab_size)
+        self.single_action_space = TokenActionSpace(self.vocab_size, self.refused_token_ids)
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
 
-        self._rng = torch.Generator()
-        self._rng.manual_seed(int(torch.randint(0, 2**62, (1,)).item()))
-        self._restart_stream()
+        self._centred = (
+            reward_mode == "per_token" and per_token_form == "potential" and center_potential
+        )
+        self._stream = self._new_stream(int(torch.randint(0, 2**62, (1,)).item()))
+        self._rows: _Rows | None = None
         self._columns = torch.arange(self.seq_len, device=self.device)
-        self._started = False
+
+    @property
+    def _started(self) -> bool:
+        return self._rows is not None
 
     # ----------------------------------------------------------------- prompts
-    def _restart_stream(self) -> None:
-        """Reset the prompt order, the slot counter and the group-id counter."""
-        self._order = torch.empty(0, dtype=torch.long)
-        self._cursor = 0
-        self._next_slot = 0
-        self._group_prompt = torch.empty(0, dtype=torch.long)  # prompt of group _group_base + k
-        self._group_base = 0
-
     def get_state(self) -> dict[str, Any]:
         """The prompt stream's state, for checkpoints: ``set_state`` makes the env draw
         the same prompts and group ids from here on.
@@ -210,13 +294,14 @@ class TokenVectorEnv(VectorEnv):
         Returns:
             A dict of CPU tensors and ints (``torch.save``-able).
         """
+        stream = self._stream
         return {
-            "rng": self._rng.get_state(),
-            "order": self._order.clone(),
-            "cursor": self._cursor,
-            "next_slot": self._next_slot,
-            "group_prompt": self._group_prompt.clone(),
-            "group_base": self._group_base,
+            "rng": stream.rng_state.clone(),
+            "order": stream.order.clone(),
+            "cursor": stream.cursor,
+            "next_slot": stream.next_slot,
+            "group_prompt": stream.group_prompt.clone(),
+            "group_base": stream.group_base,
             "num_source_prompts": len(self.prompt_table),
             "group_size": self.group_size,
         }
@@ -237,88 +322,58 @@ class TokenVectorEnv(VectorEnv):
                     f"set_state: the saved prompt stream has {key}={state[key]}, this env "
                     f"has {mine}; build the env with the same prompts and group_size"
                 )
-        self._rng.set_state(state["rng"].cpu())
-        self._order = state["order"].cpu().clone()
-        self._cursor = int(state["cursor"])
-        self._next_slot = int(state["next_slot"])
-        self._group_prompt = state["group_prompt"].cpu().clone()
-        self._group_base = int(state["group_base"])
+        self._stream = replace(
+            self._stream,
+            rng_state=state["rng"].cpu().clone(),
+            order=state["order"].cpu().clone(),
+            cursor=int(state["cursor"]),
+            next_slot=int(state["next_slot"]),
+            group_prompt=state["group_prompt"].cpu().clone(),
+            group_base=int(state["group_base"]),
+        )
 
-    def _draw_prompts(self, k: int) -> Tensor:
-        """``[k]`` prompt indices, continuing the current pass over the source."""
-        out = []
-        n = len(self.prompt_table)
-        while k > 0:
-            if self._cursor == len(self._order):
-                if self.prompt_order == "shuffle":
-                    self._order = torch.randperm(n, generator=self._rng)
-                else:
-                    self._order = torch.arange(n)
-                self._cursor = 0
-            take = min(k, len(self._order) - self._cursor)
-            out.append(self._order[self._cursor : self._cursor + take])
-            self._cursor += take
-            k -= take
-        return torch.cat(out)
+    def _new_stream(self, seed: int) -> PromptStream:
+        return PromptStream.start(
+            len(self.prompt_table), self.group_size, self.prompt_order == "shuffle", seed
+        )
 
-    def _take_slots(self, k: int) -> tuple[Tensor, Tensor]:
-        """Hand out the next ``k`` prompt slots.
+    def _refilled(
+        self, state: _Rows, rows: Tensor, stream: PromptStream
+    ) -> tuple[_Rows, PromptStream]:
+        """``state`` with a new episode on ``rows`` (``[k] int64`` on device), and the
+        stream after handing out their prompt slots. Pure: nothing is committed.
 
-        Returns:
-            ``(group_ids [k] int64, prompt_index [k] int64)`` on CPU.
+        The new rows' potential is 0; the caller sets ``R(x, empty)`` when centring.
         """
-        slots = self._next_slot + torch.arange(k)
-        self._next_slot += k
-        group_ids = slots // self.group_size
-        drawn = self._group_base + len(self._group_prompt)
-        missing = int(group_ids[-1]) + 1 - drawn
-        if missing > 0:
-            self._group_prompt = torch.cat([self._group_prompt, self._draw_prompts(missing)])
-        prompt_index = self._group_prompt[group_ids - self._group_base]
-        # Forget groups no future slot can belong to.
-        first_open = self._next_slot // self.group_size
-        self._group_prompt = self._group_prompt[first_open - self._group_base :]
-        self._group_base = first_open
-        return group_ids, prompt_index
-
-    def _fill_rows(self, rows: Tensor) -> None:
-        """Start a new episode on ``rows`` (``[k] int64`` on device) with fresh prompt slots."""
-        group_ids, prompt_index = self._take_slots(rows.numel())
+        group_ids, prompt_index, stream = stream.take(rows.numel())
         group_ids, prompt_index = group_ids.to(self.device), prompt_index.to(self.device)
         table = self.prompt_table
         k = rows.numel()
         completion_pad = torch.full(
             (k, self.max_new_tokens), self.pad_token_id, dtype=torch.long, device=self.device
         )
-        new_ids = torch.cat([table.ids[prompt_index], completion_pad], dim=1)
-        new_mask = torch.cat(
-            [table.mask[prompt_index], torch.zeros_like(completion_pad, dtype=torch.bool)], dim=1
-        )
-
-        def put(t: Tensor, values: Tensor) -> Tensor:
-            return t.index_put((rows,), values)
-
-        self._ids = put(self._ids, new_ids)
-        self._mask = put(self._mask, new_mask)
-        self._length = put(self._length, torch.zeros(k, dtype=torch.long, device=self.device))
         false = torch.zeros(k, dtype=torch.bool, device=self.device)
-        self._done = put(self._done, false)
-        self._terminated = put(self._terminated, false)
-        self._truncated = put(self._truncated, false)
-        self._needs_reset = put(self._needs_reset, false)
-        self._valid = put(self._valid, ~false)
-        self._return = put(self._return, torch.zeros(k, device=self.device))
-        self._group_ids = put(self._group_ids, group_ids)
-        self._prompt_index = put(self._prompt_index, prompt_index)
-        self._prompt_length = put(self._prompt_length, table.lengths[prompt_index])
-        potential = torch.zeros(k, device=self.device)
-        if (
-            self.reward_mode == "per_token"
-            and self.per_token_form == "potential"
-            and self.center_potential
-        ):
-            potential = self._score(rows, self._ids, self._mask, self._done[rows])
-        self._potential = put(self._potential, potential)
+        zeros = torch.zeros(k, device=self.device)
+        state = state.put(
+            rows,
+            ids=torch.cat([table.ids[prompt_index], completion_pad], dim=1),
+            mask=torch.cat(
+                [table.mask[prompt_index], torch.zeros_like(completion_pad, dtype=torch.bool)],
+                dim=1,
+            ),
+            length=torch.zeros(k, dtype=torch.long, device=self.device),
+            done=false,
+            terminated=false,
+            truncated=false,
+            needs_reset=false,
+            valid=~false,
+            returns=zeros,
+            potential=zeros,
+            group_ids=group_ids,
+            prompt_index=prompt_index,
+            prompt_length=table.lengths[prompt_index],
+        )
+        return state, stream
 
     # ------------------------------------------------------------------- reset
     @labelled(ENV_RESET)
@@ -337,37 +392,33 @@ class TokenVectorEnv(VectorEnv):
             ``(obs, info)``; ``obs = {"input_ids": [N, Lp+L] int64,
             "attention_mask": [N, Lp+L] bool}``, ``info`` holds ``[N]`` tensors
             ``group_id``, ``prompt_index``, ``prompt_length``, ``length``, ``valid``.
+
+        Raises:
+            RewardError: the reward model failed while scoring the new prompts (centred
+                potential); the env, prompt stream included, is left as it was.
         """
-        if seed is not None:
-            if not isinstance(seed, int | np.integer):
-                raise TypeError(f"seed: expected one int for the whole batch, got {seed!r}")
-            self._rng.manual_seed(int(seed))
-            self._restart_stream()
+        if seed is not None and not isinstance(seed, int | np.integer):
+            raise TypeError(f"seed: expected one int for the whole batch, got {seed!r}")
+        stream = self._stream if seed is None else self._new_stream(int(seed))
         reset_mask = (options or {}).get("reset_mask")
-        if reset_mask is None or not self._started:
-            n, s, dev = self.num_envs, self.seq_len, self.device
-            self._ids = torch.full((n, s), self.pad_token_id, dtype=torch.long, device=dev)
-            self._mask = torch.zeros((n, s), dtype=torch.bool, device=dev)
-            self._length = torch.zeros(n, dtype=torch.long, device=dev)
-            self._done = torch.zeros(n, dtype=torch.bool, device=dev)
-            self._terminated, self._truncated = self._done.clone(), self._done.clone()
-            self._needs_reset, self._valid = self._done.clone(), ~self._done
-            self._return = torch.zeros(n, device=dev)
-            self._potential = torch.zeros(n, device=dev)
-            self._group_ids = torch.zeros(n, dtype=torch.long, device=dev)
-            self._prompt_index = torch.zeros(n, dtype=torch.long, device=dev)
-            self._prompt_length = torch.zeros(n, dtype=torch.long, device=dev)
-            rows = torch.arange(n, device=dev)
+        if reset_mask is None or self._rows is None:
+            state = _Rows.empty(self.num_envs, self.seq_len, self.pad_token_id, self.device)
+            rows = torch.arange(self.num_envs, device=self.device)
         else:
             mask = torch.as_tensor(reset_mask, dtype=torch.bool, device=self.device)
             if mask.shape != (self.num_envs,):
                 raise ValueError(
                     f"options['reset_mask']: expected shape ({self.num_envs},), got {tuple(mask.shape)}"
                 )
+            state = self._rows
             rows = mask.nonzero().squeeze(1)
         if rows.numel() > 0:
-            self._fill_rows(rows)
-        self._started = True
+            state, stream = self._refilled(state, rows, stream)
+            if self._centred:
+                finished = torch.zeros(rows.numel(), dtype=torch.bool, device=self.device)
+                state = state.put(rows, potential=self._score(state, rows, finished))
+        # Everything above only built new values: commit them together.
+        self._rows, self._stream = state, stream
         return self._obs(), self._info()
 
     # -------------------------------------------------------------------- step
@@ -385,62 +436,91 @@ class TokenVectorEnv(VectorEnv):
             ``(obs, rewards [N] float32, terminated [N] bool, truncated [N] bool, info)``.
 
         Raises:
-            ValueError: wrong shape/dtype, or an id outside ``[0, vocab_size)`` in a
-                live row.
-            RewardError: the reward model's output is unusable; the env state is
-                left as it was before this call.
+            ValueError: wrong shape/dtype, an id outside ``[0, vocab_size)`` or a
+                refused special token in a live row.
+            RewardError: the reward model's output is unusable; the env state (prompt
+                stream included) is left as it was before this call, so the same
+                step can be retried.
         """
-        if not self._started:
+        if self._rows is None:
             raise RuntimeError("step() called before reset(); call env.reset(seed=...) first")
         actions = self._check_actions(actions)
-        active = ~self._done
-        write = (self._columns[None, :] == (self.prompt_width + self._length)[:, None]) & active[
+        old = self._rows
+        active = ~old.done
+        write = (self._columns[None, :] == (self.prompt_width + old.length)[:, None]) & active[
             :, None
         ]
-        ids = torch.where(write, actions[:, None], self._ids)
-        mask = self._mask | write
-        length = self._length + active
         if len(self.stop_token_ids) == 1:  # the usual single EOS: == is cheaper than isin
             stop = active & (actions == self.stop_token_ids)
         else:
             stop = active & torch.isin(actions, self.stop_token_ids)
+        length = old.length + active
         truncated = active & ~stop & (length >= self.max_new_tokens)
         finished = stop | truncated
-
-        rewards, potential, valid = self._rewards(ids, mask, active, finished, truncated)
-
-        # Nothing above wrote to the env's state: a failing reward model leaves it intact.
-        self._ids, self._mask, self._length = ids, mask, length
-        self._potential, self._valid = potential, valid
-        self._return = self._return + rewards
+        state = old._replace(
+            ids=torch.where(write, actions[:, None], old.ids), mask=old.mask | write, length=length
+        )
+        # Next-step autoreset: rows that finished last step start their next episode.
+        # They are not active, so appending did not touch them.
+        stream, refill = self._stream, None
         if self.autoreset:
-            rows = self._needs_reset.nonzero().squeeze(1)
-            self._needs_reset = finished
-            self._done = finished
+            refill = old.needs_reset
+            rows = refill.nonzero().squeeze(1)
             if rows.numel() > 0:
-                self._fill_rows(rows)
+                state, stream = self._refilled(state, rows, stream)
+            else:
+                refill = None
+
+        rewards, potential, valid = self._rewards(state, old, active, finished, truncated, refill)
+
+        if self.autoreset:
+            flags = {"needs_reset": finished, "done": finished}
             terminated_out, truncated_out = stop, truncated
         else:
-            self._done = self._done | finished
-            self._terminated = self._terminated | stop
-            self._truncated = self._truncated | truncated
-            terminated_out, truncated_out = self._terminated, self._truncated
+            terminated_out, truncated_out = old.terminated | stop, old.truncated | truncated
+            flags = {
+                "done": old.done | finished,
+                "terminated": terminated_out,
+                "truncated": truncated_out,
+            }
+        state = state._replace(
+            potential=potential, valid=valid, returns=state.returns + rewards, **flags
+        )
+        # Nothing above wrote to the env: a failing reward model left it intact.
+        self._rows, self._stream = state, stream
         return self._obs(), rewards, terminated_out, truncated_out, self._info()
 
     def _check_actions(self, actions: Tensor | np.ndarray | Sequence[int]) -> Tensor:
+        if isinstance(actions, list | tuple) and any(
+            isinstance(a, bool | float | np.bool_ | np.floating) for a in actions
+        ):
+            bad = next(a for a in actions if isinstance(a, bool | float | np.bool_ | np.floating))
+            raise ValueError(
+                f"actions: expected integer token ids, got {bad!r} ({type(bad).__name__}); "
+                "pass ints (a float or bool is not a token id)"
+            )
         actions = torch.as_tensor(actions, device=self.device)
         if actions.shape != (self.num_envs,):
             raise ValueError(
                 f"actions: expected shape ({self.num_envs},), one token id per env, "
                 f"got {tuple(actions.shape)}"
             )
-        if actions.dtype.is_floating_point or actions.dtype == torch.bool:
-            raise ValueError(f"actions: expected integer token ids, got dtype {actions.dtype}")
+        if (
+            actions.dtype.is_floating_point
+            or actions.dtype.is_complex
+            or actions.dtype == torch.bool
+        ):
+            raise ValueError(
+                f"actions: expected integer token ids, got dtype {actions.dtype}; pass an "
+                "integer tensor or array (a float or bool is not a token id)"
+            )
         actions = actions.long()
-        low, high = torch.aminmax(actions)
-        if int(low) >= 0 and int(high) < self.vocab_size:
-            return actions  # the common case, checked in one pass
-        bad = ~self._done & ((actions < 0) | (actions >= self.vocab_size))
+        illegal = self._illegal[(actions + 1).clamp_(0, self.vocab_size + 1)]
+        if not bool(illegal.any()):
+            return actions  # the common case, checked with one read back
+        # Only live rows' actions count: a finished row ignores its action.
+        live = ~self._rows.done
+        bad = live & ((actions < 0) | (actions >= self.vocab_size))
         if bool(bad.any()):
             row = int(bad.nonzero()[0, 0])
             raise ValueError(
@@ -448,77 +528,126 @@ class TokenVectorEnv(VectorEnv):
                 f"{self.vocab_size}); sample only the first vocab_size={self.vocab_size} ids "
                 "(mask the extra rows of a model whose embedding is larger than its tokenizer)"
             )
+        bad = live & illegal
+        if bool(bad.any()):
+            row = int(bad.nonzero()[0, 0])
+            (name,) = token_names(self.tokenizer, [int(actions[row])])
+            raise ValueError(
+                f"actions[{row}]={int(actions[row])} is the special token {name}, which "
+                "this env refuses: only its stop token(s) are legal special tokens by "
+                "default, so that a string reward never misses a token the policy chose. "
+                "Pass allowed_special_tokens=[...] (or 'all') to the env to make it a "
+                "legal action (its text, e.g. '<pad>', is then part of the completion "
+                "the reward sees), or keep the policy from choosing it (CausalLMPolicy "
+                "masks special tokens by default; SB3VecEnv maps its actions to "
+                "env.legal_token_ids)"
+            )
         return actions
 
     # ----------------------------------------------------------------- rewards
-    def _score(self, rows: Tensor, ids: Tensor, mask: Tensor, finished: Tensor) -> Tensor:
-        """Run the reward model on ``rows`` of the given buffer: ``[k] float32``.
+    def _score(self, state: _Rows, rows: Tensor, finished: Tensor) -> Tensor:
+        """Run the reward model on ``rows`` of ``state``'s buffer: ``[k] float32``.
 
         ``finished`` (``[k] bool``) tells the reward model which rows have ended.
         """
         lp = self.prompt_width
-        prompt_index = self._prompt_index[rows]
+        prompt_index = state.prompt_index[rows]
         texts = self.prompt_table.texts
+        completion_ids, completion_mask = state.ids[rows, lp:], state.mask[rows, lp:]
         batch = RewardInput(
-            prompt_ids=ids[rows, :lp],
-            prompt_mask=mask[rows, :lp],
-            completion_ids=ids[rows, lp:],
-            completion_mask=mask[rows, lp:],
+            prompt_ids=state.ids[rows, :lp],
+            prompt_mask=state.mask[rows, :lp],
+            completion_ids=completion_ids,
+            completion_mask=completion_mask,
             prompts=[texts[i] for i in prompt_index.tolist()],
             prompt_index=prompt_index,
             finished=finished,
-            decode=lambda t: self.tokenizer.batch_decode(t.tolist(), skip_special_tokens=True),
+            decode=lambda ids: completion_texts(
+                self.tokenizer, ids, completion_mask, self._hidden_stop_ids
+            ),
         )
         with phase(REWARD):
             return call_reward(self.reward_model, batch)
 
     def _rewards(
         self,
-        ids: Tensor,
-        mask: Tensor,
+        state: _Rows,
+        old: _Rows,
         active: Tensor,
         finished: Tensor,
         truncated: Tensor,
+        refill: Tensor | None,
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """Rewards of this step, the new potentials and the new validity flags (all ``[N]``)."""
-        rewards = torch.zeros(self.num_envs, device=self.device)
-        potential = self._potential
+        """Rewards of this step, the new potentials and the new validity flags (all ``[N]``).
+
+        One reward-model call scores every row that needs it: the rows this step
+        scores and, when centring the potential, the rows just refilled (their new
+        prompt with an empty completion, ``finished`` False).
+
+        Args:
+            state: The rows after this step's tokens and refills.
+            old: The rows before this step.
+            active: ``[N] bool`` rows that appended a token this step.
+            finished: ``[N] bool`` rows whose episode ended this step.
+            truncated: ``[N] bool`` rows cut at the budget this step.
+            refill: ``[N] bool`` rows refilled this step (autoreset), or ``None``.
+        """
         if self.reward_mode == "bandit":
             # A cut-off completion under "penalty" is never shown to the reward model.
             to_score = finished & ~truncated if self.unfinished == "penalty" else finished
-            rows = to_score.nonzero().squeeze(1)
-            if rows.numel() > 0:
-                scores = self._score(rows, ids, mask, finished[rows])
-                rewards = rewards.index_put((rows,), scores)
         else:
-            rows = active.nonzero().squeeze(1)
-            if rows.numel() > 0:
-                scores = self._score(rows, ids, mask, finished[rows])
-                if self.per_token_form == "potential":
-                    step_rewards = scores - potential[rows]
-                    potential = potential.index_put((rows,), scores)
-                else:
-                    step_rewards = scores
-                rewards = rewards.index_put((rows,), step_rewards)
+            to_score = active
+        centre = refill if self._centred else None
+        called = to_score if centre is None else to_score | centre
+        rows = called.nonzero().squeeze(1)
+        scores = torch.zeros(self.num_envs, device=self.device)
+        if rows.numel() > 0:
+            scores = scores.index_put((rows,), self._score(state, rows, finished[rows]))
+        potential = state.potential  # refilled rows: 0
+        if self.reward_mode == "bandit" or self.per_token_form == "dense":
+            rewards = scores  # only the potential form centres, so the call was to_score
+        else:
+            rewards = torch.where(active, scores - old.potential, 0.0)
+            potential = torch.where(active, scores, potential)
+            if centre is not None:
+                potential = torch.where(centre, scores, potential)
         if self.unfinished == "penalty":
             # The episode return of a cut-off completion is exactly the penalty.
-            rewards = torch.where(truncated, self.unfinished_penalty - self._return, rewards)
-        valid = self._valid & ~truncated if self.unfinished == "mask" else self._valid
+            rewards = torch.where(truncated, self.unfinished_penalty - old.returns, rewards)
+        valid = state.valid & ~truncated if self.unfinished == "mask" else state.valid
         return rewards, potential, valid
 
     # ------------------------------------------------------------------ views
     def _obs(self) -> dict[str, Tensor]:
-        return {"input_ids": self._ids, "attention_mask": self._mask}
+        return {"input_ids": self._rows.ids, "attention_mask": self._rows.mask}
 
     def _info(self) -> dict[str, Tensor]:
+        rows = self._rows
         return {
-            "group_id": self._group_ids,
-            "prompt_index": self._prompt_index,
-            "prompt_length": self._prompt_length,
-            "length": self._length,
-            "valid": self._valid,
+            "group_id": rows.group_ids,
+            "prompt_index": rows.prompt_index,
+            "prompt_length": rows.prompt_length,
+            "length": rows.length,
+            "valid": rows.valid,
         }
 
-    def decode_completions(self, completion_ids: Tensor) -> list[str]:
-        """Decode ``[B, L]`` completion ids to strings (special tokens skipped)."""
-        return self.tokenizer.batch_decode(completion_ids.tolist(), skip_special_tokens=True)
+    def decode_completions(
+        self, completion_ids: Tensor, completion_mask: Tensor | None = None
+    ) -> list[str]:
+        """The text of ``[B, L]`` completions, as string rewards see it.
+
+        Every real token is decoded, special tokens included; a final stop token
+        that is a special token (``<eos>``) is left out (``lmgym.envs.text``).
+
+        Args:
+            completion_ids: ``[B, L] int64`` (e.g. ``RolloutBatch.completion_ids``).
+            completion_mask: ``[B, L] bool`` real tokens (``RolloutBatch.completion_mask``);
+                default inferred: up to the first stop id, else up to the last non-pad id.
+        """
+        if completion_mask is None:
+            completion_mask = infer_completion_mask(
+                completion_ids, self.stop_token_ids, self.pad_token_id
+            )
+        return completion_texts(
+            self.tokenizer, completion_ids, completion_mask.bool(), self._hidden_stop_ids
+        )

@@ -28,6 +28,15 @@ reaches 0.9 in 60k env steps (final rolling means 0.2 to 0.83 over five seeds,
 against about 13k steps to solve without it; ``benchmarks/results/sb3_ppo.md``).
 ``bootstrap_truncated=True`` restores SB3's convention.
 
+Actions. SB3's policies sample from every action of a ``Discrete`` space and
+cannot mask any, while the env refuses special tokens other than its stop ids
+(``allowed_special_tokens``). So the adapter's action space is
+``Discrete(len(action_ids))`` over the env's legal ids only: SB3 action ``a`` is
+token ``action_ids[a]`` (``action_ids = env.legal_token_ids``, sorted; the
+identity when the env refuses nothing, e.g. ``allowed_special_tokens="all"``).
+Actions must be integers (SB3 passes ``[N] int64`` arrays); floats and bools are
+refused.
+
 Observation size. SB3 policies one-hot encode ``MultiDiscrete`` observations, so
 the default full-buffer observation costs ``(Lp + L) * V`` input features. The
 adapter refuses, with a message naming the fix, any observation beyond
@@ -159,6 +168,10 @@ class SB3VecEnv(VecEnv):
 
     Observations are numpy: ``{"input_ids": [N, S] int64, "attention_mask": [N, S]
     int8}`` by default; rewards ``[N] float32``; dones ``[N] bool``.
+
+    Attributes:
+        action_ids: ``[A] int64`` numpy, the token id of each action (the env's legal
+            ids; see the module doc).
     """
 
     def __init__(
@@ -183,10 +196,12 @@ class SB3VecEnv(VecEnv):
         self.bootstrap_truncated = bootstrap_truncated
         self.episode_statistics = episode_statistics
         self._actions: Tensor | None = None
+        self._action_ids = env.legal_token_ids.to(env.device)
+        self.action_ids = env.legal_token_ids.cpu().numpy()
         self._returns = np.zeros(env.num_envs, dtype=np.float64)
         self._lengths = np.zeros(env.num_envs, dtype=np.int64)
         self._starts = np.zeros(env.num_envs, dtype=np.float64)
-        super().__init__(env.num_envs, observation_space, env.single_action_space)
+        super().__init__(env.num_envs, observation_space, spaces.Discrete(len(self.action_ids)))
 
     # -------------------------------------------------------------- reset / step
     def reset(self) -> VecEnvObs:
@@ -211,10 +226,30 @@ class SB3VecEnv(VecEnv):
         return self._numpy_obs(obs)
 
     def step_async(self, actions: np.ndarray) -> None:
-        """Remember ``actions`` (``[N]`` token ids) for ``step_wait``."""
-        self._actions = torch.as_tensor(np.asarray(actions), device=self.env.device).reshape(
-            self.num_envs
-        )
+        """Remember ``actions`` (``[N]`` integers in ``[0, len(action_ids))``) for ``step_wait``.
+
+        Raises:
+            ValueError: not ``N`` integers (a float or bool array), or one out of range.
+        """
+        array = np.asarray(actions)
+        if not np.issubdtype(array.dtype, np.integer):
+            raise ValueError(
+                f"actions: expected integer actions, got dtype {array.dtype}; SB3VecEnv's "
+                f"action space is Discrete({len(self.action_ids)})"
+            )
+        if array.size != self.num_envs:
+            raise ValueError(
+                f"actions: expected {self.num_envs} actions, one per env, got shape {array.shape}"
+            )
+        array = array.reshape(self.num_envs)
+        bad = np.flatnonzero((array < 0) | (array >= len(self.action_ids)))
+        if bad.size:
+            row = int(bad[0])
+            raise ValueError(
+                f"actions[{row}]={int(array[row])} is outside the action space "
+                f"Discrete({len(self.action_ids)}); action a is token action_ids[a]"
+            )
+        self._actions = self._action_ids[torch.as_tensor(array, device=self.env.device)]
 
     def step_wait(self) -> VecEnvStepReturn:
         """Step every row, then restart the finished ones in the same call.

@@ -36,6 +36,12 @@ from transformers import (
 from lmgym.policy.activations import fuse_gelu
 from lmgym.policy.kv_engine import KVCacheRollout, PolicyState, distinct_rows
 from lmgym.policy.logprobs import token_logprobs
+from lmgym.policy.sampling import check_sampling_settings, logprob_temperature
+from lmgym.policy.special_tokens import (
+    AllowedSpecialTokens,
+    check_special_tokens_match,
+    refused_special_ids,
+)
 from lmgym.profiling import LM_HEAD, LOGPROBS, TEACHER_FORCED, TRUNK, labelled
 
 if TYPE_CHECKING:
@@ -64,7 +70,9 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
             (``get_output_embeddings()``) on its trunk (``base_model``).
         tokenizer: The model's tokenizer; ``len(tokenizer)`` ids are sampled from
             (extra embedding rows of a padded vocabulary are never sampled).
-        temperature: Sampling temperature (> 0); log-probs use the same one.
+        temperature: Sampling temperature (> 0); log-probs use the same one. 0 is
+            greedy decoding (argmax); its sampler log-probs, like the teacher-forced
+            ones, are then those of the untempered distribution.
         top_k: Keep only the ``k`` most likely ids when sampling (``None``: all).
         top_p: Nucleus sampling mass (``None``: no filter). With top-k/top-p the
             sampler log-probs are those of the filtered distribution, so they differ
@@ -73,6 +81,12 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
             ``gelu_new``) by torch's fused kernel, in place: the same function up to
             float rounding, a few percent faster to train and sample (see
             ``lmgym.policy.activations``). ``False`` keeps the model untouched.
+        allowed_special_tokens: Special tokens the policy may sample besides the
+            tokenizer's EOS: ids or token strings, or ``"all"`` (no mask). By default
+            every other special token (``<pad>``, ``<unk>``, ...) gets probability 0, in
+            sampling and in the teacher-forced log-probs alike; ``masked_token_ids``
+            lists them and each rollout records the probability removed
+            (``RolloutBatch.special_mass``).
     """
 
     def __init__(
@@ -83,14 +97,10 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
         top_k: int | None = None,
         top_p: float | None = None,
         fused_activations: bool = True,
+        allowed_special_tokens: AllowedSpecialTokens = (),
     ) -> None:
         super().__init__()
-        if temperature <= 0:
-            raise ValueError(f"temperature={temperature}: must be > 0")
-        if top_p is not None and not 0.0 < top_p <= 1.0:
-            raise ValueError(f"top_p={top_p}: must be in (0, 1]")
-        if top_k is not None and top_k < 0:
-            raise ValueError(f"top_k={top_k}: must be >= 0 (0 or None disables it)")
+        check_sampling_settings(temperature, top_k, top_p)
         head = model.get_output_embeddings()
         if not isinstance(head, nn.Linear):
             raise TypeError(
@@ -119,6 +129,16 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
         self.model = model
         self.tokenizer = tokenizer
         self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
+        keep = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
+        self.allowed_special_tokens = allowed_special_tokens
+        self.masked_token_ids = refused_special_ids(tokenizer, keep, allowed_special_tokens)
+        self.num_masked_tokens = len(self.masked_token_ids)
+        refused = torch.zeros(self.vocab_size, dtype=torch.bool, device=head.weight.device)
+        refused[self.masked_token_ids] = True
+        # Not persistent: checkpoints keep their keys; the mask follows the tokenizer.
+        self.register_buffer(
+            "_refused", refused if self.masked_token_ids else None, persistent=False
+        )
         params = inspect.signature(model.base_model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
 
@@ -133,11 +153,20 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
         top_k: int | None = None,
         top_p: float | None = None,
         fused_activations: bool = True,
+        allowed_special_tokens: AllowedSpecialTokens = (),
     ) -> CausalLMPolicy:
         """Load model and tokenizer from a hub name or a local directory."""
         tokenizer = AutoTokenizer.from_pretrained(name_or_path)
         model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype)
-        return cls(model.to(device).eval(), tokenizer, temperature, top_k, top_p, fused_activations)
+        return cls(
+            model.to(device).eval(),
+            tokenizer,
+            temperature,
+            top_k,
+            top_p,
+            fused_activations,
+            allowed_special_tokens,
+        )
 
     def save_pretrained(self, path: str | Path) -> None:
         """Write model and tokenizer so ``from_pretrained(path)`` restores them."""
@@ -170,6 +199,12 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
                 f"{env.max_new_tokens} = {env.seq_len} exceeds the model's context of "
                 f"{ctx} tokens; lower max_new_tokens or use shorter prompts"
             )
+        check_special_tokens_match(
+            self.tokenizer,
+            self.masked_token_ids,
+            env.stop_token_ids.tolist(),
+            getattr(env, "refused_token_ids", []),
+        )
 
     # --------------------------------------------------------------- pieces
     def _head(self) -> tuple[Tensor, Tensor | None]:
@@ -225,7 +260,8 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
 
         Returns:
             ``(logprobs [B, L] float32, entropy [B, L] float32)`` at the sampling
-            temperature; values at padded targets are meaningless (mask them).
+            temperature (1 when greedy) under the special-token mask, as sampled;
+            values at padded targets are meaningless (mask them).
         """
         hidden = self.sequence_hidden(input_ids, attention_mask, num_targets)
         return self.logprobs_from_hidden(hidden, input_ids, with_entropy, chunk_size)
@@ -246,7 +282,14 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
         weight, bias = self._head()
         targets = input_ids[:, input_ids.shape[1] - hidden.shape[1] :]
         return token_logprobs(
-            hidden, weight, bias, targets, self.temperature, with_entropy, chunk_size
+            hidden,
+            weight,
+            bias,
+            targets,
+            logprob_temperature(self.temperature),
+            with_entropy,
+            chunk_size,
+            self._refused,
         )
 
     @labelled(TEACHER_FORCED)

@@ -35,7 +35,7 @@ from lmgym.policy.kv_slots import (
     slots_filled,
     to_slots,
 )
-from lmgym.policy.sampling import sample_tokens
+from lmgym.policy.sampling import sample_tokens, special_mass
 from lmgym.profiling import ACT, DECODE, PREFILL, RESTART, SAMPLE, labelled, phase
 
 if TYPE_CHECKING:
@@ -64,6 +64,9 @@ class PolicyState:
             building (and attention applying) an all-ones mask every step.
         cols: ``[N] int64`` slot column of each row's next token once rows have
             restarted at different times; ``None`` while all rows share one column.
+        special_mass: ``[N] float32`` probability the special-token mask removed at
+            the step that returned this state (``sampling.special_mass``); ``None``
+            when the policy masks nothing.
     """
 
     cache: DynamicCache
@@ -72,6 +75,7 @@ class PolicyState:
     last_col: Tensor
     padded: bool = True
     cols: Tensor | None = None
+    special_mass: Tensor | None = None
 
 
 def distinct_rows(ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor] | None:
@@ -124,6 +128,7 @@ class KVCacheRollout:
         temperature: float
         top_k: int | None
         top_p: float | None
+        _refused: Tensor | None
         hidden_states: Callable[..., Tensor]
         next_token_logits: Callable[[Tensor], Tensor]
 
@@ -349,7 +354,10 @@ class KVCacheRollout:
                 hidden, state = self._prefill(ids, mask, last_col)
         logits = self.next_token_logits(hidden)
         with phase(SAMPLE):
+            refused = self._refused
             actions, logprobs = sample_tokens(
-                logits, self.temperature, self.top_k, self.top_p, generator
+                logits, self.temperature, self.top_k, self.top_p, generator, refused
             )
+            if refused is not None:
+                state.special_mass = special_mass(logits, refused, self.temperature)
         return actions, logprobs, state

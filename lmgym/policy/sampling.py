@@ -1,15 +1,57 @@
-"""Sampling one token per row from next-token logits (temperature, top-k, top-p)."""
+"""Sampling one token per row from next-token logits (special-token mask, temperature,
+top-k, top-p, or greedy decoding at temperature 0)."""
 
 from __future__ import annotations
+
+import math
+from numbers import Real
 
 import torch
 from torch import Tensor
 
 
+def check_sampling_settings(temperature: float, top_k: int | None, top_p: float | None) -> None:
+    """Reject settings the sampler cannot use, naming the field.
+
+    Raises:
+        TypeError: ``temperature`` or ``top_p`` is not a real number (a bool included),
+            ``top_k`` not an int.
+        ValueError: ``temperature`` negative or not finite, ``top_p`` outside ``(0, 1]``
+            or NaN, ``top_k`` negative.
+    """
+    for field, value in (("temperature", temperature), ("top_p", top_p)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, Real)):
+            raise TypeError(f"{field}={value!r}: expected a number")
+    if not math.isfinite(temperature) or temperature < 0:
+        raise ValueError(
+            f"temperature={temperature}: must be a finite number >= 0 (0 means greedy decoding)"
+        )
+    if top_p is not None and not 0.0 < top_p <= 1.0:  # NaN fails the comparison too
+        raise ValueError(f"top_p={top_p}: must be in (0, 1]")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int)):
+        raise TypeError(f"top_k={top_k!r}: expected an int")
+    if top_k is not None and top_k < 0:
+        raise ValueError(f"top_k={top_k}: must be >= 0 (0 or None disables it)")
+
+
+def logprob_temperature(temperature: float) -> float:
+    """The temperature log-probs are taken at: ``temperature``, or 1 for greedy decoding.
+
+    Greedy decoding (``temperature=0``) samples from no distribution; its sampler
+    log-prob is that of the chosen id under the untempered model, so the
+    teacher-forced pass uses temperature 1 too and the two stay equal.
+    """
+    return temperature if temperature > 0 else 1.0
+
+
 def filter_logits(
-    logits: Tensor, temperature: float, top_k: int | None, top_p: float | None
+    logits: Tensor,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    refused: Tensor | None = None,
 ) -> Tensor:
-    """Temperature-scale and filter logits; filtered ids get ``-inf``.
+    """Mask refused ids, temperature-scale and filter logits; removed ids get ``-inf``.
 
     Args:
         logits: ``[N, V] float32``.
@@ -17,10 +59,13 @@ def filter_logits(
         top_k: keep the ``k`` largest logits per row (``None`` or 0: all).
         top_p: keep the smallest set of ids whose probability reaches ``top_p``
             (``None`` or 1.0: all); the most likely id is always kept.
+        refused: ``[V] bool`` ids never sampled (masked before everything else).
 
     Returns:
         ``[N, V] float32`` new tensor.
     """
+    if refused is not None:
+        logits = logits.masked_fill(refused.to(logits.device), float("-inf"))
     if temperature != 1.0:
         logits = logits / temperature
     if top_k is not None and 0 < top_k < logits.shape[-1]:
@@ -42,20 +87,50 @@ def sample_tokens(
     top_k: int | None = None,
     top_p: float | None = None,
     generator: torch.Generator | None = None,
+    refused: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Draw one id per row, independently.
+    """Draw one id per row, independently (or the most likely one, when greedy).
 
     Args:
         logits: ``[N, V]`` raw next-token logits.
+        temperature: > 0 samples; 0 is greedy decoding (argmax).
+        top_k, top_p: see ``filter_logits`` (no effect when greedy: the argmax is
+            always kept).
+        generator: RNG of the draw.
+        refused: ``[V] bool`` ids never chosen (the policy's special-token mask).
 
     Returns:
-        ``(actions [N] int64, logprobs [N] float32)``; ``logprobs`` is the log-prob of
-        the drawn id under the distribution actually sampled from (tempered and
-        filtered): the sampler log-prob ``lp_s`` of docs/algorithms.md#notation.
+        ``(actions [N] int64, logprobs [N] float32)``. When sampling, ``logprobs`` is
+        the log-prob of the drawn id under the distribution actually sampled from
+        (masked, tempered and filtered): the sampler log-prob ``lp_s`` of
+        docs/algorithms.md#notation. When greedy, it is the chosen id's log-prob under the masked,
+        untempered and unfiltered distribution (``logprob_temperature``).
     """
-    probs = filter_logits(logits.float(), temperature, top_k, top_p).softmax(dim=-1)
+    logits = logits.float()
+    if temperature == 0:
+        if refused is not None:
+            logits = logits.masked_fill(refused.to(logits.device), float("-inf"))
+        best, actions = logits.max(dim=-1)
+        return actions, best - logits.logsumexp(dim=-1)
+    probs = filter_logits(logits, temperature, top_k, top_p, refused).softmax(dim=-1)
     actions = torch.multinomial(probs, 1, generator=generator)
     # log of the drawn id's probability only: one [N] log instead of a [N, V] log_softmax.
     # A drawn id has probability well above float32's underflow, so this matches
     # log_softmax to rounding.
     return actions.squeeze(1), probs.gather(1, actions).squeeze(1).log()
+
+
+def special_mass(logits: Tensor, refused: Tensor, temperature: float) -> Tensor:
+    """Probability the refused ids had before they were masked: ``[N] float32``.
+
+    Measured under the policy's tempered distribution before top-k/top-p (untempered
+    when greedy), ``1 - Z_kept / Z_all`` computed in log space.
+
+    Args:
+        logits: ``[N, V]`` raw next-token logits.
+        refused: ``[V] bool``.
+        temperature: The sampling temperature (0: greedy).
+    """
+    scaled = logits.float() / logprob_temperature(temperature)
+    kept = scaled.masked_fill(refused.to(scaled.device), float("-inf")).logsumexp(dim=-1)
+    return -torch.expm1(kept - scaled.logsumexp(dim=-1))

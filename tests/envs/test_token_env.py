@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 from gymnasium.vector import AutoresetMode
@@ -224,6 +225,41 @@ def test_out_of_range_action_names_the_row_and_changes_nothing(make_env):
     with pytest.raises(ValueError, match="integer token ids"):
         env.step(torch.tensor([3.0, 4.0]))
     assert torch.equal(env._obs()["input_ids"], obs["input_ids"])
+
+
+@pytest.mark.parametrize(
+    "actions",
+    [
+        pytest.param(torch.tensor([3.7, 4.0]), id="float tensor"),
+        pytest.param(np.array([3.0, 4.0]), id="float array"),
+        pytest.param(torch.tensor([True, False]), id="bool tensor"),
+        pytest.param(np.array([True, True]), id="bool array"),
+        pytest.param([3.7, 4], id="list with a float"),
+        pytest.param([3, True], id="list with a bool"),
+        pytest.param([np.float64(3.0), 4], id="list with a numpy float"),
+    ],
+)
+def test_non_integer_actions_are_refused(make_env, actions):
+    env = make_env(num_prompts=2)
+    obs, _ = env.reset(seed=0)
+    with pytest.raises(ValueError, match=r"actions: expected integer token ids, got"):
+        env.step(actions)
+    assert torch.equal(env._obs()["input_ids"], obs["input_ids"])
+    env.step(np.array([3, 4]))  # numpy int64, as SB3 passes, works
+    env.step([3, np.int32(4)])
+
+
+def test_single_env_refuses_floats_and_bools_and_takes_numpy_ints():
+    import lmgym  # noqa: F401
+
+    env = gym.make("lmgym/TargetString-v0")
+    env.reset(seed=0)
+    for bad in (3.7, 3.0, np.float32(3.0), True, np.bool_(False), np.array([4.0])):
+        with pytest.raises(ValueError, match=r"action: expected an integer token id, got"):
+            env.step(bad)
+    assert env.unwrapped.vector_env._obs()["attention_mask"][0, -5:].sum() == 0  # nothing written
+    for good in (3, np.int64(3), np.array(3), np.array([3], dtype=np.int32)):
+        env.step(good)
 
 
 def test_prompt_longer_than_max_prompt_length(make_env):

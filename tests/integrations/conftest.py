@@ -35,13 +35,14 @@ def vector_accepts(env_id: str, name: str) -> bool:
 def random_actions(
     env: TokenVectorEnv, steps: int, seed: int, stop_p: float = 0.25
 ) -> list[np.ndarray]:
-    """``steps`` arrays of ``[N]`` token ids; a stop id with probability ``stop_p`` so
-    episodes end at varied lengths."""
+    """``steps`` arrays of ``[N]`` token ids, uniform over the env's legal ids, with a
+    stop id with probability ``stop_p`` so episodes end at varied lengths."""
     rng = np.random.default_rng(seed)
     stops = env.stop_token_ids.cpu().numpy()
+    legal = env.legal_token_ids.numpy()
     out = []
     for _ in range(steps):
-        ids = rng.integers(0, env.vocab_size, env.num_envs)
+        ids = legal[rng.integers(0, len(legal), env.num_envs)]
         stop = rng.random(env.num_envs) < stop_p
         out.append(np.where(stop, rng.choice(stops, env.num_envs), ids).astype(np.int64))
     return out
@@ -57,6 +58,19 @@ def toy_env() -> Callable[..., TokenVectorEnv]:
 def make_actions() -> Callable[..., list[np.ndarray]]:
     """``make_actions(env, steps, seed, stop_p=0.25)``: see ``random_actions``."""
     return random_actions
+
+
+def to_sb3_actions(adapter, token_ids: np.ndarray) -> np.ndarray:
+    """The adapter's actions for legal ``token_ids`` (action ``a`` is ``action_ids[a]``)."""
+    actions = np.searchsorted(adapter.action_ids, token_ids)
+    assert np.array_equal(adapter.action_ids[actions], token_ids)
+    return actions
+
+
+@pytest.fixture
+def sb3_actions() -> Callable[..., np.ndarray]:
+    """``sb3_actions(adapter, token_ids)``: see ``to_sb3_actions``."""
+    return to_sb3_actions
 
 
 @pytest.fixture

@@ -37,7 +37,8 @@ WRAPPED_NOTE = "is different from the unwrapped version"
 
 def _non_stop_action(env: gym.Env) -> int:
     stops = set(env.unwrapped.vector_env.stop_token_ids.tolist())
-    return next(i for i in range(env.action_space.n) if i not in stops)
+    legal = env.unwrapped.vector_env.legal_token_ids.tolist()
+    return next(i for i in legal if i not in stops)
 
 
 def _checked(check, env: gym.Env, **kwargs) -> list[str]:

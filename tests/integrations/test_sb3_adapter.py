@@ -37,7 +37,7 @@ def _assert_obs_equal(actual, expected) -> None:
 @pytest.mark.parametrize("reward_mode", ["per_token", "bandit"])
 @pytest.mark.parametrize("autoreset", [True, False])
 def test_adapter_equals_gymnasium_same_step_sync_vector_env(
-    toy_env, make_actions, reward_mode, autoreset
+    toy_env, make_actions, sb3_actions, reward_mode, autoreset
 ):
     """Gymnasium's own SAME_STEP autoreset over N single envs is the reference.
 
@@ -59,7 +59,7 @@ def test_adapter_equals_gymnasium_same_step_sync_vector_env(
     finished = 0
     for actions in make_actions(native, 60, seed=0):
         ref_obs, ref_rewards, terminated, truncated, ref_info = reference.step(actions)
-        obs, rewards, dones, infos = adapter.step(actions)
+        obs, rewards, dones, infos = adapter.step(sb3_actions(adapter, actions))
         _assert_obs_equal(obs, ref_obs)
         assert rewards.dtype == np.float32
         np.testing.assert_array_equal(rewards, ref_rewards.astype(np.float32))
@@ -75,7 +75,9 @@ def test_adapter_equals_gymnasium_same_step_sync_vector_env(
 
 
 @pytest.mark.parametrize("env_id", TASK_IDS)
-def test_adapter_equals_native_env_restarting_finished_rows(env_id, make_actions, accepts):
+def test_adapter_equals_native_env_restarting_finished_rows(
+    env_id, make_actions, sb3_actions, accepts
+):
     """For every task: the adapter (over a next-step autoreset env where the task
     allows one) equals the native episode-synchronous env stepped and restarted by
     hand with ``reset_mask``, row for row, on the same seed and actions."""
@@ -95,7 +97,7 @@ def test_adapter_equals_native_env_restarting_finished_rows(env_id, make_actions
     _assert_obs_equal(adapter.reset(), numpy_obs(ref_obs))
     ref_return = np.zeros(4)
     for actions in make_actions(native, 30, seed=5):
-        obs, rewards, dones, infos = adapter.step(actions)
+        obs, rewards, dones, infos = adapter.step(sb3_actions(adapter, actions))
         ref_obs, ref_rewards, terminated, truncated, _ = native.step(torch.as_tensor(actions))
         ref_dones = (terminated | truncated).numpy()
         ref_return += ref_rewards.numpy()
@@ -113,7 +115,7 @@ def test_adapter_equals_native_env_restarting_finished_rows(env_id, make_actions
         _assert_obs_equal(obs, numpy_obs(ref_obs))
 
 
-def test_adapter_episode_statistics_match_the_episode(toy_env):
+def test_adapter_episode_statistics_match_the_episode(toy_env, sb3_actions):
     adapter = SB3VecEnv(toy_env(2))
     adapter.reset()
     a, d, c, e = (adapter.env.tokenizer.convert_tokens_to_ids(ch) for ch in "adce")
@@ -121,7 +123,7 @@ def test_adapter_episode_statistics_match_the_episode(toy_env):
     # Row 0 writes "decade" (return 1, length 6); row 1 writes "d", "e", then EOS.
     script = [[d, d], [e, e], [c, eos], [a, d], [d, d], [e, d]]
     for t, actions in enumerate(script):
-        _, _, dones, infos = adapter.step(np.array(actions))
+        _, _, dones, infos = adapter.step(sb3_actions(adapter, np.array(actions)))
         if t == 2:
             assert infos[1]["episode"]["l"] == 3
             assert infos[1]["episode"]["r"] == pytest.approx(2 / 6)
@@ -132,7 +134,9 @@ def test_adapter_episode_statistics_match_the_episode(toy_env):
 # ------------------------------------------------------------ SB3 plumbing
 def test_sb3_plumbing(toy_env):
     adapter = SB3VecEnv(toy_env(3))
-    assert adapter.num_envs == 3 and adapter.action_space == gym.spaces.Discrete(8)
+    # 8 ids, of which <pad> and <unk> are refused: SB3 sees the other 6.
+    assert adapter.num_envs == 3 and adapter.action_space == gym.spaces.Discrete(6)
+    assert adapter.action_ids.tolist() == [1, 3, 4, 5, 6, 7]
     assert adapter.get_attr("vocab_size") == [8, 8, 8]
     assert adapter.get_attr("max_new_tokens", indices=[1]) == [6]
     assert adapter.env_is_wrapped(gym.Wrapper) == [False, False, False]
@@ -145,6 +149,31 @@ def test_sb3_plumbing(toy_env):
         adapter.env_method("close", indices=1)
     with pytest.raises(RuntimeError, match=r"step_wait\(\) called without step_async"):
         adapter.step_wait()
+
+
+def test_adapter_refuses_non_integer_actions(toy_env):
+    adapter = SB3VecEnv(toy_env(2))
+    adapter.reset()
+    for bad in (np.array([1.0, 2.0]), np.array([2.7, 1.2]), np.array([True, False])):
+        with pytest.raises(ValueError, match=r"actions: expected integer actions, got dtype"):
+            adapter.step(bad)
+    with pytest.raises(
+        ValueError, match=r"actions\[1\]=6 is outside the action space Discrete\(6\)"
+    ):
+        adapter.step(np.array([0, 6]))
+    _, _, dones, _ = adapter.step(np.array([0, 1], dtype=np.int64))  # action 0 is <eos>
+    assert dones.tolist() == [True, False]
+
+
+def test_sb3_ppo_never_sends_a_refused_special_token(toy_env, monkeypatch):
+    adapter = SB3VecEnv(toy_env(4))
+    sent = []
+    step = adapter.env.step
+    monkeypatch.setattr(adapter.env, "step", lambda actions: sent.append(actions) or step(actions))
+    PPO("MultiInputPolicy", adapter, n_steps=16, batch_size=32, n_epochs=1, seed=0).learn(64)
+    sent = torch.stack(sent)
+    assert not torch.isin(sent, torch.tensor([0, 2])).any()  # <pad>, <unk>
+    assert set(sent.unique().tolist()) == set(adapter.action_ids.tolist())
 
 
 def test_seed_reseeds_the_prompt_stream():

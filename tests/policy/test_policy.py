@@ -246,10 +246,46 @@ def test_prompt_plus_budget_longer_than_context_is_rejected(tokenizer):
 
 def test_bad_sampling_settings(tokenizer):
     model = make_tiny_model(len(tokenizer))
-    with pytest.raises(ValueError, match="temperature=0"):
-        CausalLMPolicy(model, tokenizer, temperature=0)
-    with pytest.raises(ValueError, match="top_p=1.5"):
-        CausalLMPolicy(model, tokenizer, top_p=1.5)
+    for bad in (-0.5, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=f"temperature={bad}: must be a finite number >= 0"):
+            CausalLMPolicy(model, tokenizer, temperature=bad)
+    with pytest.raises(TypeError, match="temperature=True: expected a number"):
+        CausalLMPolicy(model, tokenizer, temperature=True)
+    for bad in (1.5, 0.0, float("nan")):
+        with pytest.raises(ValueError, match=rf"top_p={bad}: must be in \(0, 1\]"):
+            CausalLMPolicy(model, tokenizer, top_p=bad)
+    with pytest.raises(ValueError, match="top_k=-1"):
+        CausalLMPolicy(model, tokenizer, top_k=-1)
+
+
+def test_greedy_sampling_takes_the_argmax_with_its_untempered_logprob():
+    logits = torch.tensor([[0.1, 2.0, 1.0, 3.0], [5.0, 1.0, 0.0, 4.0]])
+    refused = torch.tensor([False, False, False, True])
+    actions, lp = sample_tokens(logits, temperature=0.0, top_k=2, top_p=0.5)
+    assert actions.tolist() == [3, 0]
+    torch.testing.assert_close(lp, logits.log_softmax(-1)[[0, 1], [3, 0]])
+    actions, lp = sample_tokens(logits, temperature=0.0, refused=refused)
+    assert actions.tolist() == [1, 0]
+    masked = logits.masked_fill(refused, float("-inf")).log_softmax(-1)
+    torch.testing.assert_close(lp, masked[[0, 1], [1, 0]])
+
+
+def test_greedy_policy_is_deterministic_and_matches_teacher_forcing(make_env, tokenizer):
+    policy = CausalLMPolicy(make_tiny_model(len(tokenizer), seed=0), tokenizer, temperature=0)
+    env = make_env(prompts=["ab", "xyz"], num_prompts=2, group_size=4, max_new_tokens=6)
+    batch = collect(env, policy, seed=0)
+    rows = batch.completion_ids.view(2, 4, -1)
+    assert (rows == rows[:, :1]).all()  # every row of a group decodes the same
+    # Teacher forcing at temperature 0 scores the untempered model, as the sampler did.
+    diff = (teacher_forced(policy, batch) - batch.sampler_logprobs).abs().max().item()
+    assert diff < 1e-4
+    ids, mask = batch.input_ids()
+    with torch.no_grad():
+        hidden = policy.sequence_hidden(ids, mask, batch.max_new_tokens)
+        logits = policy.next_token_logits(hidden)
+    logits[..., policy.masked_token_ids] = float("-inf")
+    greedy = logits.argmax(-1).masked_fill(~batch.completion_mask, tokenizer.pad_token_id)
+    assert torch.equal(batch.completion_ids, greedy)
 
 
 def test_restarting_some_rows_keeps_the_others_cache_and_matches_a_fresh_prefill(

@@ -12,6 +12,7 @@ from transformers import PreTrainedTokenizerBase
 
 from lmgym.envs.prompts import split_prompts
 from lmgym.envs.token_env import RewardMode, TokenVectorEnv, Unfinished
+from lmgym.policy.special_tokens import AllowedSpecialTokens
 from lmgym.types import RewardInput, RewardModel
 
 Split = Literal["train", "eval", "all"]
@@ -150,6 +151,7 @@ def build_env(
     reward_mode: RewardMode,
     unfinished: Unfinished,
     autoreset: bool,
+    allowed_special_tokens: AllowedSpecialTokens,
     device: torch.device | str,
     unfinished_penalty: float = -1.0,
 ) -> TokenVectorEnv:
@@ -165,13 +167,15 @@ def build_env(
         unfinished=unfinished,
         unfinished_penalty=unfinished_penalty,
         autoreset=autoreset,
+        allowed_special_tokens=allowed_special_tokens,
         device=device,
     )
 
 
 def random_policy_return(env: TokenVectorEnv, num_batches: int = 4, seed: int = 0) -> float:
     """Mean episode return of the uniform random policy: every step, every row draws a
-    token id uniformly from ``[0, vocab_size)``.
+    token id uniformly from the env's legal actions (``env.legal_token_ids``: every id
+    but the refused special tokens).
 
     Args:
         env: an episode-synchronous env (``autoreset=False``); it is reset.
@@ -189,8 +193,9 @@ def random_policy_return(env: TokenVectorEnv, num_batches: int = 4, seed: int = 
     for batch in range(num_batches):
         env.reset(seed=seed + batch)
         returns = torch.zeros(env.num_envs)
+        legal = env.legal_token_ids
         for _ in range(env.max_new_tokens):
-            actions = torch.randint(0, env.vocab_size, (env.num_envs,), generator=generator)
+            actions = legal[torch.randint(0, len(legal), (env.num_envs,), generator=generator)]
             _, reward, terminated, truncated, _ = env.step(actions.to(env.device))
             returns += reward.cpu()
             if bool((terminated | truncated).all()):

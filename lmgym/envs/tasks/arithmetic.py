@@ -40,6 +40,7 @@ from lmgym.envs.tasks._common import (
     target_table,
 )
 from lmgym.envs.token_env import RewardMode, TokenVectorEnv, Unfinished
+from lmgym.policy.special_tokens import AllowedSpecialTokens
 
 SOLVED_THRESHOLD = 0.9
 OPERATORS = "+-*"
@@ -79,6 +80,7 @@ def _arithmetic_vector(
     reward_mode: RewardMode,
     unfinished: Unfinished,
     autoreset: bool,
+    allowed_special_tokens: AllowedSpecialTokens,
     tokenizer: PreTrainedTokenizerBase | None,
     device: torch.device | str,
 ) -> TokenVectorEnv:
@@ -107,6 +109,7 @@ def _arithmetic_vector(
         reward_mode=reward_mode,
         unfinished=unfinished,
         autoreset=autoreset,
+        allowed_special_tokens=allowed_special_tokens,
         device=device,
     )
 
@@ -123,6 +126,7 @@ def make_arithmetic_vector(
     reward_mode: RewardMode = "bandit",
     unfinished: Unfinished = "score",
     autoreset: bool = False,
+    allowed_special_tokens: AllowedSpecialTokens = (),
     tokenizer: PreTrainedTokenizerBase | None = None,
     device: torch.device | str = "cpu",
 ) -> TokenVectorEnv:
@@ -156,6 +160,7 @@ def make_arithmetic_vector(
         reward_mode=reward_mode,
         unfinished=unfinished,
         autoreset=autoreset,
+        allowed_special_tokens=allowed_special_tokens,
         tokenizer=tokenizer,
         device=device,
     )
@@ -176,6 +181,7 @@ def make_arithmetic_process_vector(
     reward_mode: RewardMode = "per_token",
     unfinished: Unfinished = "score",
     autoreset: bool = False,
+    allowed_special_tokens: AllowedSpecialTokens = (),
     tokenizer: PreTrainedTokenizerBase | None = None,
     device: torch.device | str = "cpu",
 ) -> TokenVectorEnv:
@@ -194,6 +200,7 @@ def make_arithmetic_process_vector(
         reward_mode=reward_mode,
         unfinished=unfinished,
         autoreset=autoreset,
+        allowed_special_tokens=allowed_special_tokens,
         tokenizer=tokenizer,
         device=device,
     )

@@ -35,6 +35,7 @@ from lmgym.char_tokenizer import make_char_tokenizer
 from lmgym.envs.single import single_env_factory
 from lmgym.envs.tasks._common import build_env
 from lmgym.envs.token_env import RewardMode, TokenVectorEnv, Unfinished
+from lmgym.policy.special_tokens import AllowedSpecialTokens
 from lmgym.types import RewardInput
 
 SOLVED_THRESHOLD = 0.9
@@ -83,6 +84,7 @@ def make_length_control_vector(
     unfinished: Unfinished = "penalty",
     unfinished_penalty: float = 0.0,
     autoreset: bool = False,
+    allowed_special_tokens: AllowedSpecialTokens = (),
     tokenizer: PreTrainedTokenizerBase | None = None,
     device: torch.device | str = "cpu",
 ) -> TokenVectorEnv:
@@ -129,6 +131,7 @@ def make_length_control_vector(
         unfinished=unfinished,
         unfinished_penalty=unfinished_penalty,
         autoreset=autoreset,
+        allowed_special_tokens=allowed_special_tokens,
         device=device,
     )
 

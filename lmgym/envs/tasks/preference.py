@@ -26,7 +26,7 @@ more vowels in eight characters). ``score="logit"`` returns the raw score
 model, so a policy can exploit the model's mistakes (reward hacking); compare
 against ``vowel_count`` to see it.
 
-Random-policy baseline (uniform token ids, default settings): about 0.36.
+Random-policy baseline (uniform legal token ids, default settings): about 0.38.
 Solved: ``R >= 0.9``. Per-token mode (potential form) scores every prefix with the
 reward model: meaningful, but one reward-model call per step.
 """
@@ -61,6 +61,7 @@ from lmgym.envs.rewards import SequenceClassifierReward
 from lmgym.envs.single import single_env_factory
 from lmgym.envs.tasks._common import build_env
 from lmgym.envs.token_env import RewardMode, TokenVectorEnv, Unfinished
+from lmgym.policy.special_tokens import AllowedSpecialTokens
 from lmgym.types import RewardInput
 
 SOLVED_THRESHOLD = 0.9
@@ -374,6 +375,7 @@ def make_preference_vector(
     reward_mode: RewardMode = "bandit",
     unfinished: Unfinished = "score",
     autoreset: bool = False,
+    allowed_special_tokens: AllowedSpecialTokens = (),
     tokenizer: PreTrainedTokenizerBase | None = None,
     device: torch.device | str = "cpu",
 ) -> TokenVectorEnv:
@@ -410,6 +412,7 @@ def make_preference_vector(
         reward_mode=reward_mode,
         unfinished=unfinished,
         autoreset=autoreset,
+        allowed_special_tokens=allowed_special_tokens,
         device=device,
     )
 

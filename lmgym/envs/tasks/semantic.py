@@ -32,6 +32,7 @@ from lmgym.char_tokenizer import make_char_tokenizer
 from lmgym.envs.single import single_env_factory
 from lmgym.envs.tasks._common import build_env
 from lmgym.envs.token_env import RewardMode, TokenVectorEnv, Unfinished
+from lmgym.policy.special_tokens import AllowedSpecialTokens
 from lmgym.types import RewardInput
 
 SOLVED_THRESHOLD = 0.8
@@ -138,6 +139,7 @@ def make_semantic_similarity_vector(
     reward_mode: RewardMode = "bandit",
     unfinished: Unfinished = "score",
     autoreset: bool = False,
+    allowed_special_tokens: AllowedSpecialTokens = (),
     tokenizer: PreTrainedTokenizerBase | None = None,
     device: torch.device | str = "cpu",
 ) -> TokenVectorEnv:
@@ -174,6 +176,7 @@ def make_semantic_similarity_vector(
         reward_mode=reward_mode,
         unfinished=unfinished,
         autoreset=autoreset,
+        allowed_special_tokens=allowed_special_tokens,
         device=device,
     )
 

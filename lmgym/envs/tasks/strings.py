@@ -41,6 +41,7 @@ from lmgym.envs.tasks._common import (
     target_table,
 )
 from lmgym.envs.token_env import RewardMode, TokenVectorEnv, Unfinished
+from lmgym.policy.special_tokens import AllowedSpecialTokens
 
 SOLVED_THRESHOLD = 0.9
 Rule = Literal["reverse", "sort", "shift"]
@@ -113,6 +114,7 @@ def _string_task_vector(
     reward_mode: RewardMode,
     unfinished: Unfinished,
     autoreset: bool,
+    allowed_special_tokens: AllowedSpecialTokens,
     tokenizer: PreTrainedTokenizerBase | None,
     device: torch.device | str,
 ) -> TokenVectorEnv:
@@ -142,6 +144,7 @@ def _string_task_vector(
         reward_mode=reward_mode,
         unfinished=unfinished,
         autoreset=autoreset,
+        allowed_special_tokens=allowed_special_tokens,
         device=device,
     )
 
@@ -159,6 +162,7 @@ def make_reverse_vector(
     reward_mode: RewardMode = "bandit",
     unfinished: Unfinished = "score",
     autoreset: bool = False,
+    allowed_special_tokens: AllowedSpecialTokens = (),
     tokenizer: PreTrainedTokenizerBase | None = None,
     device: torch.device | str = "cpu",
 ) -> TokenVectorEnv:
@@ -195,6 +199,7 @@ def make_reverse_vector(
         reward_mode=reward_mode,
         unfinished=unfinished,
         autoreset=autoreset,
+        allowed_special_tokens=allowed_special_tokens,
         tokenizer=tokenizer,
         device=device,
     )
@@ -216,6 +221,7 @@ def make_sort_vector(
     reward_mode: RewardMode = "bandit",
     unfinished: Unfinished = "score",
     autoreset: bool = False,
+    allowed_special_tokens: AllowedSpecialTokens = (),
     tokenizer: PreTrainedTokenizerBase | None = None,
     device: torch.device | str = "cpu",
 ) -> TokenVectorEnv:
@@ -236,6 +242,7 @@ def make_sort_vector(
         reward_mode=reward_mode,
         unfinished=unfinished,
         autoreset=autoreset,
+        allowed_special_tokens=allowed_special_tokens,
         tokenizer=tokenizer,
         device=device,
     )
@@ -258,6 +265,7 @@ def make_copy_rule_vector(
     reward_mode: RewardMode = "bandit",
     unfinished: Unfinished = "score",
     autoreset: bool = False,
+    allowed_special_tokens: AllowedSpecialTokens = (),
     tokenizer: PreTrainedTokenizerBase | None = None,
     device: torch.device | str = "cpu",
 ) -> TokenVectorEnv:
@@ -279,6 +287,7 @@ def make_copy_rule_vector(
         reward_mode=reward_mode,
         unfinished=unfinished,
         autoreset=autoreset,
+        allowed_special_tokens=allowed_special_tokens,
         tokenizer=tokenizer,
         device=device,
     )

@@ -19,6 +19,7 @@ from lmgym.char_tokenizer import make_char_tokenizer
 from lmgym.envs.single import single_env_factory
 from lmgym.envs.tasks._common import PositionMatchReward, build_env, encode
 from lmgym.envs.token_env import RewardMode, TokenVectorEnv, Unfinished
+from lmgym.policy.special_tokens import AllowedSpecialTokens
 
 SOLVED_THRESHOLD = 0.9
 
@@ -47,6 +48,7 @@ def make_target_string_vector(
     reward_mode: RewardMode = "bandit",
     unfinished: Unfinished = "score",
     autoreset: bool = False,
+    allowed_special_tokens: AllowedSpecialTokens = (),
     tokenizer: PreTrainedTokenizerBase | None = None,
     device: torch.device | str = "cpu",
 ) -> TokenVectorEnv:
@@ -72,6 +74,7 @@ def make_target_string_vector(
         reward_mode=reward_mode,
         unfinished=unfinished,
         autoreset=autoreset,
+        allowed_special_tokens=allowed_special_tokens,
         device=device,
     )
 
