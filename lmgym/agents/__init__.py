@@ -9,6 +9,7 @@
 | Dr. GRPO   | group-centred reward          | token clip                | seq-mean-token-sum-norm |
 | GSPO       | group-normalised reward       | sequence ratio clip       | seq-mean-token-mean     |
 | CISPO      | group-normalised reward       | clipped, detached IS weight | token-mean            |
+| ReMax      | reward - greedy completion's reward | none (TIS optional) | token-mean              |
 """
 
 from lmgym.agents.base import Agent, Callback
@@ -19,6 +20,7 @@ from lmgym.agents.gspo import GSPO, GSPOConfig
 from lmgym.agents.numerics import NonFiniteUpdateError
 from lmgym.agents.ppo import PPO, PPOConfig
 from lmgym.agents.reinforce import REINFORCE, REINFORCEConfig
+from lmgym.agents.remax import ReMax, ReMaxConfig
 from lmgym.agents.rloo import RLOO, RLOOConfig
 
 ALGORITHMS: dict[str, type[Agent]] = {
@@ -29,6 +31,7 @@ ALGORITHMS: dict[str, type[Agent]] = {
     "drgrpo": DrGRPO,
     "gspo": GSPO,
     "cispo": CISPO,
+    "remax": ReMax,
 }
 
 __all__ = [
@@ -51,4 +54,6 @@ __all__ = [
     "PPOConfig",
     "REINFORCEConfig",
     "RLOOConfig",
+    "ReMax",
+    "ReMaxConfig",
 ]

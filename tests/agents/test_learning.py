@@ -25,6 +25,10 @@ CASES = {
     "cispo": ({"learning_rate": 1e-3}, "bandit", 200),
     "ppo": ({}, "bandit", 120),
     "ppo-per-token": ({}, "per_token", 120),
+    # Without the entropy bonus ReMax collapses onto its greedy completion at 0.4-0.8:
+    # the near-uniform initial policy's greedy completion scores far above its samples,
+    # so almost every sample gets a negative advantage (remax.py: "When the baseline misleads").
+    "remax": ({"learning_rate": 2e-3, "entropy_coef": 0.02}, "bandit", 260),
 }
 
 
