@@ -10,6 +10,7 @@
 | GSPO       | group-normalised reward       | sequence ratio clip       | seq-mean-token-mean     |
 | CISPO      | group-normalised reward       | clipped, detached IS weight | token-mean            |
 | ReMax      | reward - greedy completion's reward | none (TIS optional) | token-mean              |
+| VAPO       | decoupled, length-adaptive GAE | token clip (clip-higher) | token-mean             |
 """
 
 from lmgym.agents.base import Agent, Callback
@@ -22,6 +23,7 @@ from lmgym.agents.ppo import PPO, PPOConfig
 from lmgym.agents.reinforce import REINFORCE, REINFORCEConfig
 from lmgym.agents.remax import ReMax, ReMaxConfig
 from lmgym.agents.rloo import RLOO, RLOOConfig
+from lmgym.agents.vapo import VAPO, VAPOConfig
 
 ALGORITHMS: dict[str, type[Agent]] = {
     "reinforce": REINFORCE,
@@ -32,6 +34,7 @@ ALGORITHMS: dict[str, type[Agent]] = {
     "gspo": GSPO,
     "cispo": CISPO,
     "remax": ReMax,
+    "vapo": VAPO,
 }
 
 __all__ = [
@@ -42,6 +45,7 @@ __all__ = [
     "PPO",
     "REINFORCE",
     "RLOO",
+    "VAPO",
     "Agent",
     "AgentConfig",
     "CISPOConfig",
@@ -56,4 +60,5 @@ __all__ = [
     "RLOOConfig",
     "ReMax",
     "ReMaxConfig",
+    "VAPOConfig",
 ]

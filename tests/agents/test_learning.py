@@ -29,6 +29,8 @@ CASES = {
     # the near-uniform initial policy's greedy completion scores far above its samples,
     # so almost every sample gets a negative advantage (remax.py: "When the baseline misleads").
     "remax": ({"learning_rate": 2e-3, "entropy_coef": 0.02}, "bandit", 260),
+    # The paper's defaults: 50 iterations of value pretraining (the policy frozen) first.
+    "vapo": ({}, "bandit", 120),
 }
 
 

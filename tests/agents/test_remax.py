@@ -141,3 +141,21 @@ def test_bad_config_names_the_field(make_env, policy):
         ReMax(policy, env, kl_placement="rewards")
     with pytest.raises(ValueError, match="ref_policy: beta=0.1 needs a frozen reference"):
         ReMax(policy, env, beta=0.1)
+
+
+def test_save_and_load_resume_exactly(make_env, tokenizer, tmp_path):
+    from lmgym.policy import CausalLMPolicy, make_tiny_model
+
+    def env():
+        return make_env(prompts=("ab", "xyz", "q"), num_prompts=2, group_size=2)
+
+    policy = CausalLMPolicy(make_tiny_model(len(tokenizer), seed=0), tokenizer)
+    agent = ReMax(policy, env())
+    agent.learn(1)
+    agent.save(tmp_path / "ckpt")
+    continued = agent.learn(2)
+    resumed = ReMax.load(tmp_path / "ckpt", env()).learn(2)
+    for a, b in zip(continued, resumed, strict=True):
+        assert a["reward_mean"] == b["reward_mean"]
+        assert a["greedy_reward_mean"] == b["greedy_reward_mean"]
+        assert a["tokens_generated"] == b["tokens_generated"]
