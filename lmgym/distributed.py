@@ -96,6 +96,7 @@ class DataParallelGroup:
         """
         if not self.active:
             return
+        params = [p for p in params if p.requires_grad]  # frozen ones (VAPO's warmup) stay so
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)

@@ -12,6 +12,8 @@
 | REINFORCE++ | returns-to-go, z-scored over the batch | token clip         | token-mean              |
 | GSPO-token | group-normalised reward (or per token) | sequence ratio, token gradients | seq-mean-token-mean |
 | dual-clip PPO | GAE with a learned critic  | token clip, loss <= -c*A for A < 0 | token-mean         |
+| ReMax      | reward - greedy completion's reward | none (TIS optional) | token-mean              |
+| VAPO       | decoupled, length-adaptive GAE | token clip (clip-higher) | token-mean             |
 """
 
 from lmgym.agents.base import Agent, Callback
@@ -25,7 +27,9 @@ from lmgym.agents.numerics import NonFiniteUpdateError
 from lmgym.agents.ppo import PPO, PPOConfig
 from lmgym.agents.reinforce import REINFORCE, REINFORCEConfig
 from lmgym.agents.reinforce_pp import REINFORCEPP, REINFORCEPPConfig
+from lmgym.agents.remax import ReMax, ReMaxConfig
 from lmgym.agents.rloo import RLOO, RLOOConfig
+from lmgym.agents.vapo import VAPO, VAPOConfig
 
 ALGORITHMS: dict[str, type[Agent]] = {
     "reinforce": REINFORCE,
@@ -38,6 +42,8 @@ ALGORITHMS: dict[str, type[Agent]] = {
     "reinforce_pp": REINFORCEPP,
     "gspo_token": GSPOToken,
     "dual_clip_ppo": DualClipPPO,
+    "remax": ReMax,
+    "vapo": VAPO,
 }
 
 __all__ = [
@@ -49,6 +55,7 @@ __all__ = [
     "REINFORCE",
     "REINFORCEPP",
     "RLOO",
+    "VAPO",
     "Agent",
     "AgentConfig",
     "CISPOConfig",
@@ -66,4 +73,7 @@ __all__ = [
     "REINFORCEConfig",
     "REINFORCEPPConfig",
     "RLOOConfig",
+    "ReMax",
+    "ReMaxConfig",
+    "VAPOConfig",
 ]

@@ -34,7 +34,7 @@ def gae(
     dones: Tensor,
     mask: Tensor,
     gamma: float,
-    lam: float,
+    lam: float | Tensor,
 ) -> tuple[Tensor, Tensor]:
     """Generalised advantage estimation (docs/algorithms.md#gae), accumulated backward over T.
 
@@ -49,12 +49,21 @@ def gae(
             tokens only).
         mask: `[B, T]` bool or float; 1 for real completion tokens.
         gamma: discount γ (1 by default in RLHF, docs/algorithms.md#discount).
-        lam: GAE λ.
+        lam: GAE λ, one for the batch, or a `[B]` float tensor of one λ per row
+            (VAPO's length-adaptive λ, `length_adaptive_lambda`).
 
     Returns:
         `(advantages, returns)`: both `[B, T]` float, detached, 0 where masked;
         `returns = advantages + values` are the value targets.
+
+    Raises:
+        ValueError: a tensor `lam` is not of shape `[B]`.
     """
+    if isinstance(lam, Tensor) and lam.shape != rewards.shape[:1]:
+        raise ValueError(
+            f"lam: expected a float or one λ per row, shape ({rewards.shape[0]},), "
+            f"got shape {tuple(lam.shape)}"
+        )
     rewards, values = rewards.detach(), values.detach()
     real = mask.bool()
     not_done = 1.0 - dones.to(rewards.dtype)
@@ -71,6 +80,24 @@ def gae(
     advantages = torch.stack(columns[::-1], dim=1)
     returns = torch.where(real, advantages + values, 0.0)
     return advantages, returns
+
+
+def length_adaptive_lambda(lengths: Tensor, alpha: float) -> Tensor:
+    """VAPO's length-adaptive GAE λ of each row: λ_i = 1 − 1/(α·T_i), clamped to [0, 1].
+
+    GAE's weights on the TD errors sum to 1/(1 − λ) = α·T_i, so a long completion
+    gets a λ near 1 (little bias over its many tokens) and a short one a smaller λ.
+    Where α·T_i < 1 (short completions, e.g. T_i < 20 at α = 0.05) the formula
+    goes below 0 and λ is clamped to 0, one-step TD.
+
+    Args:
+        lengths: `[B]` int64 completion lengths T_i.
+        alpha: α > 0.
+
+    Returns:
+        `[B]` float32.
+    """
+    return (1.0 - 1.0 / (alpha * lengths.clamp_min(1).float())).clamp(0.0, 1.0)
 
 
 def discounted_returns(

@@ -8,7 +8,7 @@ whole-minibatch normalisers; ``PolicyOutput`` is one micro-batch's forward pass;
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import torch
 from torch import Tensor
@@ -52,9 +52,10 @@ class PreparedBatch:
         return self.mask.shape[1]
 
     def rows(self, index: Tensor) -> PreparedBatch:
-        """The sub-batch of rows ``index`` (``[b] int64``)."""
+        """The sub-batch of rows ``index`` (``[b] int64``), of the same class: a
+        subclass's extra per-row fields (tensors with a leading ``[B]``) follow."""
         taken = {f.name: getattr(self, f.name) for f in fields(self)}
-        return PreparedBatch(**{k: v[index] if v is not None else None for k, v in taken.items()})
+        return replace(self, **{k: v[index] for k, v in taken.items() if v is not None})
 
     def trimmed(self) -> PreparedBatch:
         """The same rows with the completion cut after its longest row's last token.
@@ -71,7 +72,7 @@ class PreparedBatch:
             if value is None or value.dim() < 2:
                 continue
             cut[name] = value[:, :width] if name in ("ids", "attn") else value[:, :length]
-        return PreparedBatch(**cut)
+        return replace(self, **cut)
 
 
 @dataclass(frozen=True)

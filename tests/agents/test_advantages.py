@@ -11,6 +11,7 @@ from lmgym.agents.advantages import (
     gae,
     group_mean_std,
     grpo_advantages,
+    length_adaptive_lambda,
     process_grpo_advantages,
     reinforce_advantages,
     rloo_advantages,
@@ -231,6 +232,43 @@ def test_gae_matches_reference_loop_on_packed_rows(gamma: float, lam: float) -> 
     expected = t(reference_gae(rewards.tolist(), values.tolist(), gamma, lam))
     torch.testing.assert_close(advantages, expected)
     torch.testing.assert_close(returns, torch.where(mask, expected + values, 0.0))
+
+
+def test_gae_per_row_lambda_equals_each_row_with_its_own_scalar() -> None:
+    generator = torch.Generator().manual_seed(3)
+    rewards = torch.randn(3, 5, generator=generator, dtype=F64)
+    values = torch.randn(3, 5, generator=generator, dtype=F64)
+    mask = t([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0]])
+    dones = t([[0, 0, 0, 0, 1], [0, 0, 1, 0, 0], [1, 0, 0, 0, 0]])
+    lams = [0.95, 0.0, 0.5]
+    advantages, returns = gae(rewards, values, dones, mask, 0.9, torch.tensor(lams))
+    for row, lam in enumerate(lams):
+        one = slice(row, row + 1)
+        expected = gae(rewards[one], values[one], dones[one], mask[one], 0.9, lam)
+        torch.testing.assert_close(advantages[one], expected[0])
+        torch.testing.assert_close(returns[one], expected[1])
+
+
+def test_gae_per_row_lambda_hand_values() -> None:
+    # Row 0 as in test_gae_closed_form (lam 0.8); row 1: lam 0 is one-step TD.
+    rewards = t([[0, 0, 1], [0, 0, 1]])
+    values = t([[0.5, 0.6, 0.7], [0.5, 0.6, 0.7]])
+    mask, dones = t([[1, 1, 1], [1, 1, 1]]), t([[0, 0, 1], [0, 0, 1]])
+    advantages, _ = gae(rewards, values, dones, mask, 0.9, torch.tensor([0.8, 0.0]))
+    close(advantages, [[0.21712, 0.246, 0.3], [0.04, 0.03, 0.3]])
+
+
+def test_gae_rejects_a_lambda_tensor_of_the_wrong_shape() -> None:
+    rewards = torch.zeros(2, 3)
+    with pytest.raises(ValueError, match=r"lam: expected a float or one λ per row, shape \(2,\)"):
+        gae(rewards, rewards, rewards, rewards, 1.0, torch.tensor([0.9, 0.9, 0.9]))
+
+
+def test_length_adaptive_lambda_hand_values() -> None:
+    # 1 - 1/(0.05 * T): T=100 -> 0.8, T=1000 -> 0.98, T=20 -> 0; T=10 -> -1, clamped to 0.
+    lam = length_adaptive_lambda(torch.tensor([100, 1000, 20, 10]), alpha=0.05)
+    torch.testing.assert_close(lam, torch.tensor([0.8, 0.98, 0.0, 0.0]))
+    assert lam.dtype == torch.float32
 
 
 def test_gae_outputs_are_detached() -> None:

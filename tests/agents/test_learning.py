@@ -28,6 +28,12 @@ CASES = {
     "reinforce_pp": ({"learning_rate": 2e-3}, "per_token", 100),
     "gspo_token": ({"learning_rate": 2e-3}, "bandit", 110),
     "dual_clip_ppo": ({}, "bandit", 120),
+    # Without the entropy bonus ReMax collapses onto its greedy completion at 0.4-0.8:
+    # the near-uniform initial policy's greedy completion scores far above its samples,
+    # so almost every sample gets a negative advantage (remax.py: "When the baseline misleads").
+    "remax": ({"learning_rate": 2e-3, "entropy_coef": 0.02}, "bandit", 260),
+    # The paper's defaults: 50 iterations of value pretraining (the policy frozen) first.
+    "vapo": ({}, "bandit", 120),
 }
 
 

@@ -1,0 +1,172 @@
+"""ReMax: REINFORCE whose baseline is the reward of the greedy completion of the same prompt.
+
+    R_i = sum_t r_{i,t}         (KL already subtracted from r when beta > 0)
+    b(x) = R(x, y_greedy(x))     the env's score of the prompt's greedy completion
+    A_i = R_i - b(x_i)           sequence-level: every token of completion i gets A_i
+    l_{i,t} = -A_i * lp_{i,t}
+
+Li, Xu, Zhang, Liu, Sun, Luo, "ReMax: A Simple, Effective, and Efficient
+Reinforcement Learning Method for Aligning Large Language Models" (2023). The
+baseline depends on the prompt only, so the gradient stays unbiased; it needs no
+critic and no group of samples (``group_size=1`` is the paper's setting; with
+``G > 1`` the G completions of a prompt share one baseline).
+
+The greedy rollout. Every update decodes each distinct prompt of its batch greedily
+on a second env built once from the training env (same prompts and indices, reward,
+reward mode, budget and stop ids; one row per prompt, episode-synchronous) and
+scores it with the same reward. It runs on its own RNG and env, so the training
+env's prompt stream and the sampler's generator move exactly as REINFORCE's do;
+its tokens count in ``tokens_generated`` (they are generation work). Greedy
+decoding is top-k sampling with ``k = 1``: the arg-max id, whatever the policy's
+temperature (ties between equal largest logits are drawn among, not broken by
+the lowest id).
+
+When the baseline misleads. The greedy completion estimates the expected reward
+well once the policy is fairly sure of itself; a near-uniform policy's greedy
+completion can score far above its samples (on TargetString, 0.4 against 0.02).
+Then nearly every sample gets a negative advantage, which squeezes probability
+onto the arg-max ids, and the policy can collapse onto its greedy completion,
+where every advantage is 0. An entropy bonus (``entropy_coef``) keeps it
+exploring; the learning test uses ``entropy_coef=0.02``.
+
+Departures from the paper: the baseline is the greedy completion's task reward
+(with DAPO's overlong shaping when ``overlong_cache`` is set), without the KL term
+that ``kl_placement="reward"`` subtracts from the sampled rewards (that would need
+the reference's log-probs of the greedy tokens too). A ``CombinedReward``'s
+logged components (``reward/<name>``) are those of the sampled batch only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from torch.profiler import record_function
+
+from lmgym.agents.advantages import broadcast_to_tokens
+from lmgym.agents.base import Agent
+from lmgym.agents.config import AgentConfig, KLPlacement
+from lmgym.agents.dapo import overlong_penalty
+from lmgym.agents.ratios import policy_gradient_loss
+from lmgym.envs.rewards import reward_component_means
+from lmgym.envs.token_env import TokenVectorEnv
+from lmgym.rollout import collect
+from lmgym.types import RolloutBatch
+
+
+@dataclass
+class ReMaxConfig(AgentConfig):
+    kl_placement: KLPlacement = "reward"
+    """Where the KL term goes: subtracted from the sampled rewards (as in RLHF) or added to the loss."""
+
+
+def greedy_env_like(env: TokenVectorEnv) -> TokenVectorEnv:
+    """An env over ``env``'s prompts, reward and budget with one episode-synchronous row per prompt.
+
+    The prompt source is ``env``'s tokenised texts in their order, so ``prompt_index``
+    (and any per-prompt data a reward reads through it) means the same in both.
+    """
+    return TokenVectorEnv(
+        env.tokenizer,
+        env.prompt_table.texts,
+        env.reward_model,
+        num_prompts=env.num_prompts,
+        group_size=1,
+        max_new_tokens=env.max_new_tokens,
+        max_prompt_length=env.prompt_width,
+        reward_mode=env.reward_mode,
+        per_token_form=env.per_token_form,
+        center_potential=env.center_potential,
+        unfinished=env.unfinished,
+        unfinished_penalty=env.unfinished_penalty,
+        stop_token_ids=env.stop_token_ids.tolist(),
+        device=env.device,
+    )
+
+
+def queue_prompts(env: TokenVectorEnv, prompt_index: Tensor) -> None:
+    """Make ``env``'s next ``reset()`` (without a seed) put these prompts in its rows.
+
+    Rows past ``prompt_index`` repeat its last prompt. ``env`` must have
+    ``group_size=1`` and at least ``len(prompt_index)`` rows.
+
+    Args:
+        env: the env whose prompt stream is replaced.
+        prompt_index: ``[k] int64`` indices into ``env``'s prompt source.
+    """
+    fill = prompt_index[-1:].expand(env.num_envs - prompt_index.numel())
+    state = env.get_state()
+    state.update(
+        order=torch.cat([prompt_index, fill]).cpu(),
+        cursor=0,
+        next_slot=0,
+        group_prompt=torch.empty(0, dtype=torch.long),
+        group_base=0,
+    )
+    env.set_state(state)
+
+
+class ReMax(Agent[ReMaxConfig]):
+    """REINFORCE with the greedy completion's reward as the baseline."""
+
+    config_class = ReMaxConfig
+    name = "remax"
+
+    def check_config(self) -> None:
+        # Not checks, but built once here: the greedy env and an RNG of its own (a
+        # top-1 draw picks the arg-max, yet torch.multinomial still advances its RNG).
+        self._greedy_env = greedy_env_like(self.env)
+        self._greedy_generator = torch.Generator(device=self.policy.device)
+        self._greedy_reward_mean = 0.0
+        self._sampled_components: dict[str, float] = {}
+
+    @torch.no_grad()
+    def greedy_baseline(self, batch: RolloutBatch) -> Tensor:
+        """``[B] float32``: the score of the greedy completion of each row's prompt.
+
+        Decodes every distinct prompt of ``batch`` once with the current policy.
+        """
+        prompts, inverse = torch.unique(batch.prompt_index.cpu(), return_inverse=True)
+        env = self._greedy_env
+        sampled_components = reward_component_means(self.env)  # before greedy ones join them
+        scores = []
+        top_k, self.policy.top_k = self.policy.top_k, 1
+        try:
+            with record_function("lmgym.remax.greedy_rollout"):
+                for chunk in prompts.split(env.num_envs):
+                    queue_prompts(env, chunk)
+                    greedy = collect(env, self.policy, generator=self._greedy_generator)
+                    self.tokens_generated += int(greedy.lengths.sum())
+                    score = greedy.scores
+                    if self.config.overlong_cache is not None:
+                        shaping = overlong_penalty(
+                            greedy.lengths, env.max_new_tokens, self.config.overlong_cache
+                        )
+                        score = score + shaping
+                    scores.append(score[: chunk.numel()])
+        finally:
+            self.policy.top_k = top_k
+        reward_component_means(self.env)  # drop the greedy completions' components
+        self._sampled_components = sampled_components
+        baseline = torch.cat(scores)[inverse].to(batch.rewards.device)
+        self._greedy_reward_mean = baseline.mean().item()
+        return baseline
+
+    def advantages(
+        self, batch: RolloutBatch, rewards: Tensor, mask: Tensor, values: Tensor | None
+    ) -> tuple[Tensor, None]:
+        scores = (rewards * mask).sum(dim=1)
+        return broadcast_to_tokens(scores - self.greedy_baseline(batch), mask), None
+
+    def policy_loss(
+        self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor
+    ) -> tuple[Tensor, None]:
+        return policy_gradient_loss(logprobs, advantages), None
+
+    def step(self) -> dict[str, float]:
+        """``Agent.step``, plus ``greedy_reward_mean`` (the baseline's mean over rows)."""
+        metrics = super().step()
+        metrics["greedy_reward_mean"] = self._greedy_reward_mean
+        metrics.update(self._sampled_components)
+        return metrics
