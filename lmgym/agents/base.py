@@ -50,6 +50,12 @@ from lmgym.agents.numerics import (
     clip_grads,
     total_grad_norm,
 )
+from lmgym.agents.optim import (
+    make_optimizer,
+    make_scheduler,
+    schedule_needs_length,
+    steps_per_iteration,
+)
 from lmgym.agents.ratios import tis_weights
 from lmgym.agents.records import Counts, MicroBatchLoss, PolicyOutput, PreparedBatch
 from lmgym.agents.report import update_metrics
@@ -65,7 +71,7 @@ from lmgym.distributed import (
 from lmgym.envs.rewards import reward_component_means
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.policy.causal_lm import CausalLMPolicy
-from lmgym.policy.value import Critic
+from lmgym.policy.value import Critic, frozen_copy
 from lmgym.profiling import BACKWARD, LOSS, METRICS, OPTIMIZER, PREPARE, phase
 from lmgym.rollout import ContinuousCollector, collect
 from lmgym.types import RolloutBatch
@@ -90,7 +96,11 @@ class Agent(Generic[ConfigT]):
     """Base of all lmgym agents (``Agent(policy, env, **config).learn(...)``).
 
     Args:
-        policy: the policy to train; its model is updated in place.
+        policy: the policy to train; its model is updated in place. A hub name or a
+            local directory loads one (``CausalLMPolicy.from_pretrained`` with its
+            defaults, on ``env.device``, tokenizer from the same place), as
+            Stable-Baselines3 takes a policy name; then with ``beta > 0`` and no
+            ``ref_policy`` the reference is ``frozen_copy`` of it.
         env: an lmgym ``TokenVectorEnv`` (episode-synchronous or autoreset).
         ref_policy: frozen reference for the KL term; required when ``beta > 0``,
             optional otherwise (then only used to log KL to the reference).
@@ -107,7 +117,7 @@ class Agent(Generic[ConfigT]):
 
     def __init__(
         self,
-        policy: CausalLMPolicy,
+        policy: CausalLMPolicy | str | Path,
         env: TokenVectorEnv,
         ref_policy: CausalLMPolicy | None = None,
         config: ConfigT | None = None,
@@ -120,6 +130,10 @@ class Agent(Generic[ConfigT]):
                 f"env: expected an lmgym TokenVectorEnv (e.g. gymnasium.make_vec('lmgym/...')), "
                 f"got {type(env).__name__}"
             )
+        if isinstance(policy, str | Path):
+            policy = policy_from_name(policy, env)
+            if self.config.beta > 0 and ref_policy is None:
+                ref_policy = frozen_copy(policy)
         policy.check_env(env)
         if self.config.beta > 0 and ref_policy is None:
             raise ValueError(
@@ -138,15 +152,19 @@ class Agent(Generic[ConfigT]):
             )
 
         self.critic: Critic | None = self.make_critic() if self.uses_critic else None
+        # Trainable parameters only: under a PEFT adapter, the adapter's.
         params = [p for p in policy.model.parameters() if p.requires_grad]
         if self.critic is not None:
             params += self.critic.own_parameters()
-        self.optimizer = torch.optim.AdamW(
-            params,
-            lr=self.config.learning_rate,
-            betas=self.config.adam_betas,
-            weight_decay=self.config.weight_decay,
-        )
+        self.optimizer = make_optimizer(params, self.config)
+        # None for a constant learning rate; else built now when its length is known or
+        # not needed, or by the first learn().
+        self.lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+        self._schedule_steps: int | None = None
+        if self.config.schedule_iterations is not None:
+            self._start_schedule(self.config.schedule_iterations * steps_per_iteration(self.config))
+        elif not schedule_needs_length(self.config):
+            self._start_schedule(None)
         check_same_on_every_rank(f"{self.name} config", dataclasses.asdict(self.config))
         self.generator = torch.Generator(device=policy.device)
         # Rank 0 samples exactly as a single process; other ranks draw other completions.
@@ -157,6 +175,19 @@ class Agent(Generic[ConfigT]):
         self._env_seeded = False
         self.iteration = 0
         self.tokens_generated = 0
+
+    def _start_schedule(self, total_steps: int | None) -> None:
+        """Build the learning-rate schedule over ``total_steps`` optimizer steps."""
+        self.lr_scheduler = make_scheduler(self.optimizer, self.config, total_steps)
+        self._schedule_steps = total_steps
+
+    def _step_optimizer(self) -> None:
+        """One optimizer step, then one schedule step."""
+        if self.lr_scheduler is None and self.config.lr_scheduler_type != "constant":
+            make_scheduler(self.optimizer, self.config, None)  # raises, naming the fix
+        self.optimizer.step()
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step()
 
     # ------------------------------------------------------------ algorithm
     def check_config(self) -> None:
@@ -220,6 +251,9 @@ class Agent(Generic[ConfigT]):
         """
         if iterations < 0:
             raise ValueError(f"iterations={iterations}: must be >= 0")
+        if self.lr_scheduler is None and self.config.lr_scheduler_type != "constant":
+            # A schedule without schedule_iterations spans this call.
+            self._start_schedule((self.iteration + iterations) * steps_per_iteration(self.config))
         callbacks = [] if callback is None else [callback] if callable(callback) else list(callback)
         history: list[dict[str, float]] = []
         bar = None
@@ -480,7 +514,7 @@ class Agent(Generic[ConfigT]):
         norm = total_grad_norm(params)
         check_finite("grad_norm", norm, where)
         clip_grads(params, self.config.max_grad_norm, norm)
-        self.optimizer.step()
+        self._step_optimizer()
         check_parameters(params, where, self.config.learning_rate)
         return terms, float(norm)
 
@@ -530,10 +564,11 @@ class Agent(Generic[ConfigT]):
     def save(self, path: str | Path) -> Path:
         """Write a checkpoint to the directory ``path``, atomically.
 
-        Contents: the policy (``save_pretrained``: safetensors weights, tokenizer),
-        ``agent_state.pt`` (optimizer, sampler and shuffle RNG, the env's prompt
+        Contents: the policy (``save_pretrained``: safetensors weights, or a PEFT
+        policy's adapter plus its base weights; tokenizer), ``agent_state.pt``
+        (optimizer, learning-rate schedule, sampler and shuffle RNG, the env's prompt
         stream, iteration and token counters, critic head, stateful helpers such as
-        REINFORCE's EMA baseline, sampling settings), ``agent_config.json``, and last
+        REINFORCE's EMA baseline, the policy's settings), ``agent_config.json``, and last
         ``manifest.json`` (size and SHA-256 of every file). Everything is written
         under a temporary name and renamed into place at the end, so a crash
         mid-write leaves any previous checkpoint at ``path`` intact and never a
@@ -560,16 +595,16 @@ class Agent(Generic[ConfigT]):
             "iteration": self.iteration,
             "tokens_generated": self.tokens_generated,
             "optimizer": self.optimizer.state_dict(),
+            "lr_scheduler": None
+            if self.lr_scheduler is None
+            else {"total_steps": self._schedule_steps, "state": self.lr_scheduler.state_dict()},
             "generator": self.generator.get_state(),
             "shuffle": self._shuffle.get_state(),
             "critic": self.critic.state_dict_for_save() if self.critic is not None else None,
             "env": self.env.get_state() if self._env_seeded else None,
             "helpers": helpers,
-            "sampling": {
-                "temperature": self.policy.temperature,
-                "top_k": self.policy.top_k,
-                "top_p": self.policy.top_p,
-            },
+            # Sampling, weight dtype, mixed precision, checkpointing: from_pretrained's settings.
+            "sampling": self.policy.settings(),
         }
         torch.save(state, tmp / STATE_FILE)
         (tmp / CONFIG_FILE).write_text(
@@ -597,6 +632,10 @@ class Agent(Generic[ConfigT]):
         and the env's prompt stream (so the next batches are the ones the saved
         agent would have drawn).
 
+        Args:
+            ref_policy: the KL reference when ``beta > 0``; for a PEFT policy it
+                defaults to ``frozen_copy`` of the loaded one (its base model).
+
         Raises:
             FileNotFoundError: ``path`` is not a checkpoint.
             lmgym.training.manifest.CheckpointError: a file is missing, truncated or
@@ -623,8 +662,15 @@ class Agent(Generic[ConfigT]):
         policy = CausalLMPolicy.from_pretrained(
             path / POLICY_DIR, device=device, **state["sampling"]
         )
+        if ref_policy is None and policy.is_peft and saved.get("beta", 0) > 0:
+            ref_policy = frozen_copy(policy)  # the base under the adapter: exact, no copy
         agent = cls(policy, env, ref_policy, config=cls.config_class(**saved))
+        schedule = state.get("lr_scheduler")
+        if schedule is not None and agent.lr_scheduler is None:
+            agent._start_schedule(schedule["total_steps"])  # before the optimizer's lr is restored
         agent.optimizer.load_state_dict(state["optimizer"])
+        if schedule is not None:
+            agent.lr_scheduler.load_state_dict(schedule["state"])  # type: ignore[union-attr]
         agent.generator.set_state(state["generator"].cpu())
         agent._shuffle.set_state(state["shuffle"].cpu())
         if agent.critic is not None and state["critic"] is not None:
@@ -640,3 +686,19 @@ class Agent(Generic[ConfigT]):
             env.set_state(state["env"])
             agent._env_seeded = True
         return agent
+
+
+def policy_from_name(name_or_path: str | Path, env: TokenVectorEnv) -> CausalLMPolicy:
+    """``CausalLMPolicy.from_pretrained(name_or_path)`` on ``env.device``, checked to use
+    the env's tokenizer."""
+    policy = CausalLMPolicy.from_pretrained(name_or_path, device=env.device)
+    if (
+        env.vocab_size != policy.vocab_size
+        or env.tokenizer.get_vocab() != policy.tokenizer.get_vocab()
+    ):
+        raise ValueError(
+            f"policy={str(name_or_path)!r}: its tokenizer ({policy.vocab_size} ids) differs from "
+            f"the env's ({env.vocab_size} ids); build the env with "
+            f"tokenizer=AutoTokenizer.from_pretrained({str(name_or_path)!r})"
+        )
+    return policy
