@@ -160,7 +160,8 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
             ``"float16"``/``"fp16"`` work too. The weights keep their dtype (float32
             master weights by default); log-probs and entropies are float32. The
             sampler and the learner then differ by bf16 rounding (TIS corrects it).
-            ``None``: full precision.
+            The agents do no loss scaling, so under float16 small gradients may
+            underflow: prefer bfloat16 where the GPU has it. ``None``: full precision.
         gradient_checkpointing: Recompute each layer's activations in the backward
             pass instead of storing them (transformers' activation checkpointing,
             non-reentrant): less memory, about one more forward pass of compute.
