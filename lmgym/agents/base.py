@@ -46,6 +46,12 @@ from lmgym.agents.numerics import (
     clip_grads,
     total_grad_norm,
 )
+from lmgym.agents.optim import (
+    make_optimizer,
+    make_scheduler,
+    schedule_needs_length,
+    steps_per_iteration,
+)
 from lmgym.agents.ratios import tis_weights
 from lmgym.agents.records import Counts, MicroBatchLoss, PolicyOutput, PreparedBatch
 from lmgym.agents.report import update_metrics
@@ -54,7 +60,7 @@ from lmgym.envs.rewards import reward_component_means
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.persistence.agent import load_agent, save_agent
 from lmgym.policy.causal_lm import CausalLMPolicy
-from lmgym.policy.value import Critic
+from lmgym.policy.value import Critic, frozen_copy
 from lmgym.profiling import BACKWARD, LOSS, METRICS, OPTIMIZER, PREPARE, phase
 from lmgym.rollout import ContinuousCollector, collect
 from lmgym.types import RolloutBatch
@@ -74,7 +80,11 @@ class Agent(Generic[ConfigT]):
     """Base of all lmgym agents (``Agent(policy, env, **config).learn(...)``).
 
     Args:
-        policy: the policy to train; its model is updated in place.
+        policy: the policy to train; its model is updated in place. A hub name or a
+            local directory loads one (``CausalLMPolicy.from_pretrained`` with its
+            defaults, on ``env.device``, tokenizer from the same place), as
+            Stable-Baselines3 takes a policy name; then with ``beta > 0`` and no
+            ``ref_policy`` the reference is ``frozen_copy`` of it.
         env: an lmgym ``TokenVectorEnv`` (episode-synchronous or autoreset).
         ref_policy: frozen reference for the KL term; required when ``beta > 0``,
             optional otherwise (then only used to log KL to the reference).
@@ -94,7 +104,7 @@ class Agent(Generic[ConfigT]):
 
     def __init__(
         self,
-        policy: CausalLMPolicy,
+        policy: CausalLMPolicy | str | Path,
         env: TokenVectorEnv,
         ref_policy: CausalLMPolicy | None = None,
         config: ConfigT | None = None,
@@ -108,6 +118,10 @@ class Agent(Generic[ConfigT]):
                 f"env: expected an lmgym TokenVectorEnv (e.g. gymnasium.make_vec('lmgym/...')), "
                 f"got {type(env).__name__}"
             )
+        if isinstance(policy, str | Path):
+            policy = policy_from_name(policy, env)
+            if self.config.beta > 0 and ref_policy is None:
+                ref_policy = frozen_copy(policy)
         policy.check_env(env)
         if self.config.beta > 0 and ref_policy is None:
             raise ValueError(
@@ -126,15 +140,19 @@ class Agent(Generic[ConfigT]):
             )
 
         self.critic: Critic | None = self.make_critic() if self.uses_critic else None
+        # Trainable parameters only: under a PEFT adapter, the adapter's.
         params = [p for p in policy.model.parameters() if p.requires_grad]
         if self.critic is not None:
             params += self.critic.own_parameters()
-        self.optimizer = torch.optim.AdamW(
-            params,
-            lr=self.config.learning_rate,
-            betas=self.config.adam_betas,
-            weight_decay=self.config.weight_decay,
-        )
+        self.optimizer = make_optimizer(params, self.config)
+        # None for a constant learning rate; else built now when its length is known or
+        # not needed, or by the first learn().
+        self.lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+        self._schedule_steps: int | None = None
+        if self.config.schedule_iterations is not None:
+            self._start_schedule(self.config.schedule_iterations * steps_per_iteration(self.config))
+        elif not schedule_needs_length(self.config):
+            self._start_schedule(None)
         self.group = DataParallelGroup(process_group)
         self.group.check_same_on_every_rank(f"{self.name} config", dataclasses.asdict(self.config))
         self.generator = torch.Generator(device=policy.device)
@@ -146,6 +164,19 @@ class Agent(Generic[ConfigT]):
         self._env_seeded = False
         self.iteration = 0
         self.tokens_generated = 0
+
+    def _start_schedule(self, total_steps: int | None) -> None:
+        """Build the learning-rate schedule over ``total_steps`` optimizer steps."""
+        self.lr_scheduler = make_scheduler(self.optimizer, self.config, total_steps)
+        self._schedule_steps = total_steps
+
+    def _step_optimizer(self) -> None:
+        """One optimizer step, then one schedule step."""
+        if self.lr_scheduler is None and self.config.lr_scheduler_type != "constant":
+            make_scheduler(self.optimizer, self.config, None)  # raises, naming the fix
+        self.optimizer.step()
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step()
 
     # ------------------------------------------------------------ algorithm
     def check_config(self) -> None:
@@ -209,6 +240,9 @@ class Agent(Generic[ConfigT]):
         """
         if iterations < 0:
             raise ValueError(f"iterations={iterations}: must be >= 0")
+        if self.lr_scheduler is None and self.config.lr_scheduler_type != "constant":
+            # A schedule without schedule_iterations spans this call.
+            self._start_schedule((self.iteration + iterations) * steps_per_iteration(self.config))
         callbacks = [] if callback is None else [callback] if callable(callback) else list(callback)
         history: list[dict[str, float]] = []
         bar = None
@@ -476,7 +510,7 @@ class Agent(Generic[ConfigT]):
         norm = total_grad_norm(params)
         check_finite("grad_norm", norm, where)
         clip_grads(params, self.config.max_grad_norm, norm)
-        self.optimizer.step()
+        self._step_optimizer()
         check_parameters(params, where, self.config.learning_rate)
         return terms, float(norm)
 
@@ -526,8 +560,9 @@ class Agent(Generic[ConfigT]):
     def save(self, path: str | Path) -> Path:
         """Write the agent to the directory ``path``, atomically (``lmgym.persistence.agent``).
 
-        Contents: the policy (``save_pretrained``: safetensors weights, tokenizer),
-        ``agent_state.pt`` (optimizer, sampler and shuffle RNG, the env's prompt
+        Contents: the policy (``save_pretrained``: safetensors weights, or a PEFT
+        policy's adapter plus its base weights; tokenizer), ``agent_state.pt``
+        (optimizer, learning-rate schedule, sampler and shuffle RNG, the env's prompt
         stream, iteration and token counters, critic head, stateful helpers such as
         REINFORCE's EMA baseline, sampling settings; tensors and plain data only),
         ``agent_config.json``, and last ``manifest.json`` (size and SHA-256 of every
@@ -550,6 +585,10 @@ class Agent(Generic[ConfigT]):
         agent would have drawn). Nothing is unpickled, and the manifest is verified
         before any file is read.
 
+        Args:
+            ref_policy: the KL reference when ``beta > 0``; for a PEFT policy it
+                defaults to ``frozen_copy`` of the loaded one (its base model).
+
         Raises:
             FileNotFoundError: ``path`` is not a saved agent.
             lmgym.persistence.CheckpointError: a file is missing, truncated, altered,
@@ -557,3 +596,19 @@ class Agent(Generic[ConfigT]):
             ValueError: the directory holds another algorithm.
         """
         return load_agent(cls, path, env, ref_policy, device)
+
+
+def policy_from_name(name_or_path: str | Path, env: TokenVectorEnv) -> CausalLMPolicy:
+    """``CausalLMPolicy.from_pretrained(name_or_path)`` on ``env.device``, checked to use
+    the env's tokenizer."""
+    policy = CausalLMPolicy.from_pretrained(name_or_path, device=env.device)
+    if (
+        env.vocab_size != policy.vocab_size
+        or env.tokenizer.get_vocab() != policy.tokenizer.get_vocab()
+    ):
+        raise ValueError(
+            f"policy={str(name_or_path)!r}: its tokenizer ({policy.vocab_size} ids) differs from "
+            f"the env's ({env.vocab_size} ids); build the env with "
+            f"tokenizer=AutoTokenizer.from_pretrained({str(name_or_path)!r})"
+        )
+    return policy

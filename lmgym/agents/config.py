@@ -22,6 +22,16 @@ from lmgym.agents.aggregation import AGGREGATION_MODES
 Aggregation = Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"]
 KLEstimator = Literal["k1", "k2", "k3"]
 KLPlacement = Literal["reward", "loss"]
+LRSchedulerType = Literal[
+    "constant",
+    "constant_with_warmup",
+    "linear",
+    "cosine",
+    "cosine_with_restarts",
+    "polynomial",
+    "inverse_sqrt",
+]
+LR_SCHEDULER_TYPES: tuple[str, ...] = typing.get_args(LRSchedulerType)
 
 
 @dataclass
@@ -31,9 +41,17 @@ class AgentConfig:
     learning_rate: float = 1e-3
     """AdamW learning rate; 1e-3 suits the tiny demo models, pretrained LMs want ~1e-6."""
     weight_decay: float = 0.0
-    """AdamW weight decay."""
+    """AdamW weight decay, on matrices only (linear, embedding, adapter weights), never on biases or norm weights."""
     adam_betas: tuple[float, float] = (0.9, 0.999)
     """AdamW betas."""
+    lr_scheduler_type: LRSchedulerType = "constant"
+    """Learning-rate schedule (transformers' get_scheduler), stepped once per optimizer step: constant, constant_with_warmup, linear, cosine, cosine_with_restarts, polynomial or inverse_sqrt."""
+    warmup_steps: int = 0
+    """Optimizer steps of linear warmup from 0 to learning_rate (constant has none: use constant_with_warmup)."""
+    warmup_ratio: float = 0.0
+    """Warmup as a fraction of the schedule's optimizer steps, instead of warmup_steps."""
+    schedule_iterations: int | None = None
+    """Iterations a decaying schedule spans (each update_epochs * num_minibatches optimizer steps); None: the first learn() call's."""
     update_epochs: int = 1
     """Passes over each rollout batch."""
     num_minibatches: int = 1
@@ -211,6 +229,27 @@ def check_common(config: AgentConfig) -> None:
     positive("max_grad_norm", allow_none=True)
     positive("tis_cap", allow_none=True)
     positive("overlong_cache", allow_none=True)
+    positive("schedule_iterations", allow_none=True)
+    if config.weight_decay < 0:
+        raise ValueError(f"weight_decay={config.weight_decay}: must be >= 0")
+    if config.lr_scheduler_type not in LR_SCHEDULER_TYPES:
+        raise ValueError(
+            f"lr_scheduler_type={config.lr_scheduler_type!r} is not one of {list(LR_SCHEDULER_TYPES)}"
+        )
+    if config.warmup_steps < 0:
+        raise ValueError(f"warmup_steps={config.warmup_steps}: must be >= 0")
+    if not 0.0 <= config.warmup_ratio < 1.0:
+        raise ValueError(f"warmup_ratio={config.warmup_ratio}: must be in [0, 1)")
+    if config.warmup_steps and config.warmup_ratio:
+        raise ValueError(
+            f"warmup_steps={config.warmup_steps} and warmup_ratio={config.warmup_ratio}: "
+            "set one of them (the other to 0)"
+        )
+    if config.lr_scheduler_type == "constant" and (config.warmup_steps or config.warmup_ratio):
+        raise ValueError(
+            "lr_scheduler_type='constant' has no warmup; use 'constant_with_warmup' "
+            "(or set warmup_steps=0 and warmup_ratio=0)"
+        )
     if not 0.0 <= config.gamma <= 1.0:
         raise ValueError(f"gamma={config.gamma}: must be in [0, 1]")
     if config.beta < 0:

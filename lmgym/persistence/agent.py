@@ -61,16 +61,16 @@ def agent_state(agent: Agent) -> dict[str, Any]:
         "iteration": agent.iteration,
         "tokens_generated": agent.tokens_generated,
         "optimizer": agent.optimizer.state_dict(),
+        "lr_scheduler": None
+        if agent.lr_scheduler is None
+        else {"total_steps": agent._schedule_steps, "state": agent.lr_scheduler.state_dict()},
         "generator": agent.generator.get_state(),
         "shuffle": agent._shuffle.get_state(),
         "critic": agent.critic.state_dict_for_save() if agent.critic is not None else None,
         "env": agent.env.get_state() if agent._env_seeded else None,
         "helpers": helpers,
-        "sampling": {
-            "temperature": agent.policy.temperature,
-            "top_k": agent.policy.top_k,
-            "top_p": agent.policy.top_p,
-        },
+        # Sampling, weight dtype, mixed precision, checkpointing: from_pretrained's settings.
+        "sampling": agent.policy.settings(),
     }
 
 
@@ -151,6 +151,7 @@ def load_agent(
         ValueError: the directory holds another algorithm.
     """
     from lmgym.policy.causal_lm import CausalLMPolicy
+    from lmgym.policy.value import frozen_copy
 
     path = Path(path)
     if not verified:
@@ -163,8 +164,15 @@ def load_agent(
         saved["adam_betas"] = tuple(saved["adam_betas"])
     state = load_state(path / STATE_FILE, map_location=device)
     policy = CausalLMPolicy.from_pretrained(path / POLICY_DIR, device=device, **state["sampling"])
+    if ref_policy is None and policy.is_peft and saved.get("beta", 0) > 0:
+        ref_policy = frozen_copy(policy)  # the base under the adapter: exact, no copy
     agent = cls(policy, env, ref_policy, config=cls.config_class(**saved))
+    schedule = state.get("lr_scheduler")
+    if schedule is not None and agent.lr_scheduler is None:
+        agent._start_schedule(schedule["total_steps"])  # before the optimizer's lr is restored
     agent.optimizer.load_state_dict(state["optimizer"])
+    if schedule is not None:
+        agent.lr_scheduler.load_state_dict(schedule["state"])  # type: ignore[union-attr]
     agent.generator.set_state(state["generator"].cpu())
     agent._shuffle.set_state(state["shuffle"].cpu())
     if agent.critic is not None and state["critic"] is not None:

@@ -25,6 +25,6 @@ def fuse_gelu(model: nn.Module) -> int:
     for parent in model.modules():
         for name, child in parent.named_children():
             if type(child) is NewGELUActivation:
-                setattr(parent, name, GELUTanh())
+                setattr(parent, name, GELUTanh().train(child.training))  # keep eval mode
                 replaced += 1
     return replaced

@@ -11,7 +11,9 @@ Two faces:
   log-softmax is never held at once.
 
 This module holds the model wrapper (loading, saving, checks, the trunk and the
-LM head) and the teacher-forced pass.
+LM head, mixed precision, activation checkpointing) and the teacher-forced pass.
+The model may be a ``peft.PeftModel`` (``lmgym.policy.adapters``): the trunk and
+head are then those of the transformers model under it, with the adapter layers in.
 
 Invariant under test: on the same sequences, ``act``'s sampler log-probs equal
 ``logprobs`` (float32, no top-k/top-p, same temperature).
@@ -19,9 +21,11 @@ Invariant under test: on the same sequences, ``act``'s sampler log-probs equal
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -34,6 +38,16 @@ from transformers import (
 )
 
 from lmgym.policy.activations import fuse_gelu
+from lmgym.policy.adapters import (
+    add_adapter,
+    check_adapter_model,
+    is_adapter_dir,
+    is_peft_model,
+    load_adapter_model,
+    save_adapter_model,
+    save_merged_model,
+    transformer_of,
+)
 from lmgym.policy.kv_engine import KVCacheRollout, PolicyState, distinct_rows
 from lmgym.policy.logprobs import token_logprobs
 from lmgym.policy.sampling import check_sampling_settings, logprob_temperature
@@ -50,12 +64,75 @@ if TYPE_CHECKING:
 __all__ = ["CausalLMPolicy", "PolicyState", "distinct_rows"]
 
 
-def _checkpointing(model: PreTrainedModel) -> bool:
+AUTOCAST_DTYPES = {
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+
+def _checkpointing(model: nn.Module) -> bool:
     """Whether activation (gradient) checkpointing is on; the attribute was renamed."""
+    model = transformer_of(model)
     for attr in ("is_activation_checkpointing", "is_gradient_checkpointing"):
         if hasattr(type(model), attr):
             return bool(getattr(model, attr))
     return False
+
+
+def _enable_checkpointing(model: PreTrainedModel) -> None:
+    """Turn on transformers' activation checkpointing (non-reentrant: it needs no input
+    that requires grad, so frozen embeddings under an adapter are fine)."""
+    if not model.supports_gradient_checkpointing:
+        raise ValueError(
+            f"gradient_checkpointing=True: {type(model).__name__} does not support it; "
+            "set gradient_checkpointing=False"
+        )
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+@contextlib.contextmanager
+def _checkpointed_layers_training(model: PreTrainedModel) -> Iterator[None]:
+    """Let transformers checkpoint while the model stays in eval mode.
+
+    transformers checkpoints a layer only when the layer is in training mode, but
+    lmgym keeps the model in eval mode (no dropout: the learner's log-probs must
+    match the sampler's). This flips the ``training`` flag of the checkpointed
+    modules alone, not of their children, so dropout stays off.
+    """
+    flagged = [
+        m for m in model.modules() if getattr(m, "gradient_checkpointing", False) and not m.training
+    ]
+    for module in flagged:
+        module.training = True
+    try:
+        yield
+    finally:
+        for module in flagged:
+            module.training = False
+
+
+def resolve_autocast_dtype(value: torch.dtype | str | None) -> torch.dtype | None:
+    """``"bfloat16"``/``"bf16"``, ``"float16"``/``"fp16"`` or the torch dtype; ``None``
+    or float32: no autocast."""
+    if value is None or value in (torch.float32, "float32", "fp32", "no"):
+        return None
+    if isinstance(value, str):
+        if value not in AUTOCAST_DTYPES:
+            raise ValueError(
+                f"autocast_dtype={value!r} is not one of {[*AUTOCAST_DTYPES, 'float32', None]}"
+            )
+        return AUTOCAST_DTYPES[value]
+    if value not in (torch.bfloat16, torch.float16):
+        raise ValueError(
+            f"autocast_dtype={value}: must be torch.bfloat16, torch.float16 or None (float32)"
+        )
+    return value
 
 
 def _context_length(model: PreTrainedModel) -> int | None:
@@ -87,6 +164,22 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
             sampling and in the teacher-forced log-probs alike; ``masked_token_ids``
             lists them and each rollout records the probability removed
             (``RolloutBatch.special_mass``).
+        peft_config: A ``peft.PeftConfig`` (e.g. ``LoraConfig(target_modules=[...])``):
+            wrap ``model`` with ``peft.get_peft_model`` so that only the adapter
+            trains. ``model`` may also be a ``peft.PeftModel`` already (a layer
+            tuner such as LoRA, one adapter). Needs the ``peft`` extra.
+        autocast_dtype: Mixed precision: run the trunk and the LM head under
+            ``torch.autocast`` with ``torch.bfloat16`` (CUDA with bf16 support, or
+            CPU) or ``torch.float16`` (CUDA only); strings ``"bfloat16"``/``"bf16"``,
+            ``"float16"``/``"fp16"`` work too. The weights keep their dtype (float32
+            master weights by default); log-probs and entropies are float32. The
+            sampler and the learner then differ by bf16 rounding (TIS corrects it).
+            The agents do no loss scaling, so under float16 small gradients may
+            underflow: prefer bfloat16 where the GPU has it. ``None``: full precision.
+        gradient_checkpointing: Recompute each layer's activations in the backward
+            pass instead of storing them (transformers' activation checkpointing,
+            non-reentrant): less memory, about one more forward pass of compute.
+            The model stays in eval mode (no dropout).
     """
 
     def __init__(
@@ -98,19 +191,29 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
         top_p: float | None = None,
         fused_activations: bool = True,
         allowed_special_tokens: AllowedSpecialTokens = (),
+        *,
+        peft_config: Any = None,
+        autocast_dtype: torch.dtype | str | None = None,
+        gradient_checkpointing: bool = False,
     ) -> None:
         super().__init__()
         check_sampling_settings(temperature, top_k, top_p)
-        head = model.get_output_embeddings()
+        self.autocast_dtype = resolve_autocast_dtype(autocast_dtype)
+        if peft_config is not None:
+            model = add_adapter(model, peft_config)
+        check_adapter_model(model)
+        lm = transformer_of(model)
+        head = lm.get_output_embeddings()
         if not isinstance(head, nn.Linear):
             raise TypeError(
                 f"model: expected a linear output layer, got {type(head).__name__}; "
-                "lmgym applies the head itself to avoid materialising full logits"
+                "lmgym applies the head itself to avoid materialising full logits "
+                "(leave lm_head out of an adapter's target_modules and modules_to_save)"
             )
         for attr in ("final_logit_softcapping", "logit_scale"):
-            if getattr(model.config, attr, None) not in (None, 1.0):
+            if getattr(lm.config, attr, None) not in (None, 1.0):
                 raise NotImplementedError(
-                    f"model.config.{attr}={getattr(model.config, attr)}: logit post-processing "
+                    f"model.config.{attr}={getattr(lm.config, attr)}: logit post-processing "
                     "after the head is not supported yet"
                 )
         self.vocab_size = len(tokenizer)
@@ -126,6 +229,8 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
             tokenizer.pad_token = tokenizer.eos_token
         if fused_activations:
             fuse_gelu(model)
+        if gradient_checkpointing:
+            _enable_checkpointing(lm)
         self.model = model
         self.tokenizer = tokenizer
         self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
@@ -139,7 +244,7 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
         self.register_buffer(
             "_refused", refused if self.masked_token_ids else None, persistent=False
         )
-        params = inspect.signature(model.base_model.forward).parameters
+        params = inspect.signature(lm.base_model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
 
     # -------------------------------------------------------------- loading
@@ -148,30 +253,103 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
         cls,
         name_or_path: str | Path,
         device: torch.device | str = "cpu",
-        dtype: torch.dtype = torch.float32,
+        dtype: torch.dtype | str = torch.float32,
         temperature: float = 1.0,
         top_k: int | None = None,
         top_p: float | None = None,
         fused_activations: bool = True,
         allowed_special_tokens: AllowedSpecialTokens = (),
+        *,
+        peft_config: Any = None,
+        autocast_dtype: torch.dtype | str | None = None,
+        gradient_checkpointing: bool = False,
     ) -> CausalLMPolicy:
-        """Load model and tokenizer from a hub name or a local directory."""
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype)
+        """Load model and tokenizer from a hub name or a local directory.
+
+        A directory written by ``save_pretrained`` of a PEFT policy (or any local
+        peft adapter directory) loads as base model plus trainable adapter.
+
+        Args:
+            dtype: dtype of the loaded weights (the base's, under an adapter; peft
+                keeps adapter weights in float32).
+            peft_config: wrap the loaded model with a new adapter (see the class).
+            Others: as the class.
+        """
+        if isinstance(dtype, str):
+            dtype = getattr(torch, dtype)
+        if is_adapter_dir(name_or_path):
+            if peft_config is not None:
+                raise ValueError(
+                    f"peft_config: {name_or_path} already holds an adapter; load it without "
+                    "peft_config to continue training it"
+                )
+            model, base = load_adapter_model(Path(name_or_path), dtype, device)
+            # A plain peft adapter directory may hold no tokenizer: take its base model's.
+            has_tokenizer = (Path(name_or_path) / "tokenizer_config.json").is_file()
+            tokenizer = AutoTokenizer.from_pretrained(name_or_path if has_tokenizer else base)
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+            model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype).to(device)
         return cls(
-            model.to(device).eval(),
+            model.eval(),
             tokenizer,
             temperature,
             top_k,
             top_p,
             fused_activations,
             allowed_special_tokens,
+            peft_config=peft_config,
+            autocast_dtype=autocast_dtype,
+            gradient_checkpointing=gradient_checkpointing,
         )
 
-    def save_pretrained(self, path: str | Path) -> None:
-        """Write model and tokenizer so ``from_pretrained(path)`` restores them."""
-        self.model.save_pretrained(path)
+    def save_pretrained(self, path: str | Path, merged: bool = False) -> None:
+        """Write model and tokenizer so ``from_pretrained(path)`` restores them exactly.
+
+        A PEFT model writes its adapter (``adapter_config.json``,
+        ``adapter_model.safetensors``) and the frozen base weights in ``path/base``,
+        so the directory alone reloads base plus adapter.
+
+        Args:
+            merged: for a PEFT model, write instead the adapter merged into the base
+                weights as a plain transformers model (for inference or export; it
+                needs memory for a second copy of the model while it is written).
+        """
+        path = Path(path)
+        if is_peft_model(self.model):
+            if merged:
+                save_merged_model(self.model, path)
+            else:
+                save_adapter_model(self.model, path)
+        else:
+            self.model.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
+
+    @property
+    def is_peft(self) -> bool:
+        """Whether the model is a ``peft.PeftModel``."""
+        return is_peft_model(self.model)
+
+    @property
+    def gradient_checkpointing(self) -> bool:
+        """Whether activation checkpointing is on."""
+        return _checkpointing(self.model)
+
+    def settings(self) -> dict[str, Any]:
+        """The constructor settings that ``from_pretrained`` takes back, beyond the
+        weights: sampling, weight dtype, mixed precision, checkpointing."""
+        return {
+            "temperature": self.temperature,
+            "top_k": self.top_k,
+            "top_p": self.top_p,
+            # dtypes by name: a checkpoint's state holds plain data only.
+            "dtype": str(transformer_of(self.model).dtype).removeprefix("torch."),
+            "autocast_dtype": None
+            if self.autocast_dtype is None
+            else str(self.autocast_dtype).removeprefix("torch."),
+            "gradient_checkpointing": self.gradient_checkpointing,
+            "allowed_special_tokens": self.allowed_special_tokens,
+        }
 
     @property
     def device(self) -> torch.device:
@@ -179,10 +357,11 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
 
     @property
     def context_length(self) -> int | None:
-        return _context_length(self.model)
+        return _context_length(transformer_of(self.model))
 
     def check_env(self, env: TokenVectorEnv) -> None:
         """Fail early, with the field to change, if this policy cannot drive ``env``."""
+        self._check_autocast()
         if env.vocab_size != self.vocab_size or (
             # Comparing vocabularies builds two dicts; skip it for the same tokenizer.
             env.tokenizer is not self.tokenizer
@@ -207,9 +386,39 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
         )
 
     # --------------------------------------------------------------- pieces
+    def _check_autocast(self) -> None:
+        dtype, device = self.autocast_dtype, self.device
+        if dtype is torch.float16 and device.type != "cuda":
+            raise ValueError(
+                f"autocast_dtype=float16 needs a CUDA device, the policy is on {device}; "
+                "use autocast_dtype='bfloat16' on CPU, or None (float32)"
+            )
+        if dtype is torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            raise ValueError(
+                f"autocast_dtype=bfloat16: the GPU of {device} does not support bf16; "
+                "use 'float16' or None (float32)"
+            )
+
+    def autocast(self) -> contextlib.AbstractContextManager[None]:
+        """``torch.autocast`` at ``autocast_dtype`` on the policy's device (a no-op
+        context when it is ``None``)."""
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        device = self.device
+        if self.autocast_dtype is torch.float16 and device.type != "cuda":
+            self._check_autocast()  # raises, naming the fix
+        return torch.autocast(device.type, dtype=self.autocast_dtype)
+
+    def _trunk_context(self) -> contextlib.AbstractContextManager[None]:
+        """What the trunk pass runs under, beyond autocast: checkpointing's training flag
+        when a backward will follow. (The KL reference view adds the disabled adapter.)"""
+        if torch.is_grad_enabled() and _checkpointing(self.model):
+            return _checkpointed_layers_training(transformer_of(self.model))
+        return contextlib.nullcontext()
+
     def _head(self) -> tuple[Tensor, Tensor | None]:
         """The LM head restricted to the tokenizer's ids: ``([V, H], [V] | None)``."""
-        head = self.model.get_output_embeddings()
+        head = transformer_of(self.model).get_output_embeddings()
         bias = head.bias[: self.vocab_size] if head.bias is not None else None
         return head.weight[: self.vocab_size], bias
 
@@ -227,19 +436,21 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
         or ``None`` when every column is real (plain causal attention).
         """
         kwargs = {self._cache_kwarg: cache, "use_cache": cache is not None}
-        out = self.model.base_model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            **kwargs,
-        )
+        with self.autocast(), self._trunk_context():
+            out = transformer_of(self.model).base_model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                **kwargs,
+            )
         return out.last_hidden_state
 
     @labelled(LM_HEAD)
     def next_token_logits(self, hidden: Tensor) -> Tensor:
         """``[N, H]`` hidden -> ``[N, V] float32`` logits over the tokenizer's ids."""
         weight, bias = self._head()
-        return torch.nn.functional.linear(hidden, weight, bias).float()
+        with self.autocast():
+            return torch.nn.functional.linear(hidden, weight, bias).float()
 
     # ------------------------------------------------------------- learner
     def logprobs(
@@ -281,16 +492,17 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
         """
         weight, bias = self._head()
         targets = input_ids[:, input_ids.shape[1] - hidden.shape[1] :]
-        return token_logprobs(
-            hidden,
-            weight,
-            bias,
-            targets,
-            logprob_temperature(self.temperature),
-            with_entropy,
-            chunk_size,
-            self._refused,
-        )
+        with self.autocast():
+            return token_logprobs(
+                hidden,
+                weight,
+                bias,
+                targets,
+                logprob_temperature(self.temperature),
+                with_entropy,
+                chunk_size,
+                self._refused,
+            )
 
     @labelled(TEACHER_FORCED)
     def sequence_hidden(

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
+from lmgym.policy.adapters import adapters_disabled
 from lmgym.policy.causal_lm import CausalLMPolicy
 
 ValueInit = Literal["zeros", "normal"]
@@ -34,8 +36,8 @@ class ValueHead(nn.Module):
         nn.init.zeros_(self.linear.bias)
 
     def forward(self, hidden: Tensor) -> Tensor:
-        """``[B, L, H]`` -> ``[B, L] float32``."""
-        return self.linear(hidden).squeeze(-1).float()
+        """``[B, L, H]`` (any float dtype, e.g. bf16 under autocast) -> ``[B, L] float32``."""
+        return self.linear(hidden.to(self.linear.weight.dtype)).squeeze(-1).float()
 
 
 class Critic(nn.Module):
@@ -58,10 +60,11 @@ class Critic(nn.Module):
         self.head = ValueHead(policy.model.config.hidden_size, init).to(policy.device)
 
     def own_parameters(self) -> list[nn.Parameter]:
-        """Parameters the policy's optimizer does not already hold."""
+        """Trainable parameters the policy's optimizer does not already hold (a separate
+        trunk under an adapter trains its adapter only)."""
         params = list(self.head.parameters())
         if not self.shared:
-            params += list(self.trunk_policy.model.parameters())
+            params += [p for p in self.trunk_policy.model.parameters() if p.requires_grad]
         return params
 
     def values(
@@ -99,9 +102,46 @@ class Critic(nn.Module):
             )
 
 
+class AdapterDisabledReference(CausalLMPolicy):
+    """The base model of a PEFT policy, seen through the policy's own model object.
+
+    Every trunk pass runs under ``PeftModel.disable_adapter()``, so it computes the
+    base model's outputs while sharing every weight with the policy (no second copy
+    in memory). With peft's default initialisation (LoRA's B = 0) it equals the
+    policy before the first update.
+
+    Args:
+        policy: a policy whose model is a ``peft.PeftModel``.
+    """
+
+    def __init__(self, policy: CausalLMPolicy) -> None:
+        if not policy.is_peft:
+            raise TypeError("policy: AdapterDisabledReference needs a policy with a PEFT model")
+        super().__init__(
+            policy.model,
+            policy.tokenizer,
+            policy.temperature,
+            policy.top_k,
+            policy.top_p,
+            fused_activations=False,
+            autocast_dtype=policy.autocast_dtype,
+        )
+
+    def _trunk_context(self) -> contextlib.AbstractContextManager[None]:
+        return adapters_disabled(self.model)
+
+
 @torch.no_grad()
 def frozen_copy(policy: CausalLMPolicy) -> CausalLMPolicy:
-    """A frozen deep copy of ``policy``: the usual reference model for the KL term."""
+    """The usual reference model for the KL term, frozen.
+
+    A PEFT policy gets an ``AdapterDisabledReference``: its base model (the adapter
+    disabled), sharing the policy's weights; the base weights never train, so it
+    stays the same reference through training and after a reload. Any other policy
+    gets a frozen deep copy of itself as it is now.
+    """
+    if policy.is_peft:
+        return AdapterDisabledReference(policy)
     ref = copy.deepcopy(policy)
     ref.model.eval()
     for p in ref.model.parameters():

@@ -401,6 +401,7 @@ def test_fused_gelu_matches_the_composed_one_in_values_and_gradients(tokenizer, 
     assert any(type(m) is NewGELUActivation for m in kept.model.modules())
     policy = CausalLMPolicy(make_tiny_model(len(tokenizer)), tokenizer)
     assert not any(type(m) is NewGELUActivation for m in policy.model.modules())
+    assert not any(m.training for m in policy.model.modules())  # the new modules stay in eval
     policy.save_pretrained(tmp_path)
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path)
     assert reloaded.config.activation_function == "gelu_new"

@@ -1,0 +1,78 @@
+"""The agent's optimizer and learning-rate schedule, built from ``AgentConfig``.
+
+- AdamW with weight decay on matrices only: parameters with two or more
+  dimensions (linear and embedding weights, LoRA's A and B) decay; biases and
+  normalisation weights (one dimension) do not, the usual practice for
+  transformers (minGPT, nanoGPT; the Hugging Face Trainer's rule differs only for
+  exotic layers).
+- The schedule is transformers' ``get_scheduler``, stepped once per optimizer
+  step, so ``warmup_steps`` counts optimizer steps as in the Hugging Face Trainer.
+  A decaying schedule needs its length in optimizer steps: iterations times
+  ``update_epochs * num_minibatches``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.optim.lr_scheduler import LRScheduler
+from transformers import get_scheduler
+
+from lmgym.agents.config import AgentConfig
+
+# Schedules whose multiplier depends on the total number of steps.
+NEEDS_LENGTH = ("linear", "cosine", "cosine_with_restarts", "polynomial")
+
+
+def make_optimizer(params: list[nn.Parameter], config: AgentConfig) -> torch.optim.AdamW:
+    """AdamW over ``params``; with ``weight_decay > 0``, two groups: decayed matrices,
+    then undecayed vectors (one group when there is no decay)."""
+    kwargs = {"lr": config.learning_rate, "betas": config.adam_betas}
+    if config.weight_decay == 0:
+        return torch.optim.AdamW(params, weight_decay=0.0, **kwargs)
+    groups = [
+        {"params": [p for p in params if p.ndim >= 2], "weight_decay": config.weight_decay},
+        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW([g for g in groups if g["params"]], **kwargs)
+
+
+def steps_per_iteration(config: AgentConfig) -> int:
+    """Optimizer steps of one iteration (an empty or skipped minibatch takes none)."""
+    return config.update_epochs * config.num_minibatches
+
+
+def schedule_needs_length(config: AgentConfig) -> bool:
+    """Whether the schedule can only be built once its length is known."""
+    return config.lr_scheduler_type in NEEDS_LENGTH or config.warmup_ratio > 0
+
+
+def make_scheduler(
+    optimizer: torch.optim.Optimizer, config: AgentConfig, total_steps: int | None
+) -> LRScheduler | None:
+    """``get_scheduler(config.lr_scheduler_type, ...)`` over ``total_steps`` optimizer steps;
+    ``None`` for ``"constant"`` (the learning rate never moves, so nothing is stepped).
+
+    Args:
+        total_steps: the schedule's length; ``None`` only for schedules that do not
+            need it (``schedule_needs_length`` is False).
+    """
+    if total_steps is None and schedule_needs_length(config):
+        raise ValueError(
+            f"lr_scheduler_type={config.lr_scheduler_type!r} (warmup_ratio="
+            f"{config.warmup_ratio}) needs the schedule's length: set schedule_iterations, "
+            "or train through learn(iterations), which sets it on its first call"
+        )
+    if config.lr_scheduler_type == "constant":  # check_common rejects warmup with it
+        return None
+    warmup = config.warmup_steps
+    if config.warmup_ratio > 0:
+        warmup = math.ceil(config.warmup_ratio * total_steps)  # type: ignore[operator]
+    return get_scheduler(
+        config.lr_scheduler_type,
+        optimizer,
+        num_warmup_steps=warmup,
+        num_training_steps=total_steps,
+    )

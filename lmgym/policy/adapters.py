@@ -1,0 +1,189 @@
+"""PEFT adapters (LoRA and peft's other layer tuners) under ``CausalLMPolicy``.
+
+``peft`` is an optional extra (``pip install 'lmgym[peft]'``): nothing here imports
+it until a PEFT feature is used, and a model can only be a ``PeftModel`` if the
+user's own code imported peft first.
+
+The policy runs the transformers model *under* the ``PeftModel`` wrapper
+(``get_base_model()``): peft injects its layers into that model in place, so its
+trunk and LM head are the adapted ones, and ``PeftModel.disable_adapter()`` turns
+them off for the KL reference without a second copy of the weights.
+
+A policy checkpoint of a PEFT model is a directory that reloads with no network::
+
+    adapter_config.json, adapter_model.safetensors   peft's own files (save_pretrained)
+    base/                                            the frozen base model (config + safetensors)
+    tokenizer files
+
+The adapter files sit at the top so that peft and transformers tools recognise the
+directory as an adapter; the base weights sit apart so that
+``AutoModelForCausalLM.from_pretrained(directory)`` never silently loads the base
+model alone.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+ADAPTER_CONFIG = "adapter_config.json"
+BASE_DIR = "base"
+INSTALL_HINT = "pip install 'lmgym[peft]' (or pip install 'peft>=0.13')"
+
+
+def require_peft(feature: str) -> ModuleType:
+    """Import peft, or raise ``ImportError`` naming ``feature`` and the extra to install."""
+    try:
+        import peft
+    except ImportError as error:
+        raise ImportError(
+            f"{feature} needs the optional dependency peft: {INSTALL_HINT}"
+        ) from error
+    return peft
+
+
+def is_peft_model(model: nn.Module) -> bool:
+    """Whether ``model`` is a ``peft.PeftModel`` (False when peft was never imported)."""
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(model, peft.PeftModel)
+
+
+def transformer_of(model: nn.Module) -> PreTrainedModel:
+    """The transformers model that runs: ``model`` itself, or the one under a PEFT
+    wrapper with the adapter layers injected in place."""
+    return model.get_base_model() if is_peft_model(model) else model  # type: ignore[return-value]
+
+
+def check_adapter_model(model: nn.Module) -> None:
+    """Reject adapter setups the policy cannot run, train and save exactly.
+
+    Raises:
+        TypeError: transformers-integrated adapters (``model.add_adapter``), whose
+            ``save_pretrained`` writes the adapter alone.
+        NotImplementedError: prompt-learning methods (prefix/prompt tuning), which
+            act in ``PeftModel.forward`` and not in the trunk the policy calls, or
+            more than one adapter.
+    """
+    if getattr(model, "_hf_peft_config_loaded", False):
+        raise TypeError(
+            "model: adapters added with transformers' model.add_adapter are not supported; "
+            "wrap the plain model with peft.get_peft_model(model, config), or pass "
+            "peft_config=... to CausalLMPolicy"
+        )
+    if not is_peft_model(model):
+        return
+    if model.active_peft_config.is_prompt_learning:
+        raise NotImplementedError(
+            f"model: peft {model.active_peft_config.peft_type} is a prompt-learning method, "
+            "which the policy's trunk pass bypasses; use a layer tuner such as LoRA"
+        )
+    if list(model.peft_config) != ["default"]:
+        raise NotImplementedError(
+            f"model: has adapters {list(model.peft_config)}; the policy trains and saves one "
+            "adapter named 'default' (peft.get_peft_model's name)"
+        )
+
+
+def add_adapter(model: PreTrainedModel, peft_config: Any) -> nn.Module:
+    """``peft.get_peft_model(model, peft_config)``: the base weights frozen, the
+    adapter's trainable."""
+    peft = require_peft("peft_config")
+    if not isinstance(peft_config, peft.PeftConfig):
+        raise TypeError(
+            f"peft_config: expected a peft.PeftConfig such as peft.LoraConfig(...), "
+            f"got {type(peft_config).__name__}"
+        )
+    if is_peft_model(model):
+        raise ValueError("peft_config: the model is already a PeftModel; pass one or the other")
+    return peft.get_peft_model(model, peft_config)
+
+
+@contextmanager
+def adapters_disabled(model: nn.Module) -> Iterator[None]:
+    """Run ``model`` as its base model (``PeftModel.disable_adapter``); a no-op for a
+    plain model. peft's context re-enables the adapter by marking it trainable, so
+    every parameter's ``requires_grad`` is put back as it was."""
+    if not is_peft_model(model):
+        yield
+        return
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    try:
+        with model.disable_adapter():
+            yield
+    finally:
+        for p, flag in flags:
+            p.requires_grad_(flag)
+
+
+def is_adapter_dir(path: str | Path) -> bool:
+    """Whether ``path`` is a local directory holding a peft adapter."""
+    return (Path(path) / ADAPTER_CONFIG).is_file()
+
+
+def _base_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict of the model under the adapter, with the original key names.
+
+    peft wraps each adapted module as ``<name>.base_layer`` next to its adapter
+    weights; this keeps the base layer's entries under ``<name>`` and drops the
+    adapter's.
+    """
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    lm = transformer_of(model)
+    tuned = [name for name, module in lm.named_modules() if isinstance(module, BaseTunerLayer)]
+    state = {}
+    for key, value in lm.state_dict().items():
+        owner = next((name for name in tuned if key.startswith(f"{name}.")), None)
+        if owner is None:
+            state[key] = value
+        elif key.startswith(f"{owner}.base_layer."):
+            state[f"{owner}.{key[len(owner) + len('.base_layer.') :]}"] = value
+    return state
+
+
+def save_adapter_model(model: nn.Module, path: Path) -> None:
+    """Write the adapter (peft's files) and the frozen base weights under ``path``."""
+    model.save_pretrained(path)
+    lm = transformer_of(model)
+    lm.save_pretrained(path / BASE_DIR, state_dict=_base_state_dict(model))
+
+
+def save_merged_model(model: nn.Module, path: Path) -> None:
+    """Write the adapter merged into the base weights as a plain transformers model.
+
+    Merges a copy (``merge_and_unload`` on a deep copy), so the policy keeps training
+    unchanged; this needs room for a second copy of the model on its device.
+    """
+    merged = copy.deepcopy(model).merge_and_unload()
+    merged.save_pretrained(path)
+
+
+def load_adapter_model(
+    path: Path, dtype: torch.dtype, device: torch.device | str
+) -> tuple[nn.Module, str | Path]:
+    """Base model plus the trainable adapter saved at ``path``, and where the base came from.
+
+    The base comes from ``path/base`` (an lmgym checkpoint) or, for a plain peft
+    adapter directory, from the ``base_model_name_or_path`` of its config.
+    """
+    peft = require_peft(f"loading the adapter at {path}")
+    base_path: str | Path = path / BASE_DIR
+    if not Path(base_path).is_dir():
+        base_path = peft.PeftConfig.from_pretrained(path).base_model_name_or_path
+        if not base_path:
+            raise FileNotFoundError(
+                f"{path} holds an adapter without its base model: no {BASE_DIR}/ directory "
+                f"and no base_model_name_or_path in {ADAPTER_CONFIG}"
+            )
+    base = AutoModelForCausalLM.from_pretrained(base_path, dtype=dtype)
+    model = peft.PeftModel.from_pretrained(base, path, is_trainable=True).to(device)
+    return model, base_path
