@@ -282,6 +282,7 @@ class Agent(Generic[ConfigT]):
         self.iteration += 1
         metrics["iteration"] = float(self.iteration)
         metrics["tokens_generated"] = float(self.tokens_generated)
+        metrics["learning_rate"] = float(self.optimizer.param_groups[0]["lr"])
         if self.config.dynamic_sampling:
             metrics["groups_dropped"] = float(dropped)
         metrics.update(reward_component_means(self.env))  # CombinedReward's parts, if any

@@ -59,6 +59,7 @@ def update_metrics(
         "reward_std": scores.std().item() if scores.numel() > 1 else 0.0,
         "completion_length": union.lengths.float().mean().item(),
         "truncated_fraction": union.truncated.float().mean().item(),
+        "special_token_mass": union.special_mass.mean().item(),
         "frac_reward_zero_std": frac_reward_zero_std(scores, union.group_ids),
         "advantage_mean": masked_mean(advantages, mask).item(),
         "advantage_std": masked_std(advantages, mask).item(),

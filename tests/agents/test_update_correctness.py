@@ -376,3 +376,14 @@ def test_length_bucketing_runs_no_pass_over_padding_columns():
     agent.train_on_batch(batch)
     ordered = batch.lengths.sort(descending=True).values
     assert widths == [int(ordered[i : i + 3].max()) for i in range(0, ROWS, 3)]
+
+
+def test_special_token_mass_and_learning_rate_are_logged():
+    """The probability the special-token mask removed is logged as the batch mean of
+    RolloutBatch.special_mass; learning_rate follows the optimizer."""
+    agent, batch = setup(GRPO, learning_rate=3e-3)
+    assert agent.policy.num_masked_tokens > 0  # <pad>, <unk> of the char tokenizer
+    assert batch.special_mass.min() > 0
+    metrics = agent.train_on_batch(batch)
+    assert metrics["special_token_mass"] == pytest.approx(batch.special_mass.mean().item())
+    assert agent.step()["learning_rate"] == 3e-3
