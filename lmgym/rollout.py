@@ -237,3 +237,36 @@ class ContinuousCollector:
         self._pool = [pooled.select(~take)]
         batch = pooled.select(take)
         return batch.select(torch.argsort(batch.group_ids, stable=True))
+
+
+@torch.no_grad()
+def score_policy(
+    env: TokenVectorEnv, policy: CausalLMPolicy, num_batches: int = 1, seed: int = 0
+) -> dict[str, float]:
+    """Mean and std of the episode return and the mean completion length of ``policy``
+    on ``env`` over ``num_batches`` fresh batches, with a sampler generator of its own
+    seeded with ``seed`` (the same call gives the same result; no other RNG moves).
+
+    Args:
+        env: an episode-synchronous env (reset with ``seed``).
+        policy: the policy to sample from (not updated).
+        num_batches: rollout batches to draw (``env.num_envs`` completions each).
+        seed: seeds ``env``'s prompt stream and the sampler.
+
+    Returns:
+        ``reward_mean``, ``reward_std``, ``completion_length``.
+    """
+    if env.autoreset:
+        raise ValueError("env: scoring needs an episode-synchronous env (autoreset=False)")
+    generator = _make_generator(seed, policy.device)
+    batches = [
+        collect(env, policy, seed=seed if i == 0 else None, generator=generator)
+        for i in range(num_batches)
+    ]
+    scores = torch.cat([b.scores for b in batches])
+    lengths = torch.cat([b.lengths for b in batches]).float()
+    return {
+        "reward_mean": scores.mean().item(),
+        "reward_std": scores.std().item() if scores.numel() > 1 else 0.0,
+        "completion_length": lengths.mean().item(),
+    }

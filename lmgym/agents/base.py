@@ -36,7 +36,14 @@ from torch import Tensor
 
 from lmgym.agents.advantages import whiten
 from lmgym.agents.aggregation import aggregate
-from lmgym.agents.config import AgentConfig, build_config, check_common, check_types
+from lmgym.agents.config import (
+    AgentConfig,
+    build_config,
+    check_batch_split,
+    check_common,
+    check_types,
+    resolve_models,
+)
 from lmgym.agents.dapo import draw_with_signal, overlong_penalty
 from lmgym.agents.kl import kl_estimator, kl_in_reward
 from lmgym.agents.numerics import (
@@ -46,12 +53,8 @@ from lmgym.agents.numerics import (
     clip_grads,
     total_grad_norm,
 )
-from lmgym.agents.optim import (
-    make_optimizer,
-    make_scheduler,
-    schedule_needs_length,
-    steps_per_iteration,
-)
+from lmgym.agents.optim import LearningRateSchedule, make_optimizer
+from lmgym.agents.progress import ProgressBar
 from lmgym.agents.ratios import tis_weights
 from lmgym.agents.records import Counts, MicroBatchLoss, PolicyOutput, PreparedBatch
 from lmgym.agents.report import update_metrics
@@ -60,9 +63,9 @@ from lmgym.envs.rewards import reward_component_means
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.persistence.agent import load_agent, save_agent
 from lmgym.policy.causal_lm import CausalLMPolicy
-from lmgym.policy.value import Critic, frozen_copy
+from lmgym.policy.value import Critic
 from lmgym.profiling import BACKWARD, LOSS, METRICS, OPTIMIZER, PREPARE, phase
-from lmgym.rollout import ContinuousCollector, collect
+from lmgym.rollout import ContinuousCollector, collect, score_policy
 from lmgym.types import RolloutBatch
 
 ConfigT = TypeVar("ConfigT", bound=AgentConfig)
@@ -113,49 +116,23 @@ class Agent(Generic[ConfigT]):
     ) -> None:
         self.config: ConfigT = build_config(self.config_class, config, overrides)  # type: ignore[assignment]
         check_common(self.config)
-        if not isinstance(env, TokenVectorEnv):
-            raise TypeError(
-                f"env: expected an lmgym TokenVectorEnv (e.g. gymnasium.make_vec('lmgym/...')), "
-                f"got {type(env).__name__}"
-            )
-        if isinstance(policy, str | Path):
-            policy = policy_from_name(policy, env)
-            if self.config.beta > 0 and ref_policy is None:
-                ref_policy = frozen_copy(policy)
-        policy.check_env(env)
-        if self.config.beta > 0 and ref_policy is None:
-            raise ValueError(
-                f"ref_policy: beta={self.config.beta} needs a frozen reference policy; pass "
-                "ref_policy=lmgym.policy.value.frozen_copy(policy) or set beta=0"
-            )
-        if ref_policy is not None:
-            ref_policy.check_env(env)
-        self.policy, self.env, self.ref_policy = policy, env, ref_policy
+        self.policy, self.env, self.ref_policy = resolve_models(
+            self.config, policy, env, ref_policy
+        )
         self.check_config()
         check_types(self.config)  # any choice field the algorithm's own checks missed
-        if env.num_envs % self.config.num_minibatches != 0:
-            raise ValueError(
-                f"num_minibatches={self.config.num_minibatches} does not divide the batch of "
-                f"{env.num_envs} rows (num_prompts * group_size); pick a divisor of {env.num_envs}"
-            )
+        check_batch_split(self.config, self.env.num_envs)
 
         self.critic: Critic | None = self.make_critic() if self.uses_critic else None
         # Trainable parameters only: under a PEFT adapter, the adapter's.
-        params = [p for p in policy.model.parameters() if p.requires_grad]
+        params = [p for p in self.policy.model.parameters() if p.requires_grad]
         if self.critic is not None:
             params += self.critic.own_parameters()
         self.optimizer = make_optimizer(params, self.config)
-        # None for a constant learning rate; else built now when its length is known or
-        # not needed, or by the first learn().
-        self.lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
-        self._schedule_steps: int | None = None
-        if self.config.schedule_iterations is not None:
-            self._start_schedule(self.config.schedule_iterations * steps_per_iteration(self.config))
-        elif not schedule_needs_length(self.config):
-            self._start_schedule(None)
+        self.lr_schedule = LearningRateSchedule(self.optimizer, self.config)
         self.group = DataParallelGroup(process_group)
         self.group.check_same_on_every_rank(f"{self.name} config", dataclasses.asdict(self.config))
-        self.generator = torch.Generator(device=policy.device)
+        self.generator = torch.Generator(device=self.policy.device)
         # Rank 0 samples exactly as a single process; other ranks draw other completions.
         self.generator.manual_seed(self.config.seed + 7919 * self.group.rank)
         self._shuffle = torch.Generator()
@@ -164,19 +141,6 @@ class Agent(Generic[ConfigT]):
         self._env_seeded = False
         self.iteration = 0
         self.tokens_generated = 0
-
-    def _start_schedule(self, total_steps: int | None) -> None:
-        """Build the learning-rate schedule over ``total_steps`` optimizer steps."""
-        self.lr_scheduler = make_scheduler(self.optimizer, self.config, total_steps)
-        self._schedule_steps = total_steps
-
-    def _step_optimizer(self) -> None:
-        """One optimizer step, then one schedule step."""
-        if self.lr_scheduler is None and self.config.lr_scheduler_type != "constant":
-            make_scheduler(self.optimizer, self.config, None)  # raises, naming the fix
-        self.optimizer.step()
-        if self.lr_scheduler is not None:
-            self.lr_scheduler.step()
 
     # ------------------------------------------------------------ algorithm
     def check_config(self) -> None:
@@ -240,16 +204,11 @@ class Agent(Generic[ConfigT]):
         """
         if iterations < 0:
             raise ValueError(f"iterations={iterations}: must be >= 0")
-        if self.lr_scheduler is None and self.config.lr_scheduler_type != "constant":
-            # A schedule without schedule_iterations spans this call.
-            self._start_schedule((self.iteration + iterations) * steps_per_iteration(self.config))
+        self.lr_schedule.cover(self.iteration + iterations)  # unsized: spans this call
         callbacks = [] if callback is None else [callback] if callable(callback) else list(callback)
+        bar = ProgressBar(iterations, self.name) if progress_bar else None
+        callbacks = [bar, *callbacks] if bar is not None else callbacks
         history: list[dict[str, float]] = []
-        bar = None
-        if progress_bar:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=iterations, desc=self.name, unit="it")
         for cb in callbacks:
             if hasattr(cb, "on_learn_start"):
                 cb.on_learn_start(self)
@@ -257,14 +216,6 @@ class Agent(Generic[ConfigT]):
             for _ in range(iterations):
                 metrics = self.step()
                 history.append(metrics)
-                if bar is not None:
-                    bar.update(1)
-                    kl = metrics.get("kl_ref_k3", metrics.get("approx_kl", 0.0))
-                    bar.set_postfix(
-                        reward=f"{metrics['reward_mean']:.3f}",
-                        kl=f"{kl:.4f}",
-                        len=f"{metrics['completion_length']:.1f}",
-                    )
                 if any([cb(self, metrics) is False for cb in callbacks]):
                     break
         finally:
@@ -511,66 +462,30 @@ class Agent(Generic[ConfigT]):
         norm = total_grad_norm(params)
         check_finite("grad_norm", norm, where)
         clip_grads(params, self.config.max_grad_norm, norm)
-        self._step_optimizer()
+        self.optimizer.step()
+        self.lr_schedule.step()
         check_parameters(params, where, self.config.learning_rate)
         return terms, float(norm)
 
-    @torch.no_grad()
     def evaluate(
         self, env: TokenVectorEnv, num_batches: int = 1, seed: int = 0
     ) -> dict[str, float]:
-        """Score the current policy on ``env``, without updating or moving any training state.
-
-        Evaluation never draws from the training env: that would advance its prompt
-        stream, consume an autoreset env's in-flight episodes and count generated
-        tokens. The sampler uses its own generator seeded with ``seed``, so the same
-        call gives the same result. (``lmgym.training.evaluate_policy`` adds pass@k
-        and samples.)
-
-        Args:
-            env: an episode-synchronous env other than the training env.
-            num_batches: rollout batches to draw (``env.num_envs`` completions each).
-            seed: seeds ``env``'s prompt stream (reset) and the sampler.
-
-        Returns:
-            ``reward_mean``, ``reward_std`` and ``completion_length`` over the batches.
-        """
+        """``lmgym.rollout.score_policy`` on an env of its own: never the training env,
+        whose prompt stream and in-flight episodes would move; no training RNG moves
+        (``lmgym.training.evaluate_policy`` adds pass@k and samples)."""
         if env is self.env:
             raise ValueError(
                 "env: evaluate needs an env of its own; the training env's prompt stream and "
                 "in-flight episodes would move. Build a second env, e.g. "
                 "gymnasium.make_vec(task_id, num_envs=..., tokenizer=policy.tokenizer)"
             )
-        if env.autoreset:
-            raise ValueError("env: evaluate needs an episode-synchronous env (autoreset=False)")
-        generator = torch.Generator(device=self.policy.device)
-        generator.manual_seed(seed)
-        batches = [
-            collect(env, self.policy, seed=seed if i == 0 else None, generator=generator)
-            for i in range(num_batches)
-        ]
-        scores = torch.cat([b.scores for b in batches])
-        lengths = torch.cat([b.lengths for b in batches]).float()
-        return {
-            "reward_mean": scores.mean().item(),
-            "reward_std": scores.std().item() if scores.numel() > 1 else 0.0,
-            "completion_length": lengths.mean().item(),
-        }
+        return score_policy(env, self.policy, num_batches, seed)
 
     # -------------------------------------------------------------- save/load
     def save(self, path: str | Path) -> Path:
-        """Write the agent to the directory ``path``, atomically (``lmgym.persistence.agent``).
-
-        Contents: the policy (``save_pretrained``: safetensors weights, or a PEFT
-        policy's adapter plus its base weights; tokenizer), ``agent_state.pt``
-        (optimizer, learning-rate schedule, sampler and shuffle RNG, the env's prompt
-        stream, iteration and token counters, critic head, stateful helpers such as
-        REINFORCE's EMA baseline, sampling settings; tensors and plain data only),
-        ``agent_config.json``, and last ``manifest.json`` (size and SHA-256 of every
-        file). It is written under a temporary name and renamed into place, so a
-        crash mid-write leaves any previous save at ``path`` intact and never a
-        partial one under that name.
-        """
+        """Write the agent to the directory ``path`` atomically: policy, optimizer,
+        schedule, RNGs, prompt stream, counters and config, with a SHA-256 manifest
+        (the layout and guarantees: ``lmgym.persistence.agent``, docs/reliability.md)."""
         return save_agent(self, path)
 
     @classmethod
@@ -581,35 +496,7 @@ class Agent(Generic[ConfigT]):
         ref_policy: CausalLMPolicy | None = None,
         device: torch.device | str = "cpu",
     ) -> Agent:
-        """Rebuild an agent saved with ``save``: same weights, optimizer, RNG, config,
-        and the env's prompt stream (so the next batches are the ones the saved
-        agent would have drawn). Nothing is unpickled, and the manifest is verified
-        before any file is read.
-
-        Args:
-            ref_policy: the KL reference when ``beta > 0``; for a PEFT policy it
-                defaults to ``frozen_copy`` of the loaded one (its base model).
-
-        Raises:
-            FileNotFoundError: ``path`` is not a saved agent.
-            lmgym.persistence.CheckpointError: a file is missing, truncated, altered,
-                unlisted, or holds objects other than tensors and plain data.
-            ValueError: the directory holds another algorithm.
-        """
+        """Rebuild an agent saved with ``save`` (same weights, optimizer, RNGs, config
+        and prompt stream; nothing unpickled, the manifest verified first). Raises
+        as ``lmgym.persistence.agent.load_agent`` documents."""
         return load_agent(cls, path, env, ref_policy, device)
-
-
-def policy_from_name(name_or_path: str | Path, env: TokenVectorEnv) -> CausalLMPolicy:
-    """``CausalLMPolicy.from_pretrained(name_or_path)`` on ``env.device``, checked to use
-    the env's tokenizer."""
-    policy = CausalLMPolicy.from_pretrained(name_or_path, device=env.device)
-    if (
-        env.vocab_size != policy.vocab_size
-        or env.tokenizer.get_vocab() != policy.tokenizer.get_vocab()
-    ):
-        raise ValueError(
-            f"policy={str(name_or_path)!r}: its tokenizer ({policy.vocab_size} ids) differs from "
-            f"the env's ({env.vocab_size} ids); build the env with "
-            f"tokenizer=AutoTokenizer.from_pretrained({str(name_or_path)!r})"
-        )
-    return policy

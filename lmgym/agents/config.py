@@ -264,3 +264,59 @@ def check_common(config: AgentConfig) -> None:
         raise ValueError(f"kl_placement={config.kl_placement!r} is not one of ['reward', 'loss']")
     if config.max_resample < 0:
         raise ValueError(f"max_resample={config.max_resample}: must be >= 0")
+
+
+def resolve_models(
+    config: AgentConfig, policy: Any, env: Any, ref_policy: Any
+) -> tuple[Any, Any, Any]:
+    """Check what an agent is built on; load a policy given by name.
+
+    Args:
+        config: the agent's config (``beta``).
+        policy: a ``CausalLMPolicy``, or a hub name / local directory to load one from
+            (on ``env.device``; then with ``beta > 0`` and no reference, the reference
+            is ``frozen_copy`` of it).
+        env: an lmgym ``TokenVectorEnv``.
+        ref_policy: the frozen KL reference, or ``None``.
+
+    Returns:
+        ``(policy, env, ref_policy)``.
+
+    Raises:
+        TypeError: ``env`` is not a ``TokenVectorEnv``.
+        ValueError: ``beta > 0`` without a reference, or a policy that cannot drive
+            the env (``check_env``).
+    """
+    from pathlib import Path
+
+    from lmgym.envs.token_env import TokenVectorEnv
+    from lmgym.policy.causal_lm import CausalLMPolicy
+    from lmgym.policy.value import frozen_copy
+
+    if not isinstance(env, TokenVectorEnv):
+        raise TypeError(
+            f"env: expected an lmgym TokenVectorEnv (e.g. gymnasium.make_vec('lmgym/...')), "
+            f"got {type(env).__name__}"
+        )
+    if isinstance(policy, str | Path):
+        policy = CausalLMPolicy.for_env(policy, env)
+        if config.beta > 0 and ref_policy is None:
+            ref_policy = frozen_copy(policy)
+    policy.check_env(env)
+    if config.beta > 0 and ref_policy is None:
+        raise ValueError(
+            f"ref_policy: beta={config.beta} needs a frozen reference policy; pass "
+            "ref_policy=lmgym.policy.value.frozen_copy(policy) or set beta=0"
+        )
+    if ref_policy is not None:
+        ref_policy.check_env(env)
+    return policy, env, ref_policy
+
+
+def check_batch_split(config: AgentConfig, num_rows: int) -> None:
+    """``num_minibatches`` must divide the batch's ``num_rows`` (minibatches of whole rows)."""
+    if num_rows % config.num_minibatches != 0:
+        raise ValueError(
+            f"num_minibatches={config.num_minibatches} does not divide the batch of "
+            f"{num_rows} rows (num_prompts * group_size); pick a divisor of {num_rows}"
+        )

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -76,3 +77,55 @@ def make_scheduler(
         num_warmup_steps=warmup,
         num_training_steps=total_steps,
     )
+
+
+class LearningRateSchedule:
+    """The agent's schedule, sized when its length is known.
+
+    ``schedule_iterations`` sizes it at construction; otherwise a schedule that
+    needs a length is sized by the first ``learn(iterations)`` (``cover``). A
+    constant learning rate builds no scheduler at all.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, config: AgentConfig) -> None:
+        self.optimizer, self.config = optimizer, config
+        self.scheduler: LRScheduler | None = None
+        self.total_steps: int | None = None
+        if config.schedule_iterations is not None:
+            self.start(config.schedule_iterations * steps_per_iteration(config))
+        elif not schedule_needs_length(config):
+            self.start(None)
+
+    def start(self, total_steps: int | None) -> None:
+        """Build the schedule over ``total_steps`` optimizer steps."""
+        self.scheduler = make_scheduler(self.optimizer, self.config, total_steps)
+        self.total_steps = total_steps
+
+    def cover(self, iterations: int) -> None:
+        """Size a schedule not sized yet so that it spans ``iterations`` iterations."""
+        if self.scheduler is None and self.config.lr_scheduler_type != "constant":
+            self.start(iterations * steps_per_iteration(self.config))
+
+    def step(self) -> None:
+        """Advance after one optimizer step."""
+        if self.scheduler is None and self.config.lr_scheduler_type != "constant":
+            make_scheduler(self.optimizer, self.config, None)  # raises, naming the fix
+        if self.scheduler is not None:
+            self.scheduler.step()
+
+    def state_dict(self) -> dict[str, Any] | None:
+        """``{"total_steps", "state"}``, or ``None`` without a scheduler."""
+        if self.scheduler is None:
+            return None
+        return {"total_steps": self.total_steps, "state": self.scheduler.state_dict()}
+
+    def restore_length(self, saved: dict[str, Any] | None) -> None:
+        """Rebuild a saved schedule's length; call before the optimizer's state is
+        loaded (building a scheduler resets the learning rate)."""
+        if saved is not None and self.scheduler is None:
+            self.start(saved["total_steps"])
+
+    def load_state_dict(self, saved: dict[str, Any] | None) -> None:
+        """Restore the position; call after the optimizer's state is loaded."""
+        if saved is not None:
+            self.scheduler.load_state_dict(saved["state"])  # type: ignore[union-attr]

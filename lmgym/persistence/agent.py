@@ -61,9 +61,7 @@ def agent_state(agent: Agent) -> dict[str, Any]:
         "iteration": agent.iteration,
         "tokens_generated": agent.tokens_generated,
         "optimizer": agent.optimizer.state_dict(),
-        "lr_scheduler": None
-        if agent.lr_scheduler is None
-        else {"total_steps": agent._schedule_steps, "state": agent.lr_scheduler.state_dict()},
+        "lr_scheduler": agent.lr_schedule.state_dict(),
         "generator": agent.generator.get_state(),
         "shuffle": agent._shuffle.get_state(),
         "critic": agent.critic.state_dict_for_save() if agent.critic is not None else None,
@@ -167,12 +165,9 @@ def load_agent(
     if ref_policy is None and policy.is_peft and saved.get("beta", 0) > 0:
         ref_policy = frozen_copy(policy)  # the base under the adapter: exact, no copy
     agent = cls(policy, env, ref_policy, config=cls.config_class(**saved))
-    schedule = state.get("lr_scheduler")
-    if schedule is not None and agent.lr_scheduler is None:
-        agent._start_schedule(schedule["total_steps"])  # before the optimizer's lr is restored
+    agent.lr_schedule.restore_length(state.get("lr_scheduler"))
     agent.optimizer.load_state_dict(state["optimizer"])
-    if schedule is not None:
-        agent.lr_scheduler.load_state_dict(schedule["state"])  # type: ignore[union-attr]
+    agent.lr_schedule.load_state_dict(state.get("lr_scheduler"))
     agent.generator.set_state(state["generator"].cpu())
     agent._shuffle.set_state(state["shuffle"].cpu())
     if agent.critic is not None and state["critic"] is not None:

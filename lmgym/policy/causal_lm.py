@@ -303,6 +303,22 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
             gradient_checkpointing=gradient_checkpointing,
         )
 
+    @classmethod
+    def for_env(cls, name_or_path: str | Path, env: TokenVectorEnv) -> CausalLMPolicy:
+        """``from_pretrained(name_or_path)`` on ``env.device``, checked to use the env's
+        tokenizer (how an agent takes a policy given by name)."""
+        policy = cls.from_pretrained(name_or_path, device=env.device)
+        if (
+            env.vocab_size != policy.vocab_size
+            or env.tokenizer.get_vocab() != policy.tokenizer.get_vocab()
+        ):
+            raise ValueError(
+                f"policy={str(name_or_path)!r}: its tokenizer ({policy.vocab_size} ids) differs "
+                f"from the env's ({env.vocab_size} ids); build the env with "
+                f"tokenizer=AutoTokenizer.from_pretrained({str(name_or_path)!r})"
+            )
+        return policy
+
     def save_pretrained(self, path: str | Path, merged: bool = False) -> None:
         """Write model and tokenizer so ``from_pretrained(path)`` restores them exactly.
 
