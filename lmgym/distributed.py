@@ -33,6 +33,8 @@ from torch import Tensor
 from lmgym.profiling import COMM, phase
 from lmgym.types import RolloutBatch
 
+BUCKET_BYTES = 25 * 2**20
+"""Gradient all-reduce bucket size (DDP's default)."""
 DEFAULT_TIMEOUT_S = 600.0
 """Collective timeout: a rank that died or diverged ends the run with an error, never a hang."""
 
@@ -87,12 +89,14 @@ class DataParallelGroup:
                 dist.all_reduce(tensor, op=dist.ReduceOp.MIN, group=self.group)
         return tensor
 
-    def all_reduce_grads(self, params: Sequence[Tensor]) -> None:
-        """Sum the parameters' gradients over ranks in one flat all-reduce.
+    def all_reduce_grads(self, params: Sequence[Tensor], bucket_bytes: int = BUCKET_BYTES) -> None:
+        """Sum the parameters' gradients over ranks, in buckets of about ``bucket_bytes``.
 
         The losses are normalised by global counts, so the global gradient is the
-        *sum* of the ranks' gradients (DDP would average them). A parameter without a
-        gradient on this rank (no rows in this minibatch) contributes zeros.
+        *sum* of the ranks' gradients (DDP would average them). Like DDP's reducer,
+        gradients travel in flat buckets, so the extra memory is one bucket, not a
+        copy of the model's gradients. A parameter without a
+        gradient on this rank contributes zeros; frozen parameters are left out.
         """
         if not self.active:
             return
@@ -100,14 +104,22 @@ class DataParallelGroup:
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        grads = [p.grad for p in params]
-        flat = torch.cat([g.reshape(-1) for g in grads])  # type: ignore[union-attr]
+        buckets: list[list[Tensor]] = [[]]
+        size = 0
+        for p in params:
+            if size and size + p.grad.nbytes > bucket_bytes:  # type: ignore[union-attr]
+                buckets.append([])
+                size = 0
+            buckets[-1].append(p.grad)  # type: ignore[arg-type]
+            size += p.grad.nbytes  # type: ignore[union-attr]
         with phase(COMM):
-            dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group)
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset : offset + g.numel()].view_as(g))  # type: ignore[union-attr]
-            offset += g.numel()  # type: ignore[union-attr]
+            for bucket in buckets:
+                flat = torch.cat([g.reshape(-1) for g in bucket])
+                dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group)
+                offset = 0
+                for g in bucket:
+                    g.copy_(flat[offset : offset + g.numel()].view_as(g))
+                    offset += g.numel()
 
     def gather_rows(self, tensor: Tensor, left_pad: Any = None) -> Tensor:
         """Concatenate every rank's ``tensor`` along dim 0, rank order.
