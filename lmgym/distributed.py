@@ -74,6 +74,7 @@ class DataParallelGroup:
         self.active = is_distributed() and dist.get_world_size(group) > 1
         self.rank = dist.get_rank(group) if self.active else 0
         self.size = dist.get_world_size(group) if self.active else 1
+        self.bucket_bytes = BUCKET_BYTES
 
     def all_reduce_sum(self, tensor: Tensor) -> Tensor:
         """Sum ``tensor`` over ranks, in place; returns it."""
@@ -89,12 +90,12 @@ class DataParallelGroup:
                 dist.all_reduce(tensor, op=dist.ReduceOp.MIN, group=self.group)
         return tensor
 
-    def all_reduce_grads(self, params: Sequence[Tensor], bucket_bytes: int = BUCKET_BYTES) -> None:
+    def all_reduce_grads(self, params: Sequence[Tensor]) -> None:
         """Sum the parameters' gradients over ranks, in buckets of about ``bucket_bytes``.
 
         The losses are normalised by global counts, so the global gradient is the
         *sum* of the ranks' gradients (DDP would average them). Like DDP's reducer,
-        gradients travel in flat buckets, so the extra memory is one bucket, not a
+        gradients travel in flat buckets of about ``bucket_bytes``, so the extra memory is one bucket, not a
         copy of the model's gradients. A parameter without a
         gradient on this rank contributes zeros; frozen parameters are left out.
         """
@@ -107,7 +108,7 @@ class DataParallelGroup:
         buckets: list[list[Tensor]] = [[]]
         size = 0
         for p in params:
-            if size and size + p.grad.nbytes > bucket_bytes:  # type: ignore[union-attr]
+            if size and size + p.grad.nbytes > self.bucket_bytes:  # type: ignore[union-attr]
                 buckets.append([])
                 size = 0
             buckets[-1].append(p.grad)  # type: ignore[arg-type]

@@ -30,6 +30,7 @@ def main(out: Path) -> None:
     results = {}
     for key in CASES:
         agent = make_agent(key)
+        agent.group.bucket_bytes = 64 * 1024  # several buckets: the bucketing is exercised
         batch = full_batch(agent)
         groups = batch.group_ids.unique()
         mine = groups[:2] if rank == 0 else groups[2:]  # 2 groups on rank 0, 1 on rank 1
