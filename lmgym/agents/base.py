@@ -46,6 +46,7 @@ from lmgym.agents.config import (
 )
 from lmgym.agents.dapo import draw_with_signal, overlong_penalty
 from lmgym.agents.kl import kl_estimator, kl_in_reward
+from lmgym.agents.metrics import clip_fractions
 from lmgym.agents.numerics import (
     NonFiniteUpdateError,
     check_finite,
@@ -179,6 +180,17 @@ class Agent(Generic[ConfigT]):
     def clip_range(self) -> tuple[float, float] | None:
         """``(low, high)`` half-widths of the ratio interval this rule clips, if any."""
         return None
+
+    def clip_metrics(self, ratio: Tensor, advantages: Tensor, mask: Tensor) -> dict[str, float]:
+        """How often the rule's clip bound (``[b, L]`` ratio, advantages and loss mask of
+        the update's tokens): ``clip_fractions`` over ``clip_range``; none without one."""
+        bounds = self.clip_range()
+        if bounds is None:
+            return {}
+        metrics = clip_fractions(ratio, advantages, mask, *bounds)
+        if not self.clip_zeroes_gradient:
+            metrics["clip_zeroed_fraction"] = 0.0
+        return metrics
 
     # ------------------------------------------------------------------ learn
     def learn(
@@ -319,8 +331,7 @@ class Agent(Generic[ConfigT]):
                 micro_batches,
                 step_terms,
                 grad_norms,
-                self.clip_range(),
-                self.clip_zeroes_gradient,
+                self.clip_metrics,
                 self.group,
             )
         if cfg.skip_nonfinite:

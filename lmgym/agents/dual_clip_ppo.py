@@ -12,9 +12,9 @@ no gradient. ``c > 1`` (default 3, the paper's) keeps it from ever binding at
 ``rho = 1``. The paper states the bound as ``max(min(rho A, clip(rho) A), c A)`` on
 the objective; this is the same bound on the loss, its negation.
 
-Metrics: ``clip_fraction`` and ``clip_zeroed_fraction`` are PPO's; the latter does
-not count the tokens the dual clip zeroed (``A < 0``, ``rho > c``), which the learn
-loop has no hook to report.
+Metrics: PPO's ``clip_fraction``; ``dual_clip_fraction``, the share of tokens the
+dual clip bound (``A < 0``, ``rho > c``); ``clip_zeroed_fraction`` counts every
+token whose gradient either clip zeroed.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
+from lmgym.agents.metrics import masked_mean
 from lmgym.agents.ppo import PPO, PPOConfig
 from lmgym.agents.ratios import dual_clip_loss
 
@@ -46,6 +47,14 @@ class DualClipPPO(PPO):
                 f"dual_clip_c={self.config.dual_clip_c}: must be > 1, or the bound -c*A binds "
                 "at ratio 1 and on-policy tokens with A < 0 lose their gradient (paper: 3)"
             )
+
+    def clip_metrics(self, ratio: Tensor, advantages: Tensor, mask: Tensor) -> dict[str, float]:
+        metrics = super().clip_metrics(ratio, advantages, mask)
+        dual = (advantages < 0) & (ratio > self.config.dual_clip_c)
+        metrics["dual_clip_fraction"] = masked_mean(dual.float(), mask).item()
+        # Disjoint from the tokens PPO's clip zeroed (those have rho < 1 - eps when A < 0).
+        metrics["clip_zeroed_fraction"] += metrics["dual_clip_fraction"]
+        return metrics
 
     def policy_loss(
         self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor

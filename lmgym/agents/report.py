@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
 from lmgym.agents.kl import kl_k1, kl_k3
 from lmgym.agents.metrics import (
     approx_kl,
-    clip_fractions,
     effective_sample_size,
     entropy_mean,
     frac_reward_zero_std,
@@ -29,8 +30,7 @@ def update_metrics(
     micro_batches: list[tuple[Tensor, MicroBatchLoss]],
     step_terms: list[dict[str, float]],
     grad_norms: list[float],
-    clip_range: tuple[float, float] | None,
-    clip_zeroes_gradient: bool,
+    clip_metrics: Callable[[Tensor, Tensor, Tensor], dict[str, float]],
     group: DataParallelGroup,
 ) -> dict[str, float]:
     """Metrics of one update, global across data-parallel ranks.
@@ -43,8 +43,7 @@ def update_metrics(
             of its micro-batch parts, already summed over ranks); logged as means
             over steps, so no metric depends on the micro-batch size.
         grad_norms: per optimizer step, the gradient norm before clipping.
-        clip_range: the rule's ``(low, high)`` clip half-widths, if it clips.
-        clip_zeroes_gradient: False for rules (CISPO) whose clip never zeroes a gradient.
+        clip_metrics: the agent's ``clip_metrics(ratio, advantages, mask)``.
         group: the data-parallel learners (metrics are over all their rows).
 
     Returns:
@@ -91,11 +90,7 @@ def update_metrics(
     if losses[0].ratio is not None:
         ratio = tokens([loss.ratio for loss in losses])  # type: ignore[misc]
         metrics.update(ratio_stats(ratio, mask))
-        if clip_range is not None:
-            step_advantages = tokens([data.advantages[rows]])
-            metrics.update(clip_fractions(ratio, step_advantages, mask, *clip_range))
-            if not clip_zeroes_gradient:
-                metrics["clip_zeroed_fraction"] = 0.0
+        metrics.update(clip_metrics(ratio, tokens([data.advantages[rows]]), mask))
     if losses[0].tis is not None:
         weights = tokens([loss.tis for loss in losses])  # type: ignore[misc]
         metrics["tis_weight_mean"] = masked_mean(weights, mask).item()

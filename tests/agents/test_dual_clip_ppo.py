@@ -94,3 +94,25 @@ def test_dual_clip_c_must_exceed_one():
     with pytest.raises(ValueError, match="value_model='none': PPO needs a critic"):
         DualClipPPO(policy, env, value_model="none")  # PPO's own checks still run
     assert DualClipPPO(policy, env).config.dual_clip_c == 3.0
+
+
+def test_dual_clip_metrics_count_the_bound_tokens():
+    """Hand values: tokens (A, rho) = (-1, 5) dual-clipped, (-1, 0.5) PPO-clipped below,
+    (1, 2) PPO-clipped above, (-1, 1) untouched."""
+    import torch as _torch
+
+    from lmgym.agents import DualClipPPO
+    from lmgym.envs.tasks.target_string import make_target_string_vector
+    from lmgym.policy import CausalLMPolicy, make_char_tokenizer, make_tiny_model
+
+    tokenizer = make_char_tokenizer()
+    policy = CausalLMPolicy(make_tiny_model(len(tokenizer)), tokenizer)
+    env = make_target_string_vector(tokenizer=tokenizer, num_envs=4, group_size=2)
+    agent = DualClipPPO(policy, env, clip_low=0.2, clip_high=0.2, dual_clip_c=3.0)
+    ratio = _torch.tensor([[5.0, 0.5, 2.0, 1.0]])
+    advantages = _torch.tensor([[-1.0, -1.0, 1.0, -1.0]])
+    mask = _torch.ones(1, 4, dtype=_torch.bool)
+    metrics = agent.clip_metrics(ratio, advantages, mask)
+    assert metrics["dual_clip_fraction"] == 0.25
+    assert metrics["clip_zeroed_fraction"] == 0.75
+    assert metrics["clip_fraction"] == 0.75
