@@ -159,10 +159,12 @@ class Sample:
 
 
 def rate(samples: list[Sample], key: str = "produced") -> float:
+    """Tokens (``produced`` or ``returned``) per second over all samples."""
     return sum(getattr(s, key) for s in samples) / sum(s.seconds for s in samples)
 
 
 def median_rate(samples: list[Sample]) -> float:
+    """The median over samples of tokens produced per second: the headline figure."""
     return statistics.median(s.produced / s.seconds for s in samples)
 
 
@@ -264,8 +266,8 @@ def bench(name: str, path: Path, finetune: str, args: argparse.Namespace, proces
         result.profile[side] = phases
         result.notes[side] = {
             "env steps per call": (envs[side].steps - steps) / args.profile_calls,
-            "restarts per call": len(notes["restarted rows"]) / args.profile_calls,
-            **{f"{k} (mean)": statistics.mean(v) for k, v in notes.items()},
+            "restarts per call": len(notes.get("restarted rows", [])) / args.profile_calls,
+            **{f"{k} (mean)": statistics.mean(v) for k, v in notes.items() if v},
         }
     return result
 

@@ -5,8 +5,8 @@ Runs unattended, in a few minutes, with no network access (model from a config,
 lmgym's character tokenizer). Phases, in order:
 
 1. **Matmul peak.** ``torch.mm`` of square bf16 matrices (4096, 8192, 16384), timing
-   windows of 10 products after a warm-up, timed with CUDA events; the best window is
-   the device's *measured peak* (TFLOP/s, ``2 n^3`` per product).
+   windows of 10 products after a warm-up, the device synchronized around each; the
+   best window is the device's *measured peak* (TFLOP/s, ``2 n^3`` per product).
 2. **Rollout, batch 256.** Completion tokens/s of ``lmgym.rollout.collect`` against
    ``model.generate(do_sample=True)``: the same model and 256 prompts of exactly 64
    tokens, exactly 256 new tokens per row (EOS gets a ``-1e9`` output bias on both
@@ -28,11 +28,11 @@ the last term ``QK^T`` and ``AV``). A rollout feeds ``Lp + L - 1`` positions per
 the update runs forward and backward over ``Lp + L``: 3x the forward. Fraction of
 peak = model TFLOP/s / measured matmul peak; padding the kernels may do is not counted.
 
-Robustness. Every phase gets a slice of ``--time-budget`` (240 s, counted from
-start-up) and is stopped by ``SIGALRM`` shortly after; a phase that fails or runs out
-of time says so, with what it measured, and the next one runs; phases that no longer
-fit are skipped. The Markdown is rewritten after every phase; a watchdog ends the
-process 60 s after the budget (``faulthandler``).
+Robustness (``harness.run_section``). Every phase gets a slice of ``--time-budget``
+(240 s, counted from start-up) and is stopped by ``SIGALRM`` shortly after; a phase
+that fails or runs out of time says so, with what it measured, and the next one runs;
+phases that no longer fit are skipped. The Markdown is rewritten after every phase; a
+watchdog ends the process 60 s after the budget (``faulthandler``).
 
     python benchmarks/gpu.py --out benchmarks/results/gpu.md
     python benchmarks/gpu.py --device cpu --smoke --out /tmp/gpu.md   # CPU smoke run
@@ -49,13 +49,12 @@ T0 = time.perf_counter()
 import argparse
 import copy
 import faulthandler
+import functools
 import gc
-import signal
 import statistics
 import sys
-import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +63,6 @@ import torch
 from torch import Tensor
 
 WATCHDOG_GRACE_S = 60.0  # the process is ended this long after the time budget
-MIN_PHASE_S = 8.0  # a phase with less time than this left is skipped
 
 
 @dataclass(frozen=True)
@@ -97,11 +95,6 @@ FULL = Sizes(14, 768, 12, (4096, 8192, 16384), 10, 10, (256, 1024), 64, 256, 6, 
 SMOKE = Sizes(2, 64, 4, (128, 256), 3, 2, (8, 16), 8, 16, 2, 4, 2, 8, 2)
 
 
-class PhaseTimeout(BaseException):
-    """Raised by ``SIGALRM`` when a phase overruns (not an ``Exception``, so library
-    code's ``except Exception`` cannot swallow it)."""
-
-
 def wall(fn: Callable[[], Any], device: torch.device) -> tuple[float, Any]:
     """``(seconds, fn())`` with the device synchronized before and after."""
     sync = torch.cuda.synchronize if device.type == "cuda" else lambda _: None
@@ -112,32 +105,16 @@ def wall(fn: Callable[[], Any], device: torch.device) -> tuple[float, Any]:
     return time.perf_counter() - start, out
 
 
-def on_alarm(signum: int, frame: object) -> None:
-    raise PhaseTimeout()
-
-
 def fmt(x: float | None, spec: str = ".3g") -> str:
     return "n/a" if x is None or x != x else format(x, spec)
 
 
 @dataclass
-class Phase:
-    """One section of the report; ``body`` holds what the phase has measured so far."""
-
-    title: str
-    status: str = "started, not finished (the run ended during this phase)"
-    body: list[str] = field(default_factory=list)
-
-
-@dataclass
 class Context:
-    """What the phases share; ``report`` rewrites the Markdown after every phase."""
+    """What the phases share."""
 
     sizes: Sizes
     device: torch.device
-    head: list[str]
-    out: Path | None
-    phases: list[Phase] = field(default_factory=list)
     model: Any = None
     tok: Any = None
     params: tuple[int, int] = (0, 0)  # non-embedding parameters, vocabulary
@@ -162,15 +139,6 @@ class Context:
             return "Peak device memory: n/a (CPU)."
         return f"Peak device memory in this phase: {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB."
 
-    def report(self, finished: bool = False) -> str:
-        lines = [*self.head, *([] if finished else ["**Partial: the run has not finished.**", ""])]
-        for p in self.phases:
-            lines += [f"## {p.title}", "", f"Status: {p.status}.", "", *p.body, ""]
-        text = "\n".join(lines).rstrip() + "\n"
-        if self.out is not None:
-            h.write_report(text, self.out)
-        return text
-
 
 def matmul_tflops(n: int, sizes: Sizes, device: torch.device) -> list[float]:
     """TFLOP/s of each timing window of ``n x n`` bf16 products (after a warm-up)."""
@@ -186,7 +154,7 @@ def matmul_tflops(n: int, sizes: Sizes, device: torch.device) -> list[float]:
     return [flops / wall(products, device)[0] / 1e12 for _ in range(sizes.matmul_windows)]
 
 
-def phase_matmul(ctx: Context, phase: Phase, deadline: float) -> None:
+def phase_matmul(ctx: Context, phase: h.Section, deadline: float) -> None:
     rows = []
     for n in ctx.sizes.matmul_sizes:
         if time.perf_counter() > deadline:
@@ -205,7 +173,7 @@ def phase_matmul(ctx: Context, phase: Phase, deadline: float) -> None:
         ]
 
 
-def phase_model(ctx: Context, phase: Phase, deadline: float) -> None:
+def phase_model(ctx: Context, phase: h.Section, deadline: float) -> None:
     from lmgym import make_tiny_lm
 
     s = ctx.sizes
@@ -227,7 +195,7 @@ def phase_model(ctx: Context, phase: Phase, deadline: float) -> None:
 
 
 def warm_then_time(
-    phase: Phase,
+    phase: h.Section,
     step: Callable[[int], None],
     times: dict[str, list[float]],
     most: int,
@@ -248,7 +216,7 @@ def warm_then_time(
         show(False)
 
 
-def phase_rollout(ctx: Context, phase: Phase, deadline: float, batch: int) -> None:
+def phase_rollout(ctx: Context, phase: h.Section, deadline: float, batch: int) -> None:
     """``collect`` vs ``model.generate`` at ``batch`` rows, alternated (module docstring)."""
     from lmgym import CausalLMPolicy, collect
 
@@ -299,7 +267,7 @@ def phase_rollout(ctx: Context, phase: Phase, deadline: float, batch: int) -> No
     warm_then_time(phase, step, times, s.rollout_max_pairs, deadline, show)
 
 
-def phase_iteration(ctx: Context, phase: Phase, deadline: float) -> None:
+def phase_iteration(ctx: Context, phase: h.Section, deadline: float) -> None:
     """GRPO iterations in bf16 on a copy of the model (the rollout phases keep theirs)."""
     from lmgym import CausalLMPolicy, TokenVectorEnv
     from lmgym.agents import GRPO
@@ -351,56 +319,6 @@ def phase_iteration(ctx: Context, phase: Phase, deadline: float) -> None:
     warm_then_time(phase, step, times, s.grpo_max_iters, deadline, show)
 
 
-def run_phase(
-    ctx: Context,
-    title: str,
-    fn: Callable[..., None],
-    slice_s: float,
-    grace: float,
-    budget_end: float,
-) -> str:
-    """Run ``fn(ctx, phase, deadline)`` in its time slice and record how it ended:
-    ``"done"``, ``"skipped"`` (no time left), ``"interrupted"`` or ``"failed"``."""
-    phase = Phase(title)
-    ctx.phases.append(phase)
-    now = time.perf_counter()
-    if fn not in (phase_matmul, phase_model) and ctx.model is None:
-        phase.status = "skipped: no model (the model phase did not complete)"
-    elif budget_end - now < MIN_PHASE_S:
-        phase.status = f"skipped: {budget_end - now:.1f} s of the time budget left"
-    if phase.status.startswith("skipped"):
-        ctx.report()
-        return "skipped"
-    deadline = now + min(slice_s, budget_end - now)
-    print(f"\n[{title}] {deadline - now:.0f} s slice", flush=True)
-    ctx.report()  # a run ended during this phase still shows which one it was
-    if ctx.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(ctx.device)
-    outcome = "failed"
-    try:
-        signal.setitimer(signal.ITIMER_REAL, max(1.0, deadline - now + grace))
-        try:
-            fn(ctx, phase, deadline)
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-        outcome = "done"
-        phase.status = f"done ({time.perf_counter() - now:.1f} s)"
-    except PhaseTimeout:
-        outcome = "interrupted"
-        phase.status = f"interrupted: over its slice ({deadline - now:.0f} s + {grace:.0f} s); figures are what it measured before"
-    except Exception as err:
-        phase.status = f"failed: {type(err).__name__}: {str(err)[:500]}"
-        tail = "".join(traceback.format_exception(type(err), err, err.__traceback__)[-6:])
-        phase.body += ["```", tail.rstrip()[-3000:], "```"]
-        traceback.print_exc()
-    gc.collect()
-    if ctx.device.type == "cuda":
-        torch.cuda.empty_cache()
-    print("\n".join(phase.body), flush=True)
-    ctx.report()
-    return outcome
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda", help="cuda (default), cuda:N or cpu")
@@ -430,7 +348,6 @@ def main(argv: list[str] | None = None) -> int:
     faulthandler.dump_traceback_later(
         max(1.0, b + WATCHDOG_GRACE_S - (time.perf_counter() - T0)), exit=True
     )
-    signal.signal(signal.SIGALRM, on_alarm)
     h.quiet_worker(torch.get_num_threads())
     sizes = SMOKE if args.smoke else FULL
     if device.type == "cuda":
@@ -457,37 +374,37 @@ def main(argv: list[str] | None = None) -> int:
         "details: the docstring of `benchmarks/gpu.py`.",
         "",
     ]
-    ctx = Context(sizes, device, head, args.out)
+    ctx, report = Context(sizes, device), h.SectionedReport(head, args.out)
     print("\n".join(head), flush=True)
 
-    def rollout(batch: int) -> Callable[..., None]:
-        return lambda c, ph, d: phase_rollout(c, ph, d, batch)
+    def run(title: str, fn: Callable[..., None], slice_s: float) -> str:
+        def phase(section: h.Section, deadline: float) -> None:
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            try:
+                fn(ctx, section, deadline)
+            finally:
+                gc.collect()
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+
+        needs_model = fn not in (phase_matmul, phase_model) and ctx.model is None
+        skip = "no model (the model phase did not complete)" if needs_model else ""
+        return h.run_section(report, title, phase, slice_s, max(5.0, 0.05 * b), T0 + b, skip)
 
     first, *rest = sizes.rollout_batches
-    tokens = f"{sizes.prompt_tokens} + {sizes.rollout_new_tokens} tokens"
+    rollout = f"lmgym collect vs model.generate ({sizes.prompt_tokens} + {sizes.rollout_new_tokens} tokens)"
+    grpo = f"{sizes.grpo_prompts} x {sizes.grpo_group}, {sizes.grpo_new_tokens} new tokens"
     plan = [
         ("Matmul peak (bf16)", phase_matmul, min(30.0, 0.12 * b)),
         ("Model", phase_model, 0.15 * b),
-        (
-            f"Rollout, B = {first}: lmgym collect vs model.generate ({tokens})",
-            rollout(first),
-            0.28 * b,
-        ),
-        (
-            f"GRPO iteration ({sizes.grpo_prompts} x {sizes.grpo_group}, {sizes.grpo_new_tokens} new "
-            "tokens)",
-            phase_iteration,
-            0.28 * b,
-        ),
-        *[
-            (f"Rollout, B = {n}: lmgym collect vs model.generate ({tokens})", rollout(n), b)
-            for n in rest
-        ],
-    ]
-    grace = max(5.0, 0.05 * b)
-    outcomes = [run_phase(ctx, *step, grace, T0 + b) for step in plan]
-    ctx.head.insert(-1, f"- run time: {time.perf_counter() - T0:.0f} s in all (budget {b:.0f} s)")
-    print("\n" + "=" * 80 + "\n" + ctx.report(finished=True), flush=True)
+        (f"Rollout, B = {first}: {rollout}", functools.partial(phase_rollout, batch=first), 0.28 * b),
+        (f"GRPO iteration ({grpo})", phase_iteration, 0.28 * b),
+        *[(f"Rollout, B = {n}: {rollout}", functools.partial(phase_rollout, batch=n), b) for n in rest],
+    ]  # fmt: skip
+    outcomes = [run(*step) for step in plan]
+    head.insert(-1, f"- run time: {time.perf_counter() - T0:.0f} s in all (budget {b:.0f} s)")
+    print("\n" + "=" * 80 + "\n" + report.write(finished=True), flush=True)
     faulthandler.cancel_dump_traceback_later()
     return 1 if "failed" in outcomes or ctx.model is None else 0
 

@@ -35,7 +35,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -376,15 +376,111 @@ def noisy_warning(loads: Sequence[float]) -> list[str]:
     ]
 
 
-def write_report(text: str, out: Path | None) -> None:
-    """Write ``text`` to ``out`` atomically (parents created) and say so; no-op for None."""
+def write_report(text: str, out: Path | None, say: bool = True) -> None:
+    """Write ``text`` to ``out`` atomically (parents created); no-op for None."""
     if out is None:
         return
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(text)
     tmp.replace(out)
-    print(f"wrote {out}", flush=True)
+    if say:
+        print(f"wrote {out}", flush=True)
+
+
+# -------------------------------------------------------- unattended, time-boxed runs
+class SectionTimeout(BaseException):
+    """Raised by ``SIGALRM`` when a section overruns (not an ``Exception``, so library
+    code's ``except Exception`` cannot swallow it)."""
+
+
+def _on_alarm(signum: int, frame: object) -> None:
+    raise SectionTimeout()
+
+
+@dataclass
+class Section:
+    """One part of a sectioned report; ``body`` holds what it has measured so far."""
+
+    title: str
+    status: str = "started, not finished (the run ended during this part)"
+    body: list[str] = field(default_factory=list)
+
+
+@dataclass
+class SectionedReport:
+    """A Markdown report of sections, rewritten to ``out`` whenever ``write`` is called,
+    so a run cut short still leaves what it measured."""
+
+    head: list[str]
+    out: Path | None
+    sections: list[Section] = field(default_factory=list)
+
+    def write(self, finished: bool = False) -> str:
+        lines = [*self.head, *([] if finished else ["**Partial: the run has not finished.**", ""])]
+        for sec in self.sections:
+            lines += [f"## {sec.title}", "", f"Status: {sec.status}.", "", *sec.body, ""]
+        text = "\n".join(lines).rstrip() + "\n"
+        write_report(text, self.out, say=False)
+        return text
+
+
+def run_section(
+    report: SectionedReport,
+    title: str,
+    fn: Callable[[Section, float], None],
+    slice_s: float,
+    grace: float,
+    budget_end: float,
+    skip: str = "",
+) -> str:
+    """Run ``fn(section, deadline)`` in a time slice and record how it ended.
+
+    The soft ``deadline`` (now + ``slice_s``, at most ``budget_end``) tells ``fn`` not to
+    start work it cannot finish; ``SIGALRM`` interrupts it ``grace`` seconds later.
+    An exception's traceback goes into the section; the report is rewritten before
+    and after.
+
+    Returns:
+        ``"done"``, ``"skipped"`` (``skip`` given, or under 8 s of the budget left),
+        ``"interrupted"`` or ``"failed"``.
+    """
+    import signal
+    import traceback
+
+    section = Section(title)
+    report.sections.append(section)
+    now = time.perf_counter()
+    if skip or budget_end - now < 8.0:
+        section.status = f"skipped: {skip or f'{budget_end - now:.1f} s of the time budget left'}"
+        report.write()
+        return "skipped"
+    deadline = now + min(slice_s, budget_end - now)
+    print(f"\n[{title}] {deadline - now:.0f} s slice", flush=True)
+    report.write()  # a run that ends during this section still shows which one it was
+    signal.signal(signal.SIGALRM, _on_alarm)
+    outcome = "failed"
+    try:
+        signal.setitimer(signal.ITIMER_REAL, max(1.0, deadline - now + grace))
+        try:
+            fn(section, deadline)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        outcome, section.status = "done", f"done ({time.perf_counter() - now:.1f} s)"
+    except SectionTimeout:
+        outcome = "interrupted"
+        section.status = (
+            f"interrupted: over its slice ({deadline - now:.0f} s + {grace:.0f} s grace); the "
+            "figures are what it measured before"
+        )
+    except Exception as err:
+        section.status = f"failed: {type(err).__name__}: {str(err)[:500]}"
+        tail = "".join(traceback.format_exception(type(err), err, err.__traceback__)[-6:])
+        section.body += ["```", tail.rstrip()[-3000:], "```"]
+        traceback.print_exc()
+    print("\n".join(section.body), flush=True)
+    report.write()
+    return outcome
 
 
 # ------------------------------------------------------------------ phase tables

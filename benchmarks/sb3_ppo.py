@@ -71,15 +71,10 @@ NUM_THREADS = 1  # tiny models: a second thread only adds contention
 LMGYM_LR = 1e-3  # lmgym PPO learning rate for the tiny GPT-2
 
 
-def make_task_env(num_envs: int = NUM_ENVS, autoreset: bool = True) -> TokenVectorEnv:
+def make_task_env(autoreset: bool = True) -> TokenVectorEnv:
     """The benchmark task's native vector env (the same for every side)."""
-    return gym.make_vec(
-        TASK_ID,
-        num_envs=num_envs,
-        autoreset=autoreset,
-        tokenizer=make_char_tokenizer(CHARS),
-        **TASK_KWARGS,
-    )
+    tok = make_char_tokenizer(CHARS)
+    return gym.make_vec(TASK_ID, NUM_ENVS, autoreset=autoreset, tokenizer=tok, **TASK_KWARGS)
 
 
 # ----------------------------------------------------------------- measurement
@@ -124,23 +119,15 @@ class SolveTracker:
 
 @dataclass(frozen=True)
 class RunResult:
-    """One run of one side.
-
-    Attributes:
-        solved: Whether the rolling mean reached the threshold within the budget.
-        env_steps: Env steps when solved (else: steps run).
-        seconds: Wall seconds when solved (else: seconds run).
-        rolling_mean: Mean return of the last ``WINDOW`` episodes at the end.
-        other_cpu: Share of the CPUs other processes used during the run.
-    """
+    """One run of one side."""
 
     side: str
     seed: int
-    solved: bool
-    env_steps: int
-    seconds: float
-    rolling_mean: float
-    other_cpu: float
+    solved: bool  # the rolling mean reached the threshold within the budget
+    env_steps: int  # when solved (else: steps run)
+    seconds: float  # wall seconds when solved (else: seconds run)
+    rolling_mean: float  # mean return of the last ``WINDOW`` episodes at the end
+    other_cpu: float  # share of the CPUs other processes used during the run
 
 
 # ----------------------------------------------------------------------- sides
@@ -167,16 +154,8 @@ def run_sb3_ppo(
     """SB3 PPO (``MlpPolicy`` on one-hot token ids) through ``SB3VecEnv``."""
     tracker = SolveTracker()
     env = SB3VecEnv(make_task_env(), TokenIdsObservation(), bootstrap_truncated=bootstrap_truncated)
-    model = PPO(
-        "MlpPolicy",
-        env,
-        n_steps=n_steps,
-        batch_size=batch_size,
-        n_epochs=10,
-        learning_rate=3e-4,
-        seed=seed,
-        device="cpu",
-    )
+    hyper = dict(n_steps=n_steps, batch_size=batch_size, n_epochs=10, learning_rate=3e-4)
+    model = PPO("MlpPolicy", env, seed=seed, device="cpu", **hyper)
     model.learn(max_env_steps, callback=_TrackSolve(tracker))
     return tracker.result(side, seed, model.num_timesteps)
 
@@ -208,17 +187,11 @@ def run_lmgym_ppo(seed: int, max_env_steps: int, *, learning_rate: float = LMGYM
 SIDES: dict[str, tuple[Callable[[int, int], RunResult], int, bool]] = {
     "sb3_ppo": (run_sb3_ppo, 200_000, False),
     "lmgym_ppo": (run_lmgym_ppo, 200_000, False),
-    "sb3_ppo_bootstrap": (
-        partial(run_sb3_ppo, side="sb3_ppo_bootstrap", bootstrap_truncated=True),
-        60_000,
-        True,
-    ),
-    "sb3_ppo_n2048": (
-        partial(run_sb3_ppo, side="sb3_ppo_n2048", n_steps=2048, batch_size=64),
-        500_000,
-        True,
-    ),
-}
+    "sb3_ppo_bootstrap": (partial(run_sb3_ppo, side="sb3_ppo_bootstrap",
+                                  bootstrap_truncated=True), 60_000, True),
+    "sb3_ppo_n2048": (partial(run_sb3_ppo, side="sb3_ppo_n2048", n_steps=2048,
+                              batch_size=64), 500_000, True),
+}  # fmt: skip
 
 
 # ---------------------------------------------------------------------- report

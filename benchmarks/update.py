@@ -22,7 +22,7 @@ largest difference is reported). Then both sides alternate (ABBA) after a warm-u
 each row runs in ``--processes`` fresh processes and reports the median of the
 per-process ratios padded / bucketed seconds (> 1: bucketing is faster).
 
-    .venv/bin/python benchmarks/update.py --out /tmp/update.md
+    .venv/bin/python benchmarks/update.py --wait-idle 600 --out benchmarks/results/update.md
     .venv/bin/python benchmarks/update.py --quick   # smoke run
 """
 
