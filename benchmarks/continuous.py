@@ -42,7 +42,6 @@ import contextlib
 import functools
 import statistics
 import string
-import sys
 import tempfile
 import time
 from collections import defaultdict
@@ -376,7 +375,7 @@ def main(argv: list[str] | None = None) -> None:
     h.quiet_worker(args.threads)
     t0 = time.perf_counter()
     deadline = h.deadline_from(args.wait_idle, t0)
-    command = h.command_line("continuous.py", sys.argv[1:] if argv is None else argv)
+    command = h.command_line("continuous.py", argv)
     results = []
     for m in h.csv(args.models, list(MODELS), "--models", p):
         name, layers, width, default_steps = MODELS[m]

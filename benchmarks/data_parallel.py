@@ -96,7 +96,7 @@ def forwarded(args: argparse.Namespace, threads: int) -> list[str]:
     ]
 
 
-def report(args: argparse.Namespace, single: dict, double: dict, argv: list[str]) -> str:
+def report(args: argparse.Namespace, single: dict, double: dict, argv: list[str] | None) -> str:
     ratio = single["seconds"] / double["seconds"]
     tps = [r["tokens_per_iter"] / r["seconds"] for r in (single, double)]
     mb = double["allreduce_bytes"] / 2**20
@@ -142,7 +142,7 @@ for the same cores, so the ratio measures the overhead of splitting, not a speed
     )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = h.parser(__doc__, "2 layers, 2 iterations")
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--layers", type=int, default=6)
@@ -153,7 +153,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.quick:
         args.layers, args.width, args.iters, args.warmup = 2, 96, 2, 1
     if args.worker is not None:
@@ -166,7 +166,7 @@ def main() -> None:
         subprocess.run(command + forwarded(args, threads=2), env=env, check=True)
         launch_two(args, double_out)
         single, double = (json.loads(p.read_text()) for p in (single_out, double_out))
-    text = report(args, single, double, sys.argv[1:])
+    text = report(args, single, double, argv)
     print(text)
     h.write_report(text, args.out)
 

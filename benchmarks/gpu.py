@@ -359,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         machine = "no GPU"
     mode = "smoke sizes: a test of the script, not a measurement" if args.smoke else "full sizes"
-    command = h.command_line("gpu.py", sys.argv[1:] if argv is None else argv)
+    command = h.command_line("gpu.py", argv)
     head = h.header(
         "lmgym GPU throughput: rollout and GRPO iteration, bf16",
         f"torch threads = {torch.get_num_threads()}",

@@ -301,9 +301,12 @@ def source_line() -> str:
     return f"- source: commit {head.stdout.strip() or '?'}, {state} (at the start of the run)"
 
 
-def command_line(script: str, argv: Sequence[str]) -> str:
-    """The command that reruns ``benchmarks/<script>`` with ``argv`` from the repository root."""
-    return " ".join([".venv/bin/python", f"benchmarks/{script}", *argv])
+def command_line(script: str, argv: Sequence[str] | None = None) -> str:
+    """The command that reruns ``benchmarks/<script>`` with ``argv`` (default: this
+    process's arguments) from the repository root."""
+    return " ".join(
+        [".venv/bin/python", f"benchmarks/{script}", *(sys.argv[1:] if argv is None else argv)]
+    )
 
 
 def header(

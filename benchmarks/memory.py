@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
     if not Path("/proc/self/clear_refs").exists():
         sys.exit("memory.py measures peak RSS through /proc (Linux only)")
     cases = [int(c) for c in h.csv(args.cases, [str(c) for c in CASES], "--cases", p)]
-    command = h.command_line("memory.py", sys.argv[1:] if argv is None else argv)
+    command = h.command_line("memory.py", argv)
     start = time.perf_counter()
     rows: dict[int, dict[str, list[float]]] = {}
     for case in cases:

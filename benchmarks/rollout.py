@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import functools
 import statistics
-import sys
 import time
 
 import gymnasium as gym
@@ -227,7 +226,7 @@ def main(argv: list[str] | None = None) -> None:
         work = functools.partial(bench_env, n, env_steps, env_warmup, env_repeats)
         rows.append(h.in_processes(work, 1, NUM_THREADS, deadline, f"env {n}")[0])
         print(f"{rows[-1].name}: {rows[-1].ratio:.1f}x", flush=True)
-    command = h.command_line("rollout.py", sys.argv[1:] if argv is None else argv)
+    command = h.command_line("rollout.py", argv)
     text = markdown(rows, command, time.perf_counter() - t0)
     print("\n" + text)
     h.write_report(text, args.out)

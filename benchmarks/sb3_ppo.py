@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import os
 import statistics
-import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -303,7 +302,7 @@ def main(argv: list[str] | None = None) -> None:
                 flush=True,
             )
     results.sort(key=lambda r: (sides.index(r.side), r.seed))
-    command = h.command_line("sb3_ppo.py", sys.argv[1:] if argv is None else argv)
+    command = h.command_line("sb3_ppo.py", argv)
     report = markdown(results, sides, command, budgets)
     print(report)
     h.write_report(report, args.out)

@@ -56,7 +56,6 @@ import functools
 import itertools
 import statistics
 import string
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -312,7 +311,7 @@ def main(argv: list[str] | None = None) -> None:
     models = h.csv(args.models, list(MODELS), "--models", p)
     algos = h.csv(args.algos, list(TRL_NAME), "--algos", p)
     threads = [int(t) for t in args.threads.split(",") if t.strip()]
-    command = h.command_line("trl_iteration.py", sys.argv[1:] if argv is None else argv)
+    command = h.command_line("trl_iteration.py", argv)
     start = time.perf_counter()
     deadline = h.deadline_from(args.wait_idle, start)
     results: list[Result] = []

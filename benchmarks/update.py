@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> None:
         row = Row(**vars(h.pool(runs)), grad_diff=max(r.grad_diff for r in runs))
         rows.append(row if len(runs) > 1 else runs[0])
         print(f"{rows[-1].name}: {rows[-1].ratio:.2f}x (grad diff {row.grad_diff:.1e})", flush=True)
-    command = h.command_line("update.py", sys.argv[1:] if argv is None else argv)
+    command = h.command_line("update.py", argv)
     text = report(rows, args, command, time.perf_counter() - t0)
     print("\n" + text)
     h.write_report(text, args.out)
