@@ -65,7 +65,7 @@ def bimodal_batch(tok: object, seed: int = 0) -> RolloutBatch:
     ids[short, SHORT - 1] = tok.eos_token_id  # type: ignore[attr-defined]
     last = cols == (lengths - 1)[:, None]
     scores = torch.rand(rows, generator=gen)
-    return RolloutBatch(
+    values = dict(
         prompt_ids=prompts[group_ids],
         prompt_mask=torch.ones(rows, PROMPT_TOKENS, dtype=torch.bool),
         completion_ids=ids.masked_fill(~mask, tok.pad_token_id),  # type: ignore[attr-defined]
@@ -80,6 +80,9 @@ def bimodal_batch(tok: object, seed: int = 0) -> RolloutBatch:
         truncated=~short,
         valid=torch.ones(rows, dtype=torch.bool),
     )
+    # Per-row statistics the update does not read (e.g. ``special_mass``): zeros.
+    rest = {f.name: torch.zeros(rows) for f in dataclasses.fields(RolloutBatch)}
+    return RolloutBatch(**{**rest, **values})
 
 
 @dataclass
