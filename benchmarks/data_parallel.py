@@ -24,34 +24,25 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _common import command_line, machine_line, utc_now, versions_line, write_report  # noqa: E402
+import harness as h
 
 HERE = Path(__file__).resolve().parent
 
 
 def run_side(args: argparse.Namespace, num_prompts: int, out: Path) -> None:
     """Time ``args.iters`` GRPO iterations on this rank's ``num_prompts`` prompts."""
-    import torch
-    import transformers
-    from _lm import forbid_token, make_prompts
-    from torch.profiler import ProfilerActivity, profile
-
     from lmgym import FunctionReward, TokenVectorEnv
     from lmgym.agents import GRPO
     from lmgym.distributed import DataParallelGroup, init_from_env
     from lmgym.policy import CausalLMPolicy, make_tiny_lm
-    from lmgym.profiling import COMM, phase_times
 
-    torch.set_num_threads(args.threads)
-    transformers.logging.set_verbosity_error()
+    h.quiet_worker(args.threads)
     init_from_env()
     group = DataParallelGroup()
     model, tok = make_tiny_lm(n_layer=args.layers, n_embd=args.width, n_head=6, n_positions=96)
-    forbid_token(model, tok.eos_token_id)
+    h.forbid_token(model, tok.eos_token_id)
     policy = CausalLMPolicy(model, tok)
-    prompts = make_prompts(tok, 64, 16)
+    prompts = h.make_prompts(tok, 64, 16)
     env = TokenVectorEnv(
         tok,
         prompts,
@@ -70,18 +61,15 @@ def run_side(args: argparse.Namespace, num_prompts: int, out: Path) -> None:
         agent.step()
         times.append(time.perf_counter() - start)
         tokens.append(agent.tokens_generated - before)
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        start = time.perf_counter()
-        agent.step()
-        profiled = time.perf_counter() - start
-    comm = sum(t.seconds for path, t in phase_times(prof.events()).items() if path.endswith(COMM))
+    phases = h.profile_phases(agent.step, 1)
+    comm = sum(sec for path, (sec, _) in phases.items() if path.split("/")[-1] == "comm")
     params = sum(p.numel() for p in policy.model.parameters() if p.requires_grad)
     if group.rank == 0:
         result = {
             "world_size": group.size,
             "seconds": statistics.median(times),
             "tokens_per_iter": statistics.median(tokens) * group.size,
-            "comm_share": comm / profiled,
+            "comm_share": comm / phases["wall"][0],
             "allreduce_bytes": 4 * params,
             "params": params,
         }
@@ -109,15 +97,19 @@ def forwarded(args: argparse.Namespace, threads: int) -> list[str]:
     ]
 
 
-def report(args: argparse.Namespace, single: dict, double: dict, argv: list[str]) -> str:
+def report(args: argparse.Namespace, single: dict, double: dict, argv: list[str] | None) -> str:
     ratio = single["seconds"] / double["seconds"]
     tps = [r["tokens_per_iter"] / r["seconds"] for r in (single, double)]
     mb = double["allreduce_bytes"] / 2**20
-    return f"""# Data parallel: 1 process x 2 threads vs 2 processes x 1 thread
-
-- {utc_now()}; `{command_line("data_parallel.py", argv)}`
-{machine_line("1 x 2 threads vs 2 x 1 thread")}
-{versions_line(["torch", "transformers"])}
+    head = h.header(
+        "Data parallel: 1 process x 2 threads vs 2 processes x 1 thread",
+        "1 x 2 threads vs 2 x 1 thread",
+        ["torch", "transformers", "lmgym"],
+        h.command_line("data_parallel.py", argv),
+    )
+    return (
+        "\n".join(head)
+        + f"""
 - GRPO iteration (rollout + update), GPT-2 {args.layers}L/{args.width}d
   ({double["params"] / 1e6:.1f}M parameters), {args.prompts} prompts x {args.group}
   completions x {args.new_tokens} tokens globally (EOS unsampleable: equal work);
@@ -148,10 +140,11 @@ reduce-scatter halve the volume. The measured comm share above is the CPU/gloo
 figure for this small model; on this 2-core machine the two sides also compete
 for the same cores, so the ratio measures the overhead of splitting, not a speed-up.
 """
+    )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = h.parser(__doc__, "2 layers, 2 iterations")
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--width", type=int, default=384)
@@ -161,9 +154,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--quick", action="store_true", help="2 layers, 2 iterations")
-    parser.add_argument("--out", type=Path)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.quick:
         args.layers, args.width, args.iters, args.warmup = 2, 96, 2, 1
     if args.worker is not None:
@@ -176,9 +167,9 @@ def main() -> None:
         subprocess.run(command + forwarded(args, threads=2), env=env, check=True)
         launch_two(args, double_out)
         single, double = (json.loads(p.read_text()) for p in (single_out, double_out))
-    text = report(args, single, double, sys.argv[1:])
+    text = report(args, single, double, argv)
     print(text)
-    write_report(text, args.out)
+    h.write_report(text, args.out)
 
 
 if __name__ == "__main__":

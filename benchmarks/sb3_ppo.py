@@ -38,40 +38,27 @@ Run from the repository root::
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import os
-import platform
 import statistics
-import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 
 import gymnasium as gym
+import harness as h
 import numpy as np
-import stable_baselines3
 import torch
 from stable_baselines3 import PPO
 from stable_baselines3.common.callbacks import BaseCallback
 
-# Make ``import lmgym`` (the repository root) and ``import _common`` (this directory)
-# work when the package is not installed (run from a checkout).
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _common import CpuMeter, write_report  # noqa: E402
-
-import lmgym  # noqa: E402
-from lmgym.agents import PPO as LmgymPPO  # noqa: E402
-from lmgym.char_tokenizer import make_char_tokenizer  # noqa: E402
-from lmgym.envs import TASKS, TokenVectorEnv  # noqa: E402
-from lmgym.integrations import TokenIdsObservation  # noqa: E402
-from lmgym.integrations.sb3 import SB3VecEnv  # noqa: E402
-from lmgym.policy import CausalLMPolicy, make_tiny_model  # noqa: E402
+from lmgym.agents import PPO as LmgymPPO
+from lmgym.char_tokenizer import make_char_tokenizer
+from lmgym.envs import TASKS, TokenVectorEnv
+from lmgym.integrations import TokenIdsObservation
+from lmgym.integrations.sb3 import SB3VecEnv
+from lmgym.policy import CausalLMPolicy, make_tiny_model
 
 TASK_ID = "lmgym/TargetString-v0"
 TASK_KWARGS = {"target": "decade", "prompt": "bad", "reward_mode": "per_token"}
@@ -83,15 +70,10 @@ NUM_THREADS = 1  # tiny models: a second thread only adds contention
 LMGYM_LR = 1e-3  # lmgym PPO learning rate for the tiny GPT-2
 
 
-def make_task_env(num_envs: int = NUM_ENVS, autoreset: bool = True) -> TokenVectorEnv:
+def make_task_env(autoreset: bool = True) -> TokenVectorEnv:
     """The benchmark task's native vector env (the same for every side)."""
-    return gym.make_vec(
-        TASK_ID,
-        num_envs=num_envs,
-        autoreset=autoreset,
-        tokenizer=make_char_tokenizer(CHARS),
-        **TASK_KWARGS,
-    )
+    tok = make_char_tokenizer(CHARS)
+    return gym.make_vec(TASK_ID, NUM_ENVS, autoreset=autoreset, tokenizer=tok, **TASK_KWARGS)
 
 
 # ----------------------------------------------------------------- measurement
@@ -107,7 +89,7 @@ class SolveTracker:
         self.threshold = threshold
         self.returns: deque[float] = deque(maxlen=window)
         self.start = time.perf_counter()
-        self.cpu = CpuMeter()
+        self.cpu = h.CpuMeter()
         self.env_steps: int | None = None
         self.seconds: float | None = None
 
@@ -136,23 +118,15 @@ class SolveTracker:
 
 @dataclass(frozen=True)
 class RunResult:
-    """One run of one side.
-
-    Attributes:
-        solved: Whether the rolling mean reached the threshold within the budget.
-        env_steps: Env steps when solved (else: steps run).
-        seconds: Wall seconds when solved (else: seconds run).
-        rolling_mean: Mean return of the last ``WINDOW`` episodes at the end.
-        other_cpu: Share of the CPUs other processes used during the run.
-    """
+    """One run of one side."""
 
     side: str
     seed: int
-    solved: bool
-    env_steps: int
-    seconds: float
-    rolling_mean: float
-    other_cpu: float
+    solved: bool  # the rolling mean reached the threshold within the budget
+    env_steps: int  # when solved (else: steps run)
+    seconds: float  # wall seconds when solved (else: seconds run)
+    rolling_mean: float  # mean return of the last ``WINDOW`` episodes at the end
+    other_cpu: float  # share of the CPUs other processes used during the run
 
 
 # ----------------------------------------------------------------------- sides
@@ -179,16 +153,8 @@ def run_sb3_ppo(
     """SB3 PPO (``MlpPolicy`` on one-hot token ids) through ``SB3VecEnv``."""
     tracker = SolveTracker()
     env = SB3VecEnv(make_task_env(), TokenIdsObservation(), bootstrap_truncated=bootstrap_truncated)
-    model = PPO(
-        "MlpPolicy",
-        env,
-        n_steps=n_steps,
-        batch_size=batch_size,
-        n_epochs=10,
-        learning_rate=3e-4,
-        seed=seed,
-        device="cpu",
-    )
+    hyper = dict(n_steps=n_steps, batch_size=batch_size, n_epochs=10, learning_rate=3e-4)
+    model = PPO("MlpPolicy", env, seed=seed, device="cpu", **hyper)
     model.learn(max_env_steps, callback=_TrackSolve(tracker))
     return tracker.result(side, seed, model.num_timesteps)
 
@@ -220,17 +186,11 @@ def run_lmgym_ppo(seed: int, max_env_steps: int, *, learning_rate: float = LMGYM
 SIDES: dict[str, tuple[Callable[[int, int], RunResult], int, bool]] = {
     "sb3_ppo": (run_sb3_ppo, 200_000, False),
     "lmgym_ppo": (run_lmgym_ppo, 200_000, False),
-    "sb3_ppo_bootstrap": (
-        partial(run_sb3_ppo, side="sb3_ppo_bootstrap", bootstrap_truncated=True),
-        60_000,
-        True,
-    ),
-    "sb3_ppo_n2048": (
-        partial(run_sb3_ppo, side="sb3_ppo_n2048", n_steps=2048, batch_size=64),
-        500_000,
-        True,
-    ),
-}
+    "sb3_ppo_bootstrap": (partial(run_sb3_ppo, side="sb3_ppo_bootstrap",
+                                  bootstrap_truncated=True), 60_000, True),
+    "sb3_ppo_n2048": (partial(run_sb3_ppo, side="sb3_ppo_n2048", n_steps=2048,
+                              batch_size=64), 500_000, True),
+}  # fmt: skip
 
 
 # ---------------------------------------------------------------------- report
@@ -265,73 +225,57 @@ def _summary(results: list[RunResult], side: str) -> str:
     solved = [r for r in runs if r.solved]
     if not solved:
         best = max(r.rolling_mean for r in runs)
-        return f"| {side} | 0/{len(runs)} | - | - | best final rolling mean {best:.3f} |"
+        return f"{side} | 0/{len(runs)} | - | - | best final rolling mean {best:.3f}"
     steps = [r.env_steps for r in solved]
     secs = [r.seconds for r in solved]
     return (
-        f"| {side} | {len(solved)}/{len(runs)} | {statistics.median(steps):,.0f} "
+        f"{side} | {len(solved)}/{len(runs)} | {statistics.median(steps):,.0f} "
         f"({min(steps):,}-{max(steps):,}) | {statistics.median(secs):.1f} "
-        f"({min(secs):.1f}-{max(secs):.1f}) | |"
+        f"({min(secs):.1f}-{max(secs):.1f}) | "
     )
 
 
 def markdown(results: list[RunResult], sides: list[str], command: str, budgets: dict) -> str:
-    now = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     per_run = [
-        "| side | seed | solved | env steps | seconds | final rolling mean | other CPU load |",
-        "|---|---:|---|---:|---:|---:|---:|",
+        f"{r.side} | {r.seed} | {'yes' if r.solved else 'no'} | {r.env_steps:,} | {r.seconds:.1f} "
+        f"| {r.rolling_mean:.3f} | {r.other_cpu:.0%}{' (noisy)' if r.other_cpu > noisy_above() else ''}"
+        for r in results
     ]
-    for r in results:
-        flag = " (noisy)" if r.other_cpu > noisy_above() else ""
-        per_run.append(
-            f"| {r.side} | {r.seed} | {'yes' if r.solved else 'no'} | {r.env_steps:,} "
-            f"| {r.seconds:.1f} | {r.rolling_mean:.3f} | {r.other_cpu:.0%}{flag} |"
-        )
-    budget_text = ", ".join(f"{s} {budgets[s]:,}" for s in sides)
-    return "\n".join(
-        [
-            "# SB3 PPO vs lmgym PPO: steps and time to solve a token task",
-            "",
-            f"- date: {now}",
-            f"- machine: {os.cpu_count()} CPU cores ({platform.machine()}), torch threads = "
-            f"{torch.get_num_threads()}, no GPU",
-            f"- python {platform.python_version()}, torch {torch.__version__}, "
-            f"stable-baselines3 {stable_baselines3.__version__}, gymnasium {gym.__version__}, "
-            f"lmgym {lmgym.__version__}",
-            f"- command: `{command}`",
-            f"- task: `{TASK_ID}` {TASK_KWARGS}, vocabulary {CHARS!r} + 3 specials = 8 ids, "
-            f"{NUM_ENVS} envs; solved = mean return of the last {WINDOW} episodes >= "
-            f"{THRESHOLD}",
-            f"- env-step budgets: {budget_text}",
-            "- seconds: wall time from the start of the run (env and model construction "
-            "included) to the step the threshold was reached",
-            "",
-            "## Summary (median, min-max over solved seeds)",
-            "",
-            "| side | solved | env steps | seconds | note |",
-            "|---|---:|---:|---:|---|",
-            *[_summary(results, s) for s in sides],
-            "",
-            "## Runs",
-            "",
-            *per_run,
-            "",
-            "## Notes",
-            "",
-            *[n.format(threads=NUM_THREADS, free=noisy_above()) for n in NOTES],
-            *(
-                []
-                if "lmgym_ppo" in sides
-                else ["- lmgym's PPO side (`run_lmgym_ppo`) is not in this run yet."]
-            ),
-            "",
-        ]
-    )
+    modules = ["torch", "stable_baselines3", "gymnasium", "lmgym"]
+    lines = h.header("SB3 PPO vs lmgym PPO: steps and time to solve a token task",
+                     f"torch threads = {NUM_THREADS}", modules, command)  # fmt: skip
+    lines += [
+        f"- task: `{TASK_ID}` {TASK_KWARGS}, vocabulary {CHARS!r} + 3 specials = 8 ids, "
+        f"{NUM_ENVS} envs; solved = mean return of the last {WINDOW} episodes >= {THRESHOLD}",
+        "- env-step budgets: " + ", ".join(f"{s} {budgets[s]:,}" for s in sides),
+        "- seconds: wall time from the start of the run (env and model construction included) "
+        "to the step the threshold was reached",
+        "",
+        "## Summary (median, min-max over solved seeds)",
+        "",
+        *h.table(
+            "side | solved | env steps | seconds | note", [_summary(results, s) for s in sides]
+        ),
+        "",
+        "## Runs",
+        "",
+        *h.table(
+            "side | seed | solved | env steps | seconds | final rolling mean | other CPU load",
+            per_run,
+            left=3,
+        ),  # fmt: skip
+        "",
+        "## Notes",
+        "",
+        *[n.format(threads=NUM_THREADS, free=noisy_above()) for n in NOTES],
+        *([] if "lmgym_ppo" in sides else ["- lmgym's PPO side is not in this run."]),
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser = h.parser(__doc__, "one seed, 20k env steps per side")
+    parser.add_argument("--seeds", type=int, nargs="+", help="default 0 1 2 3 4 (--quick: 0)")
     parser.add_argument(
         "--sides", nargs="+", choices=sorted(SIDES), help="default: all but --reference ones"
     )
@@ -339,8 +283,8 @@ def main(argv: list[str] | None = None) -> None:
         "--reference", action="store_true", help="also run the reference SB3 variants"
     )
     parser.add_argument("--max-steps", type=int, help="env-step budget for every side")
-    parser.add_argument("--out", type=Path, help="write a Markdown results file here")
     args = parser.parse_args(argv)
+    h.fill_defaults(args, dict(seeds=[0, 1, 2, 3, 4]), dict(seeds=[0], max_steps=20_000))
     torch.set_num_threads(NUM_THREADS)
 
     sides = args.sides or [s for s, (_, _, ref) in SIDES.items() if args.reference or not ref]
@@ -358,9 +302,10 @@ def main(argv: list[str] | None = None) -> None:
                 flush=True,
             )
     results.sort(key=lambda r: (sides.index(r.side), r.seed))
-    report = markdown(results, sides, " ".join(["python", *sys.argv]), budgets)
+    command = h.command_line("sb3_ppo.py", argv)
+    report = markdown(results, sides, command, budgets)
     print(report)
-    write_report(report, args.out)
+    h.write_report(report, args.out)
 
 
 if __name__ == "__main__":

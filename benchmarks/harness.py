@@ -1,0 +1,639 @@
+"""The benchmark harness: what every script in this directory shares.
+
+- **Measurement.** Both sides of a comparison run in one process, alternated (ABBA)
+  after a warm-up (``alternate``). Absolute CPU speed moves by up to 30% between
+  processes, and not always for both sides alike, so a row runs in several fresh
+  (spawned) processes and reports the median of their ratios (``in_processes``).
+  A benchmark is only meaningful on an otherwise idle machine: ``CpuMeter`` reports
+  the share of the CPUs *other* processes used meanwhile (a row above ``NOISY`` is
+  flagged), and ``--wait-idle`` waits for an idle machine before each row and
+  reruns a disturbed one (``run_undisturbed``).
+- **Reports.** The header lines of a results file (date, machine, versions, the
+  git commit measured, the command), Markdown tables, spreads, verdicts and an
+  atomic write.
+- **Phase tables.** Where an lmgym call spends its time, from the
+  ``torch.profiler.record_function`` labels lmgym places in its own code
+  (``lmgym.profiling``): exclusive seconds per label path, so the rows add up.
+- **LM workloads.** Prompts of an exact token length, a reward that costs nothing
+  and an output bias that makes EOS unsampleable (equal work: every row runs to the
+  token budget on both sides).
+
+Scripts run as ``.venv/bin/python benchmarks/<name>.py`` (Python puts this
+directory on ``sys.path``); importing this module also puts the repository root
+there, so ``import lmgym`` finds the checkout when the package is not installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+T = TypeVar("T")
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+NOISY = 0.10
+"""Other processes' share of the CPUs above which a measurement is flagged (noisy)."""
+
+
+# ------------------------------------------------------------------- measurement
+class CpuMeter:
+    """Share of the machine's CPUs that *other* processes used since construction.
+
+    Linux only (``/proc/stat``); elsewhere ``other_load`` is NaN.
+    """
+
+    def __init__(self) -> None:
+        self.start = self._snapshot()
+
+    @staticmethod
+    def _snapshot() -> tuple[float, float, float] | None:
+        """``(wall s, CPU-seconds busy on the whole machine, this process's CPU-seconds)``."""
+        try:
+            with open("/proc/stat") as f:
+                fields = [int(x) for x in f.readline().split()[1:]]
+        except OSError:
+            return None
+        idle = fields[3] + fields[4]  # idle + iowait
+        busy = (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+        own = os.times()
+        return time.perf_counter(), busy, own.user + own.system
+
+    def other_load(self) -> float:
+        """Other processes' CPU-seconds since construction / (wall seconds x CPU count)."""
+        end = self._snapshot()
+        if self.start is None or end is None:
+            return float("nan")
+        others = (end[1] - self.start[1]) - (end[2] - self.start[2])
+        return max(0.0, others / ((end[0] - self.start[0]) * (os.cpu_count() or 1)))
+
+
+def wait_until_idle(deadline: float) -> None:
+    """Sleep until other processes use at most ``NOISY`` of the CPUs over 2 s, or
+    until ``deadline`` (a ``time.perf_counter()`` value)."""
+    while True:
+        meter = CpuMeter()
+        time.sleep(2.0)
+        load = meter.other_load()
+        if not load > NOISY or time.perf_counter() >= deadline:  # NaN counts as idle
+            return
+        print(f"  waiting for an idle machine (other CPU load {load:.0%})", flush=True)
+
+
+class Loaded(Protocol):
+    other_load: float
+
+
+L = TypeVar("L", bound=Loaded)
+
+
+def run_undisturbed(run: Callable[[], L], deadline: float | None, label: str = "") -> L:
+    """Run one measurement. With a ``deadline``: wait for idle CPUs first and rerun a
+    result whose ``other_load`` exceeds ``NOISY``, until the deadline passes."""
+    while True:
+        if deadline is not None:
+            wait_until_idle(deadline)
+        result = run()
+        load = result.other_load
+        if deadline is None or not load > NOISY or time.perf_counter() >= deadline:
+            return result
+        print(f"  {label + ': ' if label else ''}other CPU load {load:.0%}, rerunning", flush=True)
+
+
+def alternate(
+    a: Callable[[], float], b: Callable[[], float], warmup: int, repeats: int
+) -> tuple[list[float], list[float]]:
+    """Time ``a`` and ``b`` alternately (A B B A ...), after ``warmup`` untimed calls each.
+
+    Each callable times itself and returns seconds, so its setup stays out.
+
+    Returns:
+        ``(seconds of a, seconds of b)``, ``repeats`` each.
+    """
+    for _ in range(warmup):
+        a()
+        b()
+    ta: list[float] = []
+    tb: list[float] = []
+    for i in range(repeats):
+        first, second = ((a, ta), (b, tb)) if i % 2 == 0 else ((b, tb), (a, ta))
+        first[1].append(first[0]())
+        second[1].append(second[0]())
+    return ta, tb
+
+
+def quiet_worker(threads: int) -> None:
+    """Set up a measuring process: ``threads`` torch threads; transformers, accelerate
+    and Python warnings silenced."""
+    import logging
+    import warnings
+
+    import transformers
+
+    torch.set_num_threads(threads)
+    warnings.filterwarnings("ignore")
+    logging.getLogger("accelerate").setLevel(logging.ERROR)
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
+def in_fresh_process(fn: Callable[[], T], threads: int) -> T:
+    """``fn()`` in a new (spawned) process set up by ``quiet_worker(threads)``
+    (``fn`` and its result must pickle)."""
+    import functools
+    import multiprocessing
+
+    init = functools.partial(quiet_worker, threads)
+    with multiprocessing.get_context("spawn").Pool(1, initializer=init) as pool:
+        return pool.apply(fn)
+
+
+def in_processes(
+    work: Callable[[int], L],
+    processes: int,
+    threads: int,
+    deadline: float | None,
+    label: str,
+    fresh: bool | None = None,
+) -> list[L]:
+    """``work(i)`` for each process ``i``, each in a fresh process (by default when
+    ``processes > 1``; otherwise here) and each through ``run_undisturbed``."""
+    import functools
+
+    fresh = processes > 1 if fresh is None else fresh
+    results = []
+    for i in range(processes):
+        run = functools.partial(work, i)
+        if fresh:
+            run = functools.partial(in_fresh_process, run, threads)
+        name = f"{label}, process {i + 1}" if processes > 1 else label
+        results.append(run_undisturbed(run, deadline, label=name))
+    return results
+
+
+@dataclass
+class Comparison:
+    """One row of a two-sided comparison: each side's figure (median), ``ratio = a / b``
+    (the median of the per-process ratios when the row ran in several processes)."""
+
+    name: str
+    a: float
+    b: float
+    repeats: int
+    other_load: float
+    seconds: float = 0.0
+    process_ratios: tuple[float, ...] = ()
+
+    @property
+    def ratio(self) -> float:
+        return statistics.median(self.process_ratios) if self.process_ratios else self.a / self.b
+
+
+def pool(rows: Sequence[Comparison]) -> Comparison:
+    """One row from the same comparison in several processes: medians of each side,
+    repeats and seconds summed, the worst load, every process's ratio."""
+    return Comparison(
+        rows[0].name,
+        statistics.median(r.a for r in rows),
+        statistics.median(r.b for r in rows),
+        sum(r.repeats for r in rows),
+        max(r.other_load for r in rows),
+        sum(r.seconds for r in rows),
+        tuple(r.ratio for r in rows),
+    )
+
+
+def ratios_block(rows: Sequence[Any]) -> list[str]:
+    """A blank line and ``- name: per-process ratios 1.01x, 0.98x`` for each row that ran
+    in several processes (rows with ``name`` and ``process_ratios``); nothing if none did."""
+    lines = [
+        f"- {r.name}: per-process ratios " + ", ".join(f"{x:.2f}x" for x in r.process_ratios)
+        for r in rows
+        if r.process_ratios
+    ]
+    return ["", *lines] if lines else []
+
+
+# ------------------------------------------------------------------------ options
+def parser(doc: str | None, quick: str = "smoke run") -> argparse.ArgumentParser:
+    """An argument parser with ``--quick`` and ``--out`` (description: the doc's first paragraph)."""
+    p = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help=quick)
+    p.add_argument("--out", type=Path, help="write a Markdown results file here")
+    return p
+
+
+def add_wait_idle(p: argparse.ArgumentParser) -> None:
+    """Add ``--wait-idle SECONDS`` (default 0: measure at once)."""
+    p.add_argument(
+        "--wait-idle",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="on a shared machine: before each row wait for the other processes' CPU load "
+        f"to drop below {NOISY * 100:.0f}%%, and rerun a disturbed row, for at most SECONDS "
+        "in all (default 0: measure at once)",
+    )
+
+
+def fill_defaults(args: argparse.Namespace, normal: dict[str, Any], quick: dict[str, Any]) -> None:
+    """Set every option still ``None`` from ``quick`` (with ``--quick``) or ``normal``."""
+    for key, value in {**normal, **(quick if args.quick else {})}.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+
+
+def deadline_from(wait_idle: float, start: float) -> float | None:
+    """The ``perf_counter`` deadline of ``--wait-idle`` (None when it is 0)."""
+    return start + wait_idle if wait_idle > 0 else None
+
+
+def csv(text: str, valid: Sequence[str], option: str, p: argparse.ArgumentParser) -> list[str]:
+    """A comma list checked against ``valid`` (``p.error`` names a bad item)."""
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    for x in items:
+        if x not in valid:
+            p.error(f"{option}: unknown {x!r}; choose from {list(valid)}")
+    return items
+
+
+# ------------------------------------------------------------------------ reports
+def cpu_model() -> str:
+    """The CPU's model name from ``/proc/cpuinfo`` (or ``platform.processor()``)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def source_line() -> str:
+    """The git commit measured, and whether ``lmgym/`` had uncommitted changes."""
+    try:
+        git = ["git", "-C", str(ROOT)]
+        head = subprocess.run(
+            [*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        )
+        dirty = subprocess.run(
+            [*git, "status", "--porcelain", "--", "lmgym"], capture_output=True, text=True
+        )
+    except OSError:
+        return "- source: unknown (no git)"
+    state = "with uncommitted changes under lmgym/" if dirty.stdout.strip() else "lmgym/ clean"
+    return f"- source: commit {head.stdout.strip() or '?'}, {state} (at the start of the run)"
+
+
+def command_line(script: str, argv: Sequence[str] | None = None) -> str:
+    """The command that reruns ``benchmarks/<script>`` with ``argv`` (default: this
+    process's arguments) from the repository root."""
+    return " ".join(
+        [".venv/bin/python", f"benchmarks/{script}", *(sys.argv[1:] if argv is None else argv)]
+    )
+
+
+def header(
+    title: str,
+    threads: str,
+    modules: Sequence[str],
+    command: str,
+    note: str = "",
+    device: str = "no GPU",
+) -> list[str]:
+    """The first lines of a results file: title, date, machine, versions, source, command.
+
+    Args:
+        threads: how many torch threads ran, e.g. ``"torch threads = 2"``.
+        modules: modules whose ``__version__`` to list after python's.
+        command: the command line (``command_line``); ``note`` follows it.
+        device: the accelerator part of the machine line.
+    """
+    versions = [f"python {platform.python_version()}"]
+    for name in modules:
+        module = importlib.import_module(name)
+        versions.append(f"{name} {getattr(module, '__version__', '?')}")
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return [
+        f"# {title}",
+        "",
+        f"- date: {now}",
+        f"- machine: {os.cpu_count()} CPU cores ({platform.machine()}, {cpu_model()}), "
+        f"{threads}, {device}",
+        "- " + ", ".join(versions),
+        source_line(),
+        f"- command: `{command}`{note}",
+    ]
+
+
+def table(head: str, rows: Sequence[str | Sequence[Any]], left: int = 1) -> list[str]:
+    """A Markdown table: ``head`` and string rows are cells joined by ``" | "``; the
+    first ``left`` columns align left, the others right."""
+    cells = head.split(" | ")
+    align = ["---" if i < left else "---:" for i in range(len(cells))]
+    body = [r if isinstance(r, str) else " | ".join(str(c) for c in r) for r in rows]
+    return [f"| {head} |", "|" + "|".join(align) + "|", *[f"| {r} |" for r in body]]
+
+
+def spread(xs: Sequence[float], digits: int = 3) -> str:
+    """``median [q1, q3] (min-max)`` of ``xs``."""
+    if len(xs) < 2:
+        return f"{xs[0]:.{digits}f}" if xs else "n/a"
+    q1, q2, q3 = statistics.quantiles(xs, n=4, method="inclusive")
+    f = f".{digits}f"
+    return f"{q2:{f}} [{q1:{f}}, {q3:{f}}] ({min(xs):{f}}-{max(xs):{f}})"
+
+
+def load_cell(load: float) -> str:
+    """The 'other CPU load' cell, flagged above ``NOISY``."""
+    return f"{load:.0%}" + (" (noisy)" if load > NOISY else "")
+
+
+def verdict(met: bool) -> str:
+    return "MET" if met else "NOT MET"
+
+
+def noisy_warning(loads: Sequence[float]) -> list[str]:
+    """A warning line when any row's other-process load exceeded ``NOISY``."""
+    if not any(x > NOISY for x in loads):
+        return []
+    return [
+        f"- WARNING: other processes used more than {NOISY:.0%} of the CPUs during a row "
+        "(column 'other CPU load'); those figures are unreliable, rerun on an idle machine"
+    ]
+
+
+def write_report(text: str, out: Path | None, say: bool = True) -> None:
+    """Write ``text`` to ``out`` atomically (parents created); no-op for None."""
+    if out is None:
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(out)
+    if say:
+        print(f"wrote {out}", flush=True)
+
+
+# -------------------------------------------------------- unattended, time-boxed runs
+class SectionTimeout(BaseException):
+    """Raised by ``SIGALRM`` when a section overruns (not an ``Exception``, so library
+    code's ``except Exception`` cannot swallow it)."""
+
+
+def _on_alarm(signum: int, frame: object) -> None:
+    raise SectionTimeout()
+
+
+@dataclass
+class Section:
+    """One part of a sectioned report; ``body`` holds what it has measured so far."""
+
+    title: str
+    status: str = "started, not finished (the run ended during this part)"
+    body: list[str] = field(default_factory=list)
+
+
+@dataclass
+class SectionedReport:
+    """A Markdown report of sections, rewritten to ``out`` whenever ``write`` is called,
+    so a run cut short still leaves what it measured."""
+
+    head: list[str]
+    out: Path | None
+    sections: list[Section] = field(default_factory=list)
+
+    def write(self, finished: bool = False) -> str:
+        lines = [*self.head, *([] if finished else ["**Partial: the run has not finished.**", ""])]
+        for sec in self.sections:
+            lines += [f"## {sec.title}", "", f"Status: {sec.status}.", "", *sec.body, ""]
+        text = "\n".join(lines).rstrip() + "\n"
+        write_report(text, self.out, say=False)
+        return text
+
+
+def run_section(
+    report: SectionedReport,
+    title: str,
+    fn: Callable[[Section, float], None],
+    slice_s: float,
+    grace: float,
+    budget_end: float,
+    skip: str = "",
+) -> str:
+    """Run ``fn(section, deadline)`` in a time slice and record how it ended.
+
+    The soft ``deadline`` (now + ``slice_s``, at most ``budget_end``) tells ``fn`` not to
+    start work it cannot finish; ``SIGALRM`` interrupts it ``grace`` seconds later.
+    An exception's traceback goes into the section; the report is rewritten before
+    and after.
+
+    Returns:
+        ``"done"``, ``"skipped"`` (``skip`` given, or under 8 s of the budget left),
+        ``"interrupted"`` or ``"failed"``.
+    """
+    import signal
+    import traceback
+
+    section = Section(title)
+    report.sections.append(section)
+    now = time.perf_counter()
+    if skip or budget_end - now < 8.0:
+        section.status = f"skipped: {skip or f'{budget_end - now:.1f} s of the time budget left'}"
+        report.write()
+        return "skipped"
+    deadline = now + min(slice_s, budget_end - now)
+    print(f"\n[{title}] {deadline - now:.0f} s slice", flush=True)
+    report.write()  # a run that ends during this section still shows which one it was
+    signal.signal(signal.SIGALRM, _on_alarm)
+    outcome = "failed"
+    try:
+        signal.setitimer(signal.ITIMER_REAL, max(1.0, deadline - now + grace))
+        try:
+            fn(section, deadline)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        outcome, section.status = "done", f"done ({time.perf_counter() - now:.1f} s)"
+    except SectionTimeout:
+        outcome = "interrupted"
+        section.status = (
+            f"interrupted: over its slice ({deadline - now:.0f} s + {grace:.0f} s grace); the "
+            "figures are what it measured before"
+        )
+    except Exception as err:
+        section.status = f"failed: {type(err).__name__}: {str(err)[:500]}"
+        tail = "".join(traceback.format_exception(type(err), err, err.__traceback__)[-6:])
+        section.body += ["```", tail.rstrip()[-3000:], "```"]
+        traceback.print_exc()
+    print("\n".join(section.body), flush=True)
+    report.write()
+    return outcome
+
+
+# ------------------------------------------------------------------ phase tables
+Phases = dict[str, tuple[float, float]]
+"""``{label path: (exclusive seconds per call, entries per call)}``, plus ``"wall"``."""
+
+
+def profile_phases(call: Callable[[], object], calls: int) -> Phases:
+    """Run ``call()`` ``calls`` times under ``torch.profiler`` (CPU) and read lmgym's labels.
+
+    Returns:
+        ``"wall"`` (profiled seconds per call), each label path without the
+        ``lmgym.`` prefix (``"collect/act/decode/trunk"``: exclusive seconds, i.e.
+        minus the labels nested in it) and ``"unlabelled"`` (wall minus all labels).
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    from lmgym.profiling import PREFIX, phase_times
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
+        for _ in range(calls):
+            call()
+        wall = (time.perf_counter() - start) / calls
+    out: Phases = {"wall": (wall, 1.0)}
+    for path, t in phase_times(prof.events()).items():
+        out[path.replace(PREFIX, "")] = (t.seconds / calls, t.calls / calls)
+    out["unlabelled"] = (wall - sum(s for k, (s, _) in out.items() if k != "wall"), 0.0)
+    return out
+
+
+def phase_table(
+    columns: dict[str, Phases], notes: dict[str, dict[str, float]] | None = None
+) -> list[str]:
+    """Markdown: ``wall``, a row per label path (union over columns, in tree order with
+    siblings in order of appearance), ``unlabelled``, each cell ``seconds (share of
+    wall) [entries per call]``; then a row per note (``notes``: column -> {note: value})."""
+    seen = list(dict.fromkeys(n for p in columns.values() for n in p))
+
+    def key(path: str) -> list[int]:  # each ancestor's first appearance, outermost first
+        labels = path.split("/")
+        prefixes = ("/".join(labels[: i + 1]) for i in range(len(labels)))
+        return [seen.index(x) if x in seen else len(seen) for x in prefixes]
+
+    paths = sorted((n for n in seen if n not in ("wall", "unlabelled")), key=key)
+    rows = []
+    for name in ["wall", *paths, "unlabelled"]:
+        cells = []
+        for phases in columns.values():
+            sec, calls = phases.get(name, (0.0, 0.0))
+            share = "" if name == "wall" else f" ({sec / phases['wall'][0]:.0%})"
+            count = f" [{calls:.0f}]" if calls > 1.5 else ""
+            cells.append(f"{sec:.3f}{share}{count}" if name in phases else "-")
+        rows.append([name if name in ("wall", "unlabelled") else f"`{name}`", *cells])
+    notes = notes or {}
+    for note in dict.fromkeys(k for n in notes.values() for k in n):
+        rows.append([f"*{note}*", *[f"{notes.get(c, {}).get(note, 0.0):.2f}" for c in columns]])
+    return table(" | ".join(["phase (exclusive s per call)", *columns]), rows)
+
+
+PHASE_NOTE = (
+    "Exclusive seconds per call under `torch.profiler`, read from the labels lmgym places "
+    "in its own code (`lmgym.profiling`): a path `a/b` is label `b` entered inside `a`, "
+    "and each row excludes the labels nested in it, so the rows add up to 'wall' "
+    "('unlabelled': the rest). (share of the call) [entries per call]. The profiler's own "
+    "cost per op inflates every row a little."
+)
+
+
+# ------------------------------------------------------------------ LM workloads
+class ZeroReward:
+    """A trivial reward model: 0 for every row, ``[N] float32`` on the completions' device."""
+
+    name = "zero"
+
+    def __call__(self, batch: Any) -> Tensor:
+        return torch.zeros(batch.completion_ids.shape[0], device=batch.completion_ids.device)
+
+
+def forbid_token(model: nn.Module, token_id: int) -> None:
+    """Give the output layer a bias of ``-1e9`` on ``token_id`` (probability exactly 0).
+
+    The new ``[V, H]`` head shares the old (tied) weight, so every other logit is
+    unchanged; the bias takes the weight's dtype and device.
+    """
+    old = model.get_output_embeddings()
+    w = old.weight
+    head = nn.Linear(old.in_features, old.out_features, bias=True, device=w.device, dtype=w.dtype)
+    head.weight = w
+    with torch.no_grad():
+        head.bias.zero_()
+        head.bias[token_id] = -1e9
+    model.set_output_embeddings(head)
+
+
+def make_prompts(tokenizer: Any, n: int, length: int, seed: int = 0) -> list[str]:
+    """``n`` random strings over the character tokenizer's characters, each exactly
+    ``length`` tokens."""
+    from lmgym.char_tokenizer import DEFAULT_CHARS
+
+    rng = np.random.default_rng(seed)
+    prompts = ["".join(rng.choice(list(DEFAULT_CHARS), size=length)) for _ in range(n)]
+    for p in prompts:
+        assert len(tokenizer(p, add_special_tokens=False)["input_ids"]) == length
+    return prompts
+
+
+def fixed_length_env(
+    tokenizer: Any, n: int, prompt_tokens: int, new_tokens: int, device: str | torch.device = "cpu"
+) -> Any:
+    """``n`` rows, one exact-length prompt each (served in order), EOS the only stop
+    id, a zero reward: the env side of rollout-vs-generate."""
+    from lmgym import TokenVectorEnv
+
+    env = TokenVectorEnv(
+        tokenizer,
+        make_prompts(tokenizer, n, prompt_tokens),
+        ZeroReward(),
+        num_prompts=n,
+        group_size=1,
+        max_new_tokens=new_tokens,
+        stop_token_ids=[tokenizer.eos_token_id],
+        prompt_order="sequential",
+        device=device,
+    )
+    assert env.prompt_width == prompt_tokens
+    return env
+
+
+def generate_exact(
+    model: nn.Module, ids: Tensor, mask: Tensor, new_tokens: int, tokenizer: Any
+) -> Tensor:
+    """transformers' sampling with the rollout's settings (temperature 1, no top-k /
+    top-p): ``[B, Lp + new_tokens]`` int64 ids. Pair with ``check_exact``."""
+    with torch.no_grad():
+        return model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=True,
+            max_new_tokens=new_tokens,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+
+
+def check_exact(out: Tensor, prompt_tokens: int, new_tokens: int, tokenizer: Any) -> None:
+    """Every row of ``generate_exact``'s output made exactly ``new_tokens`` (equal work)."""
+    completion = out[:, prompt_tokens:]
+    assert completion.shape[1] == new_tokens, f"generate: shape {tuple(out.shape)}"
+    assert not bool((completion == tokenizer.eos_token_id).any()), "generate: a row stopped early"
