@@ -144,10 +144,18 @@ def staleness_stats(rollout: VersionedRollout, update: int) -> dict[str, float]:
     """Version lag of the real completion tokens trained by update ``update``.
 
     Returns:
-        ``staleness_mean`` and ``staleness_max`` (0 for an on-policy batch).
+        ``staleness_mean`` and ``staleness_max`` (0 for an on-policy batch), and
+        ``mixed_version_fraction``: the share of rows whose tokens were sampled by
+        more than one version (weights changed mid-row: in-flight updates).
     """
     mask = rollout.batch.completion_mask
     lag = (update - rollout.versions)[mask].double()
     if lag.numel() == 0:
-        return {"staleness_mean": 0.0, "staleness_max": 0.0}
-    return {"staleness_mean": lag.mean().item(), "staleness_max": lag.max().item()}
+        return {"staleness_mean": 0.0, "staleness_max": 0.0, "mixed_version_fraction": 0.0}
+    newest = rollout.versions.masked_fill(~mask, -1).max(dim=1).values
+    mixed = (newest != rollout.oldest_versions()).double().mean()
+    return {
+        "staleness_mean": lag.mean().item(),
+        "staleness_max": lag.max().item(),
+        "mixed_version_fraction": mixed.item(),
+    }

@@ -22,6 +22,9 @@ EQUAL_CASES: dict[str, tuple[str, dict[str, Any]]] = {
 }
 EQUAL_ITERATIONS = 4
 BOUND_ITERATIONS = 5
+# Rewards of random completions are mostly 0 here: the entropy bonus gives the
+# two-learner comparison a gradient to compare.
+TWO_LEARNERS: tuple[str, dict[str, Any]] = ("grpo", {"entropy_coef": 0.01})
 LEARN_BUDGET = 200
 # 2e-3 (the synchronous learning test's rate) collapses onto a partial answer at
 # max_staleness=2 for this seed; half of it solves.

@@ -26,6 +26,7 @@ from async_cases import (  # noqa: E402
     EQUAL_ITERATIONS,
     LEARN_BUDGET,
     LEARN_OVERRIDES,
+    TWO_LEARNERS,
     make_agent,
 )
 
@@ -81,6 +82,11 @@ def bound(out: Path) -> None:
         ("wait-slow-learner", AsyncConfig(actors=2), AsyncHooks(learner_update=pause(0.3))),
         ("wait-slow-actor", AsyncConfig(actors=2), AsyncHooks(actor_step=pause(0.02, only=1))),
         (
+            "row-boundary-slow-actor",
+            AsyncConfig(actors=2, weight_sync="row_boundary"),
+            AsyncHooks(actor_step=pause(0.02, only=1)),
+        ),
+        (
             "drop-slow-learner",
             AsyncConfig(actors=2, max_staleness=0, stale_policy="drop"),
             AsyncHooks(learner_update=pause(0.3)),
@@ -88,6 +94,9 @@ def bound(out: Path) -> None:
     ]
     for name, config, hooks in runs:
         run(out, name, config, BOUND_ITERATIONS, make, hooks)
+    # Two learners, one actor: the data-parallel update on each update's groups.
+    two = AsyncConfig(learners=2, max_staleness=0)
+    run(out, "two-learners", two, 2, partial(factory, *TWO_LEARNERS))
 
 
 def kill(out: Path) -> None:

@@ -14,7 +14,13 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from async_cases import BOUND_ITERATIONS, EQUAL_CASES, EQUAL_ITERATIONS, make_agent  # noqa: E402
+from async_cases import (  # noqa: E402
+    BOUND_ITERATIONS,
+    EQUAL_CASES,
+    EQUAL_ITERATIONS,
+    TWO_LEARNERS,
+    make_agent,
+)
 
 
 def torchrun(scenario: str, out: Path, nproc: int, timeout: float = 240, *extra: str):
@@ -59,8 +65,10 @@ def test_max_staleness_0_is_the_synchronous_run(name, equal_runs):
 def bound_runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("bound")
     launch("bound", out, nproc=3)
-    names = ("wait-slow-learner", "wait-slow-actor", "drop-slow-learner")
-    return {name: torch.load(out / f"{name}-learner0.pt") for name in names}
+    names = ("wait-slow-learner", "wait-slow-actor", "row-boundary-slow-actor", "drop-slow-learner")
+    runs = {name: torch.load(out / f"{name}-learner0.pt") for name in names}
+    runs["two-learners"] = [torch.load(out / f"two-learners-learner{i}.pt") for i in range(2)]
+    return runs
 
 
 def column(run: dict, key: str) -> list[float]:
@@ -84,6 +92,38 @@ def test_wait_keeps_the_bound_under_a_slow_actor(bound_runs):
     assert sum(column(run, "stale_rows_dropped")) == 0
     assert sum(column(run, "learner_idle_s")[1:]) > 0.1  # the learner waits for actor 1
     assert run["trained"] == [list(range(4 * u, 4 * u + 4)) for u in range(BOUND_ITERATIONS)]
+
+
+def test_in_flight_weights_reach_rows_mid_generation(bound_runs):
+    """Under a slow actor, new weights arrive while its rows are in flight: some
+    trained rows were sampled by two versions (and still within the bound)."""
+    run = bound_runs["wait-slow-actor"]
+    assert max(column(run, "mixed_version_fraction")) > 0
+
+
+def test_row_boundary_samples_every_row_with_one_version(bound_runs):
+    run = bound_runs["row-boundary-slow-actor"]
+    assert column(run, "mixed_version_fraction") == [0.0] * BOUND_ITERATIONS
+    assert max(column(run, "staleness_max")) <= 1.0
+    assert sum(column(run, "stale_rows_dropped")) == 0
+
+
+def test_two_learners_share_each_update(bound_runs):
+    """Two data-parallel learners train one group each of every update (global ids
+    2u and 2u + 1), end with the same weights, and log the global metrics of the
+    one-process update on the same groups."""
+    first, second = bound_runs["two-learners"]
+    assert first["trained"] == [[0], [2]] and second["trained"] == [[1], [3]]
+    for p, q in zip(first["params"], second["params"], strict=True):
+        assert torch.equal(p, q)
+    for mine, theirs in zip(first["history"], second["history"], strict=True):
+        mine, theirs = dict(mine), dict(theirs)
+        mine.pop("update_s"), theirs.pop("update_s")  # each learner's own clock
+        assert mine == theirs
+    assert first["history"][0]["grad_norm"] > 0
+    single = make_agent(*TWO_LEARNERS).learn(1)[0]
+    for key, value in single.items():
+        assert first["history"][0][key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
 
 
 def test_drop_drops_rows_past_the_bound_and_never_trains_them(bound_runs):

@@ -103,5 +103,10 @@ def test_group_ids_are_made_global_per_actor():
 def test_staleness_stats_over_real_tokens_only():
     rollout = groups([0], [[3, 4, 5], [5, 5, 9]], lengths=[3, 2])
     # update 5: lags 2, 1, 0 and 0, 0; the padded token (version 9) does not count
-    assert staleness_stats(rollout, update=5) == {"staleness_mean": 0.6, "staleness_max": 2.0}
+    # row 0 was sampled by versions 3..5 (mixed), row 1 by version 5 alone
+    assert staleness_stats(rollout, update=5) == {
+        "staleness_mean": 0.6,
+        "staleness_max": 2.0,
+        "mixed_version_fraction": 0.5,
+    }
     assert rollout.oldest_versions().tolist() == [3, 5]
