@@ -73,8 +73,9 @@ class SamplerRatioProbe:
     def stats(self) -> dict[str, float]:
         """``sampler_ratio_mean/min/max`` over every learner's tokens (empty without tokens)."""
         group, device = self.agent.group, self.agent.policy.device
-        totals = group.all_reduce_sum(torch.tensor([self._sum, self._count], device=device))
-        low = group.all_reduce_min(torch.tensor([self._min, -self._max], device=device))
+        exact = {"dtype": torch.float64, "device": device}
+        totals = group.all_reduce_sum(torch.tensor([self._sum, self._count], **exact))
+        low = group.all_reduce_min(torch.tensor([self._min, -self._max], **exact))
         if float(totals[1]) == 0:
             return {}
         return {
@@ -182,7 +183,7 @@ def _broadcast(tensor: Tensor, topology: Topology) -> Tensor:
 def _control(values: Sequence[int], topology: Topology) -> list[int]:
     """Learner 0's control ints to every learner: ``[stop, update, rows, int cols,
     float cols, prompt width, rows dropped, tokens received, learner idle us, actor
-    idle ppm, 0]``."""
+    idle ppm, actor idle us]``."""
     tensor = torch.tensor(list(values) + [0] * (CONTROL - len(values)), dtype=torch.int64)
     return _broadcast(tensor.to(topology.weights_device), topology).tolist()
 
@@ -274,6 +275,7 @@ def _one_update(
                 batch.tokens_received,
                 int(waited * 1e6),
                 int(hub.actor_idle_fraction() * 1e6),
+                int(sum(idle for idle, _ in hub.actor_clock) * 1e6),
             ],
             topology,
         )
@@ -290,7 +292,7 @@ def _one_update(
         ints = _broadcast(torch.empty(rows, int_cols, dtype=torch.int64, device=device), topology)
         floats = _broadcast(torch.empty(rows, float_cols, device=device), topology)
         rollout = unpack(ints.cpu(), floats.cpu(), width)
-    rows_dropped, tokens, waited_us, actor_idle_ppm = control[6:10]
+    rows_dropped, tokens, waited_us, actor_idle_ppm, actor_idle_us = control[6:11]
     mine = _share(rollout, topology)
     probe.reset()
     start = time.perf_counter()
@@ -305,4 +307,5 @@ def _one_update(
     metrics["learner_idle_s"] = waited_us / 1e6
     metrics["update_s"] = time.perf_counter() - start
     metrics["actor_idle_fraction"] = actor_idle_ppm / 1e6
+    metrics["actor_idle_s"] = actor_idle_us / 1e6
     return metrics, mine.batch.group_ids.unique()

@@ -18,6 +18,7 @@ import dataclasses
 import json
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Literal
 
 import torch
@@ -85,10 +86,13 @@ def build_topology(config: AsyncConfig, device: torch.device) -> Topology:
             "(or change actors/learners)"
         )
     rank, learners, actors = dist.get_rank(), config.learners, config.actors
-    learners_group = dist.new_group(list(range(learners)))
-    actor_groups = [dist.new_group([learners + a]) for a in range(actors)]
-    weight_groups = [dist.new_group([0, learners + a]) for a in range(actors)]
-    rollout_groups = [dist.new_group([0, learners + a], backend="gloo") for a in range(actors)]
+    timeout = timedelta(seconds=config.timeout_s)  # new groups do not inherit the world's
+    learners_group = dist.new_group(list(range(learners)), timeout=timeout)
+    actor_groups = [dist.new_group([learners + a], timeout=timeout) for a in range(actors)]
+    weight_groups = [dist.new_group([0, learners + a], timeout=timeout) for a in range(actors)]
+    rollout_groups = [
+        dist.new_group([0, learners + a], timeout=timeout, backend="gloo") for a in range(actors)
+    ]
     if rank < learners:
         role = Role("learner", rank, learners, rank, learners_group, device)
     else:

@@ -117,6 +117,13 @@ def kill(out: Path) -> None:
     run_async(make, 50, AsyncConfig(actors=2, timeout_s=60), hooks=hooks)
 
 
+def stuck(out: Path) -> None:
+    """The only actor stops answering (alive, asleep) after two decode steps."""
+    hooks = AsyncHooks(actor_step=lambda actor, step: time.sleep(600) if step == 2 else None)
+    make = partial(factory, "grpo", {})
+    run_async(make, 5, AsyncConfig(timeout_s=3), hooks=hooks)
+
+
 def learn(out: Path) -> None:
     """TargetString "hello" with max_staleness=2, until solved."""
     recent: list[float] = []
@@ -136,5 +143,6 @@ def learn(out: Path) -> None:
 if __name__ == "__main__":
     torch.set_num_threads(1)
     scenario, out = sys.argv[1], Path(sys.argv[2])
-    {"equal": equal, "bound": bound, "kill": kill, "learn": learn}[scenario](out)
+    scenarios = {"equal": equal, "bound": bound, "kill": kill, "stuck": stuck, "learn": learn}
+    scenarios[scenario](out)
     dist.destroy_process_group()

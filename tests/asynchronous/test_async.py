@@ -151,6 +151,20 @@ def test_a_killed_actor_ends_the_run_with_a_clear_error(tmp_path):
     assert trained and len(trained) == len(set(trained))
 
 
+def test_a_stuck_actor_ends_the_run_after_the_timeout(tmp_path):
+    """The actor stays alive but silent: after timeout_s (3 s) the learner gives up
+    with an error instead of waiting forever."""
+    start = time.perf_counter()
+    done = torchrun("stuck", tmp_path, 2, 120)
+    assert time.perf_counter() - start < 100
+    assert done.returncode != 0
+    output = done.stdout + done.stderr
+    assert "PeerLostError" in output, output[-3000:]
+    assert (
+        "no rollout from any actor arrived in 3 s" in output or "actor 0 (rank 1) stopped" in output
+    )
+
+
 @pytest.mark.learning
 def test_max_staleness_2_learns_the_target_string(tmp_path):
     launch("learn", tmp_path, nproc=2)
