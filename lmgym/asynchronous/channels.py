@@ -185,6 +185,7 @@ class Outbox:
     Args:
         peer: the receiver's global rank.
         group: a process group used only by this channel.
+        device: the device of the tensors sent (for NCCL, this thread's GPU).
         name: how errors name the peer.
         latest_only: keep only the newest unsent message (weights: an actor needs
             the latest version, not every one); otherwise every message is sent.

@@ -88,6 +88,10 @@ def run_async(
         dist.init_process_group(backend, timeout=timedelta(seconds=config.timeout_s))
     topology = build_topology(config, device)
     agent = agent_factory(topology.role)
+    if not isinstance(agent, Agent):
+        raise TypeError(
+            f"agent_factory must return an lmgym Agent (e.g. GRPO(...)), got {type(agent).__name__}"
+        )
     infos: list = [None] * dist.get_world_size()
     dist.all_gather_object(infos, describe(agent, topology.role))
     check_handshake(infos, config)
