@@ -1,0 +1,56 @@
+"""Agents shared by the async worker (in torchrun processes) and its tests (one process)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from lmgym.agents import ALGORITHMS
+from lmgym.asynchronous import Role
+from lmgym.envs.tasks.target_string import make_target_string_vector
+from lmgym.policy import CausalLMPolicy, make_char_tokenizer, make_tiny_model
+
+# name -> (algorithm, config overrides): PPO recomputes lp_old (2 minibatches, 2 epochs)
+# and applies TIS; GRPO takes its single-pass lp_old from the update's own forward.
+EQUAL_CASES: dict[str, tuple[str, dict[str, Any]]] = {
+    "grpo": ("grpo", {"learning_rate": 2e-3}),
+    "ppo-tis": (
+        "ppo",
+        {"num_minibatches": 2, "update_epochs": 2, "tis_cap": 2.0, "whiten_advantages": True},
+    ),
+}
+EQUAL_ITERATIONS = 4
+BOUND_ITERATIONS = 5
+# Rewards of random completions are mostly 0 here: the entropy bonus gives the
+# two-learner comparison a gradient to compare.
+TWO_LEARNERS: tuple[str, dict[str, Any]] = ("grpo", {"entropy_coef": 0.01})
+LEARN_BUDGET = 200
+# 2e-3 (the synchronous learning test's rate) collapses onto a partial answer at
+# max_staleness=2 for this seed; half of it solves.
+LEARN_OVERRIDES: dict[str, Any] = {"learning_rate": 1e-3, "tis_cap": 2.0}
+
+
+def make_agent(
+    algorithm: str,
+    overrides: dict[str, Any],
+    role: Role | None = None,
+    num_prompts: int = 2,
+    group_size: int = 4,
+    max_new_tokens: int = 6,
+    target: str = "hello",
+    n_layer: int = 2,
+):
+    """A tiny TargetString agent, identical in every process (seeded here)."""
+    torch.manual_seed(0)
+    tokenizer = make_char_tokenizer()
+    policy = CausalLMPolicy(make_tiny_model(len(tokenizer), n_layer=n_layer, seed=0), tokenizer)
+    env = make_target_string_vector(
+        num_envs=num_prompts * group_size,
+        group_size=group_size,
+        target=target,
+        max_new_tokens=max_new_tokens,
+        tokenizer=tokenizer,
+    )
+    group = role.process_group if role is not None else None
+    return ALGORITHMS[algorithm](policy, env, process_group=group, seed=0, **overrides)

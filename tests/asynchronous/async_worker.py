@@ -1,0 +1,148 @@
+"""Worker launched by torchrun: runs ``run_async`` scenarios and writes what the tests compare.
+
+    python -m torch.distributed.run --standalone --nproc-per-node N async_worker.py SCENARIO OUT
+
+Learners write ``OUT/<run>-learner<i>.pt`` (history, final parameters, trained
+group ids); the tests read them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from async_cases import (  # noqa: E402
+    BOUND_ITERATIONS,
+    EQUAL_CASES,
+    EQUAL_ITERATIONS,
+    LEARN_BUDGET,
+    LEARN_OVERRIDES,
+    TWO_LEARNERS,
+    make_agent,
+)
+
+from lmgym.asynchronous import AsyncConfig, AsyncHooks, run_async  # noqa: E402
+
+
+def run(out: Path, name: str, config: AsyncConfig, iterations: int, factory, hooks=None) -> None:
+    """``run_async``; learners save their history, final parameters and trained group ids."""
+    trained: list = []
+    hooks = hooks or AsyncHooks()
+    also = hooks.learner_update
+
+    def record(update, ids):
+        trained.append(ids.tolist())
+        if also is not None:
+            also(update, ids)
+
+    hooks.learner_update = record
+    result = run_async(factory, iterations, config, hooks=hooks)
+    if result.role.is_learner:
+        params = [p.detach().clone() for p in result.agent.policy.model.parameters()]
+        torch.save(
+            {"history": result.history, "params": params, "trained": trained},
+            out / f"{name}-learner{result.role.index}.pt",
+        )
+
+
+def factory(algorithm: str, overrides: dict, role, **kwargs):
+    return make_agent(algorithm, overrides, role, **kwargs)
+
+
+def pause(seconds: float, only: int | None = None):
+    """A hook that sleeps (in actor ``only``'s loop, or everywhere)."""
+
+    def hook(index, *_):
+        if only is None or index == only:
+            time.sleep(seconds)
+
+    return hook
+
+
+def equal(out: Path) -> None:
+    """One learner, one actor, max_staleness=0: the synchronous run's updates."""
+    for name, (algorithm, overrides) in EQUAL_CASES.items():
+        make = partial(factory, algorithm, overrides)
+        run(out, name, AsyncConfig(max_staleness=0), EQUAL_ITERATIONS, make)
+
+
+def bound(out: Path) -> None:
+    """One learner, two actors, under a slow learner and a slow actor."""
+    make = partial(factory, "grpo", {"tis_cap": 2.0})
+    runs = [
+        ("wait-slow-learner", AsyncConfig(actors=2), AsyncHooks(learner_update=pause(0.3))),
+        ("wait-slow-actor", AsyncConfig(actors=2), AsyncHooks(actor_step=pause(0.02, only=1))),
+        (
+            "row-boundary-slow-actor",
+            AsyncConfig(actors=2, weight_sync="row_boundary"),
+            AsyncHooks(actor_step=pause(0.02, only=1)),
+        ),
+        (
+            "drop-slow-learner",
+            AsyncConfig(actors=2, max_staleness=0, stale_policy="drop"),
+            AsyncHooks(learner_update=pause(0.3)),
+        ),
+    ]
+    for name, config, hooks in runs:
+        run(out, name, config, BOUND_ITERATIONS, make, hooks)
+    # Two learners, one actor: the data-parallel update on each update's groups.
+    two = AsyncConfig(learners=2, max_staleness=0)
+    run(out, "two-learners", two, 2, partial(factory, *TWO_LEARNERS))
+
+
+def kill(out: Path) -> None:
+    """Actor 1 kills itself (SIGKILL) after queueing its second message; the learner
+    appends each update's trained group ids to ``OUT/trained.txt`` as it goes."""
+
+    def die(actor, sent):
+        if actor == 1 and sent == 2:
+            time.sleep(0.2)  # let the messages leave
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def record(update, ids):
+        with (out / "trained.txt").open("a") as f:
+            f.write(" ".join(map(str, ids.tolist())) + "\n")
+
+    hooks = AsyncHooks(actor_sent=die, learner_update=record)
+    make = partial(factory, "grpo", {"tis_cap": 2.0})
+    run_async(make, 50, AsyncConfig(actors=2, timeout_s=60), hooks=hooks)
+
+
+def stuck(out: Path) -> None:
+    """The only actor stops answering (alive, asleep) after two decode steps."""
+    hooks = AsyncHooks(actor_step=lambda actor, step: time.sleep(600) if step == 2 else None)
+    make = partial(factory, "grpo", {})
+    run_async(make, 5, AsyncConfig(timeout_s=3), hooks=hooks)
+
+
+def learn(out: Path) -> None:
+    """TargetString "hello" with max_staleness=2, until solved."""
+    recent: list[float] = []
+
+    def solved(agent, metrics):
+        recent.append(metrics["reward_mean"])
+        return not (len(recent) >= 5 and sum(recent[-5:]) / 5 >= 0.95)
+
+    make = partial(
+        factory, "grpo", LEARN_OVERRIDES, num_prompts=4, group_size=8, max_new_tokens=None
+    )
+    result = run_async(make, LEARN_BUDGET, AsyncConfig(max_staleness=2), callback=solved)
+    if result.role.is_learner:
+        torch.save({"history": result.history}, out / "learn-learner0.pt")
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    scenario, out = sys.argv[1], Path(sys.argv[2])
+    scenarios = {"equal": equal, "bound": bound, "kill": kill, "stuck": stuck, "learn": learn}
+    scenarios[scenario](out)
+    dist.destroy_process_group()

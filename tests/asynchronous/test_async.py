@@ -1,0 +1,177 @@
+"""Actors and learners as torchrun processes (gloo): exactness at k=0, the bound, failures, learning."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from async_cases import (  # noqa: E402
+    BOUND_ITERATIONS,
+    EQUAL_CASES,
+    EQUAL_ITERATIONS,
+    TWO_LEARNERS,
+    make_agent,
+)
+
+
+def torchrun(scenario: str, out: Path, nproc: int, timeout: float = 240, *extra: str):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE.parents[1]), env.get("PYTHONPATH", "")])
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
+    command += ["--standalone", *extra, str(HERE / "async_worker.py"), scenario, str(out)]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def launch(scenario: str, out: Path, nproc: int) -> None:
+    done = torchrun(scenario, out, nproc)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def equal_runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("equal")
+    launch("equal", out, nproc=2)
+    return {name: torch.load(out / f"{name}-learner0.pt") for name in EQUAL_CASES}
+
+
+@pytest.mark.parametrize("name", sorted(EQUAL_CASES))
+def test_max_staleness_0_is_the_synchronous_run(name, equal_runs):
+    """One actor + one learner at k=0: the same parameters and metrics, bit for bit,
+    as Agent.learn in one process with the same seeds (GRPO single-pass; PPO with
+    recomputed lp_old, 2 minibatches x 2 epochs, TIS)."""
+    algorithm, overrides = EQUAL_CASES[name]
+    agent = make_agent(algorithm, overrides)
+    history = agent.learn(EQUAL_ITERATIONS)
+    got = equal_runs[name]
+    for mine, theirs in zip(agent.policy.model.parameters(), got["params"], strict=True):
+        assert torch.equal(mine, theirs)
+    assert len(got["history"]) == EQUAL_ITERATIONS
+    for expected, metrics in zip(history, got["history"], strict=True):
+        assert {k: metrics[k] for k in expected} == expected
+        assert metrics["staleness_max"] == 0.0 and metrics["stale_rows_dropped"] == 0.0
+    assert got["trained"] == [[2 * u, 2 * u + 1] for u in range(EQUAL_ITERATIONS)]
+
+
+@pytest.fixture(scope="module")
+def bound_runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bound")
+    launch("bound", out, nproc=3)
+    names = ("wait-slow-learner", "wait-slow-actor", "row-boundary-slow-actor", "drop-slow-learner")
+    runs = {name: torch.load(out / f"{name}-learner0.pt") for name in names}
+    runs["two-learners"] = [torch.load(out / f"two-learners-learner{i}.pt") for i in range(2)]
+    return runs
+
+
+def column(run: dict, key: str) -> list[float]:
+    return [m[key] for m in run["history"]]
+
+
+def test_wait_keeps_the_bound_under_a_slow_learner(bound_runs):
+    """Actors run ahead while the learner sleeps, by exactly max_staleness=1 and no
+    further: they wait instead (idle), nothing is dropped, and update u trains the
+    groups fixed for it (2 per actor, global ids 4u .. 4u + 3)."""
+    run = bound_runs["wait-slow-learner"]
+    assert max(column(run, "staleness_max")) == 1.0
+    assert sum(column(run, "stale_rows_dropped")) == 0
+    assert run["history"][-1]["actor_idle_fraction"] > 0.2
+    assert run["trained"] == [list(range(4 * u, 4 * u + 4)) for u in range(BOUND_ITERATIONS)]
+
+
+def test_wait_keeps_the_bound_under_a_slow_actor(bound_runs):
+    run = bound_runs["wait-slow-actor"]
+    assert max(column(run, "staleness_max")) <= 1.0
+    assert sum(column(run, "stale_rows_dropped")) == 0
+    assert sum(column(run, "learner_idle_s")[1:]) > 0.1  # the learner waits for actor 1
+    assert run["trained"] == [list(range(4 * u, 4 * u + 4)) for u in range(BOUND_ITERATIONS)]
+
+
+def test_in_flight_weights_reach_rows_mid_generation(bound_runs):
+    """Under a slow actor, new weights arrive while its rows are in flight: some
+    trained rows were sampled by two versions (and still within the bound)."""
+    run = bound_runs["wait-slow-actor"]
+    assert max(column(run, "mixed_version_fraction")) > 0
+
+
+def test_row_boundary_samples_every_row_with_one_version(bound_runs):
+    run = bound_runs["row-boundary-slow-actor"]
+    assert column(run, "mixed_version_fraction") == [0.0] * BOUND_ITERATIONS
+    assert max(column(run, "staleness_max")) <= 1.0
+    assert sum(column(run, "stale_rows_dropped")) == 0
+
+
+def test_two_learners_share_each_update(bound_runs):
+    """Two data-parallel learners train one group each of every update (global ids
+    2u and 2u + 1), end with the same weights, and log the global metrics of the
+    one-process update on the same groups."""
+    first, second = bound_runs["two-learners"]
+    assert first["trained"] == [[0], [2]] and second["trained"] == [[1], [3]]
+    for p, q in zip(first["params"], second["params"], strict=True):
+        assert torch.equal(p, q)
+    for mine, theirs in zip(first["history"], second["history"], strict=True):
+        mine, theirs = dict(mine), dict(theirs)
+        mine.pop("update_s"), theirs.pop("update_s")  # each learner's own clock
+        assert mine == theirs
+    assert first["history"][0]["grad_norm"] > 0
+    single = make_agent(*TWO_LEARNERS).learn(1)[0]
+    for key, value in single.items():
+        assert first["history"][0][key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+
+
+def test_drop_drops_rows_past_the_bound_and_never_trains_them(bound_runs):
+    run = bound_runs["drop-slow-learner"]
+    assert max(column(run, "staleness_max")) == 0.0
+    assert sum(column(run, "stale_rows_dropped")) > 0
+    assert run["history"][-1]["actor_idle_fraction"] == 0.0  # actors never wait
+    trained = [g for update in run["trained"] for g in update]
+    assert len(trained) == len(set(trained)) == 4 * BOUND_ITERATIONS
+
+
+def test_a_killed_actor_ends_the_run_with_a_clear_error(tmp_path):
+    """SIGKILL on actor 1 after its second message: the learner names it and the run
+    ends (torchrun's monitor is slowed so that lmgym's own error shows), no hang,
+    and no group was trained twice before the end."""
+    start = time.perf_counter()
+    done = torchrun("kill", tmp_path, 3, 120, "--monitor-interval", "3")
+    assert time.perf_counter() - start < 100
+    assert done.returncode != 0
+    output = done.stdout + done.stderr
+    assert "PeerLostError: actor 1 (rank 2) stopped" in output, output[-3000:]
+    assert "the run ends: a lost process is not replaced" in output
+    lines = (tmp_path / "trained.txt").read_text().split("\n")
+    trained = [int(g) for line in lines for g in line.split()]
+    assert trained and len(trained) == len(set(trained))
+
+
+def test_a_stuck_actor_ends_the_run_after_the_timeout(tmp_path):
+    """The actor stays alive but silent: after timeout_s (3 s) the learner gives up
+    with an error instead of waiting forever."""
+    start = time.perf_counter()
+    done = torchrun("stuck", tmp_path, 2, 120)
+    assert time.perf_counter() - start < 100
+    assert done.returncode != 0
+    output = done.stdout + done.stderr
+    assert "PeerLostError" in output, output[-3000:]
+    assert (
+        "no rollout from any actor arrived in 3 s" in output or "actor 0 (rank 1) stopped" in output
+    )
+
+
+@pytest.mark.learning
+def test_max_staleness_2_learns_the_target_string(tmp_path):
+    launch("learn", tmp_path, nproc=2)
+    history = torch.load(tmp_path / "learn-learner0.pt")["history"]
+    rewards = column({"history": history}, "reward_mean")
+    first, last = sum(rewards[:3]) / 3, sum(rewards[-5:]) / 5
+    assert first < 0.2, f"should start near random level, got {first:.3f}"
+    assert last >= 0.9, f"reached only {last:.3f} in {len(history)} updates"
+    lags = column({"history": history}, "staleness_max")
+    assert max(lags) == 2.0  # really asynchronous, and never past the bound
