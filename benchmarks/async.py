@@ -25,19 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _common import (  # noqa: E402
-    CpuMeter,
-    add_wait_idle_argument,
-    command_line,
-    deadline_from,
-    machine_line,
-    utc_now,
-    versions_line,
-    wait_until_idle,
-    write_report,
-)
+import harness as h
 
 HERE = Path(__file__).resolve().parent
 
@@ -45,7 +33,6 @@ HERE = Path(__file__).resolve().parent
 def build_agent(args: argparse.Namespace, process_group=None):
     """The GRPO agent both sides train (identical in every process)."""
     import torch
-    from _lm import forbid_token, make_prompts
 
     from lmgym import FunctionReward, TokenVectorEnv
     from lmgym.agents import GRPO
@@ -53,10 +40,10 @@ def build_agent(args: argparse.Namespace, process_group=None):
 
     torch.manual_seed(0)
     model, tok = make_tiny_lm(n_layer=args.layers, n_embd=args.width, n_head=6, n_positions=96)
-    forbid_token(model, tok.eos_token_id)
+    h.forbid_token(model, tok.eos_token_id)
     env = TokenVectorEnv(
         tok,
-        make_prompts(tok, 64, 16),
+        h.make_prompts(tok, 64, 16),
         FunctionReward(lambda p, c: [x.count("e") / args.new_tokens for x in c]),
         num_prompts=args.prompts,
         group_size=args.group,
@@ -76,7 +63,7 @@ def run_sync(args: argparse.Namespace, out: Path) -> None:
     agent = build_agent(args)
     for _ in range(args.warmup):
         agent.step()
-    meter = CpuMeter()
+    meter = h.CpuMeter()
     generate = train = 0.0
     tokens = 0
     start = time.perf_counter()
@@ -109,7 +96,7 @@ def run_async_side(args: argparse.Namespace, out: Path) -> None:
     torch.set_num_threads(1)
     transformers.logging.set_verbosity_error()
     marks: list[tuple[float, dict[str, float]]] = []
-    meter = CpuMeter()
+    meter = h.CpuMeter()
 
     def mark(agent, metrics):
         marks.append((time.perf_counter(), dict(metrics)))
@@ -147,15 +134,15 @@ def forwarded(args: argparse.Namespace) -> list[str]:
 
 def launch(args: argparse.Namespace, sync_out: Path, async_out: Path) -> None:
     """Run both sides, each in fresh processes (after waiting for idle CPUs, if asked)."""
-    deadline = deadline_from(args.wait_idle, time.perf_counter())
+    deadline = h.deadline_from(args.wait_idle, time.perf_counter())
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent), env.get("PYTHONPATH", "")])
     if deadline is not None:
-        wait_until_idle(deadline)
+        h.wait_until_idle(deadline)
     command = [sys.executable, __file__, "--worker-sync", str(sync_out), *forwarded(args)]
     subprocess.run(command, env=dict(env, OMP_NUM_THREADS="2"), check=True)
     if deadline is not None:
-        wait_until_idle(deadline)
+        h.wait_until_idle(deadline)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
     command += ["2", __file__, "--worker-async", str(async_out), *forwarded(args)]
     subprocess.run(command, env=env, check=True)
@@ -177,11 +164,12 @@ def gpu_scaling(sync: dict) -> str:
 def report(args: argparse.Namespace, sync: dict, asyn: dict, argv: list[str]) -> str:
     tps = [r["tokens"] / r["seconds"] for r in (sync, asyn)]
     gen_share = sync["generate_s"] / (sync["generate_s"] + sync["train_s"])
+    threads = "sync: 1 process x 2 threads; async: 1 actor + 1 learner process x 1 thread"
+    command = h.command_line("async.py", argv)
+    head = "\n".join(h.header("", threads, ["torch", "transformers"], command)[2:])
     return f"""# Asynchronous actor-learner vs the synchronous loop
 
-- {utc_now()}; `{command_line("async.py", argv)}`
-{machine_line("sync: 1 process x 2 threads; async: 1 actor + 1 learner process x 1 thread")}
-{versions_line(["torch", "transformers"])}
+{head}
 - GRPO (TIS cap 2), GPT-2 {args.layers}L/{args.width}d, {args.prompts} prompts x {args.group}
   completions x {args.new_tokens} tokens per update (EOS unsampleable: equal work);
   {args.iters} updates timed after {args.warmup} warm-up; async at
@@ -240,7 +228,7 @@ def main() -> None:
     parser.add_argument("--max-staleness", type=int, default=1)
     parser.add_argument("--quick", action="store_true", help="2 layers x 96, 3 updates")
     parser.add_argument("--out", type=Path)
-    add_wait_idle_argument(parser)
+    h.add_wait_idle(parser)
     args = parser.parse_args()
     if args.quick:
         args.layers, args.width, args.iters, args.warmup = 2, 96, 3, 1
@@ -256,7 +244,7 @@ def main() -> None:
         sync, asyn = (json.loads(p.read_text()) for p in (sync_out, async_out))
     text = report(args, sync, asyn, sys.argv[1:])
     print(text)
-    write_report(text, args.out)
+    h.write_report(text, args.out)
 
 
 if __name__ == "__main__":
