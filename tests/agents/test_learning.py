@@ -43,7 +43,11 @@ def train(name: str) -> list[dict[str, float]]:
     tokenizer = make_char_tokenizer()
     policy = CausalLMPolicy(make_tiny_model(len(tokenizer), seed=0), tokenizer)
     env = make_target_string_vector(
-        num_envs=32, group_size=8, target="hello", reward_mode=reward_mode, tokenizer=tokenizer
+        num_envs=64,
+        group_size=16,
+        target="hello",
+        reward_mode=reward_mode,
+        tokenizer=tokenizer,
     )
     agent = ALGORITHMS[name.split("-")[0]](policy, env, seed=0, **overrides)
 
