@@ -19,101 +19,14 @@ import argparse
 import dataclasses
 import json
 import sys
-import types
-import typing
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from lmgym.training.run import DEFAULT_TASK, FIXED_ON_RESUME, TrainConfig
+from lmgym.training.run import DEFAULT_TASK, TrainConfig
 
-# Fields whose flags are not generated from their annotation.
+# TrainConfig fields with flags of their own (repeatable KEY=VALUE / MODULE:NAME).
 _SPECIAL_FIELDS = ("env_kwargs", "callbacks")
-
-
-def _parse_bool(text: str) -> bool:
-    lowered = text.lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
-
-
-def _flag_type(annotation: Any) -> tuple[Any, dict[str, Any]]:
-    """argparse ``type`` and extra kwargs for a config field annotation."""
-    origin = typing.get_origin(annotation)
-    args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    optional = origin in (typing.Union, types.UnionType) and len(args) < len(
-        typing.get_args(annotation)
-    )
-    if optional and len(args) == 1:
-        inner, extra = _flag_type(args[0])
-
-        def maybe(text: str) -> Any:
-            return None if text.lower() == "none" else inner(text)
-
-        maybe.__name__ = getattr(inner, "__name__", "value")
-        return maybe, extra
-    if origin is typing.Literal:
-        return str, {"choices": list(typing.get_args(annotation))}
-    if origin is tuple:
-        return float, {"nargs": len(typing.get_args(annotation))}
-    if annotation is bool:
-        # `--flag` alone means true; `--flag false` is accepted too.
-        return _parse_bool, {"metavar": "{true,false}", "nargs": "?", "const": True}
-    return annotation, {}
-
-
-def _default_of(field: dataclasses.Field) -> Any:
-    if field.default is not dataclasses.MISSING:
-        return field.default
-    if field.default_factory is not dataclasses.MISSING:
-        return field.default_factory()
-    return None
-
-
-def add_config_flags(
-    parser: argparse.ArgumentParser,
-    config_class: type,
-    *,
-    prefix: str = "config",
-    skip: Sequence[str] = (),
-    suppress: bool = False,
-    choices: dict[str, list[str]] | None = None,
-) -> None:
-    """One ``--field-name`` flag per config field, typed, with its default and help.
-
-    Args:
-        parser: the parser to extend (one argument group per config class).
-        config_class: a config dataclass whose field docstrings are the help.
-        prefix: the flags' ``dest`` is ``<prefix>.<field>``.
-        skip: fields to leave out.
-        suppress: leave unset flags out of the namespace (finds what was given).
-        choices: valid values of some fields.
-    """
-    from lmgym.agents.config import field_help
-
-    helps = field_help(config_class)
-    hints = typing.get_type_hints(config_class)
-    group = parser.add_argument_group(f"{config_class.__name__} fields")
-    for field in dataclasses.fields(config_class):
-        if field.name in skip:
-            continue
-        kind, extra = _flag_type(hints[field.name])
-        if choices and field.name in choices:
-            extra = {**extra, "choices": choices[field.name]}
-        default = _default_of(field)
-        if "metavar" not in extra and "choices" not in extra:
-            extra = {**extra, "metavar": getattr(kind, "__name__", "VALUE").upper()}
-        group.add_argument(
-            f"--{field.name.replace('_', '-')}",
-            dest=f"{prefix}.{field.name}",
-            type=kind,
-            default=argparse.SUPPRESS if suppress else default,
-            help=f"{helps.get(field.name, '')} (default: {default})",
-            **extra,
-        )
 
 
 def _parse_env_kwarg(text: str) -> tuple[str, Any]:
@@ -126,19 +39,29 @@ def _parse_env_kwarg(text: str) -> tuple[str, Any]:
         return key, value
 
 
-def _train_parser(algo: str, suppress: bool = False) -> argparse.ArgumentParser:
-    from lmgym.agents import ALGORITHMS
+def _train_parser(algo: str) -> tuple[argparse.ArgumentParser, list[str], list[str]]:
+    """The ``lmgym train`` parser for ``algo``: ``(parser, TrainConfig fields, agent fields)``.
 
-    default: Callable[[Any], Any] = (lambda v: argparse.SUPPRESS) if suppress else (lambda v: v)
-    parser = argparse.ArgumentParser(
+    The typed flags of both config classes come from ``HfArgumentParser``
+    (``lmgym.training.flags``); the run's own flags are added here.
+    """
+    from lmgym.agents import ALGORITHMS
+    from lmgym.training.flags import field_names, flag_dataclass, make_parser
+
+    run_flags = flag_dataclass(
+        TrainConfig, skip=_SPECIAL_FIELDS, choices={"algo": sorted(ALGORITHMS)}
+    )
+    agent_flags = flag_dataclass(ALGORITHMS[algo].config_class)
+    parser = make_parser(
+        [run_flags, agent_flags],
         prog="lmgym train",
         description="Train an agent on an lmgym task. Every TrainConfig and agent config "
         "field is a flag; --config FILE sets them from JSON/YAML (flags override).",
     )
-    parser.add_argument("--config", default=default(None), help="JSON or YAML file of field values")
+    parser.add_argument("--config", default=None, help="JSON or YAML file of field values")
     parser.add_argument(
         "--resume",
-        default=default(None),
+        default=None,
         metavar="RUN_DIR",
         help="continue a run (its latest checkpoint, or the checkpoint directory given); "
         "--iterations is then the new total",
@@ -146,23 +69,14 @@ def _train_parser(algo: str, suppress: bool = False) -> argparse.ArgumentParser:
     parser.add_argument(
         "--overwrite",
         action="store_true",
-        default=default(False),
         help="replace the run directory if it exists (only an lmgym run directory)",
-    )
-    add_config_flags(
-        parser,
-        TrainConfig,
-        prefix="run",
-        skip=_SPECIAL_FIELDS,
-        suppress=suppress,
-        choices={"algo": sorted(ALGORITHMS)},
     )
     parser.add_argument(
         "--env",
-        dest="run.env_kwargs",
+        dest="env_kwargs",
         action="append",
         type=_parse_env_kwarg,
-        default=default(None),
+        default=None,
         metavar="KEY=VALUE",
         help="an argument of the task's env factory, e.g. --env reward_mode=per_token "
         "(VALUE converted to the parameter's type: booleans from true/false/yes/no/1/0 only); "
@@ -170,94 +84,59 @@ def _train_parser(algo: str, suppress: bool = False) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--callback",
-        dest="run.callbacks",
+        dest="callbacks",
         action="append",
-        default=default(None),
+        default=None,
         metavar="MODULE:NAME",
         help="a custom callback(agent, metrics), imported from 'package.module:name' (a class "
         "is instantiated); repeatable",
     )
-    add_config_flags(parser, ALGORITHMS[algo].config_class, suppress=suppress)
-    return parser
-
-
-def _actions_by_field(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
-    return {
-        action.dest.split(".", 1)[1]: action
-        for action in parser._actions
-        if action.dest.startswith(("run.", "config."))
-    }
-
-
-def _convert_file_value(action: argparse.Action, field: str, value: Any, source: str) -> Any:
-    """A config-file value checked and converted like the flag would be."""
-    where = f"--config {source}: {field}"
-    if field == "env_kwargs":
-        if not isinstance(value, dict):
-            raise ValueError(f"{where}: expected a mapping, got {value!r}")
-        return sorted(value.items())
-    if field == "callbacks":
-        values = [value] if isinstance(value, str) else value
-        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
-            raise ValueError(f"{where}: expected a list of 'module:name' strings")
-        return values
-    convert = action.type or (lambda text: text)
-    name = getattr(convert, "__name__", "value")
-    if isinstance(action.nargs, int):
-        if not isinstance(value, list | tuple) or len(value) != action.nargs:
-            raise ValueError(f"{where}: expected a list of {action.nargs} values, got {value!r}")
-        items = list(value)
-    else:
-        items = [value]
-    out = []
-    for item in items:
-        text = (
-            "none" if item is None else str(item).lower() if isinstance(item, bool) else str(item)
-        )
-        try:
-            converted = convert(text)  # type: ignore[operator]
-        except (ValueError, TypeError, argparse.ArgumentTypeError):
-            raise ValueError(f"{where}: invalid {name} value: {item!r}") from None
-        if action.choices is not None and converted not in action.choices:
-            raise ValueError(
-                f"{where}: invalid choice: {item!r} (choose from {', '.join(map(str, action.choices))})"
-            )
-        out.append(converted)
-    return out if isinstance(action.nargs, int) else out[0]
+    return parser, field_names(run_flags) + list(_SPECIAL_FIELDS), field_names(agent_flags)
 
 
 def _apply_file_values(
     parser: argparse.ArgumentParser, values: dict[str, Any], source: str
 ) -> None:
-    """Set the parser's defaults from a config file's ``{field: value}``."""
-    actions = _actions_by_field(parser)
-    unknown = sorted(set(values) - set(actions))
+    """Set the parser's defaults from a config file's ``{field: value}`` (flags then
+    override them), each value converted strictly by its flag's type."""
+    from lmgym.training.flags import actions_by_dest, file_value
+
+    where = f"--config {source}"
+    actions = actions_by_dest(parser)
+    fields = sorted(set(actions) - {"help", "config", "resume", "overwrite"})
+    unknown = sorted(set(values) - set(fields))
     if unknown:
         raise ValueError(
-            f"--config {source}: unknown field(s) {', '.join(unknown)}; valid fields: "
-            f"{', '.join(sorted(actions))}"
+            f"{where}: unknown field(s) {', '.join(unknown)}; valid fields: {', '.join(fields)}"
         )
-    parser.set_defaults(
-        **{
-            actions[field].dest: _convert_file_value(actions[field], field, value, source)
-            for field, value in values.items()
-        }
-    )
+    defaults = {}
+    for field, value in values.items():
+        if field == "env_kwargs":
+            if not isinstance(value, dict):
+                raise ValueError(f"{where}: env_kwargs: expected a mapping, got {value!r}")
+            defaults[field] = sorted(value.items())
+        elif field == "callbacks":
+            specs = [value] if isinstance(value, str) else value
+            if not isinstance(specs, list) or not all(isinstance(v, str) for v in specs):
+                raise ValueError(f"{where}: callbacks: expected a list of 'module:name' strings")
+            defaults[field] = specs
+        else:
+            defaults[field] = file_value(actions[field], field, value, where)
+    parser.set_defaults(**defaults)
 
 
-def _split_namespace(namespace: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
-    run, agent = {}, {}
-    for key, value in vars(namespace).items():
-        if key.startswith("run."):
-            run[key[4:]] = value
-        elif key.startswith("config."):
-            agent[key[7:]] = value
-    if "env_kwargs" in run:
-        run["env_kwargs"] = dict(run["env_kwargs"] or [])
-    if "callbacks" in run:
-        run["callbacks"] = list(run["callbacks"] or [])
-    if "adam_betas" in agent:
-        agent["adam_betas"] = tuple(agent["adam_betas"])
+def _split_namespace(
+    namespace: argparse.Namespace, run_fields: list[str], agent_fields: list[str]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(TrainConfig values, agent config values)`` of a parsed command line."""
+    values = vars(namespace)
+    run = {name: values[name] for name in run_fields}
+    agent = {name: values[name] for name in agent_fields}
+    run["env_kwargs"] = dict(run["env_kwargs"] or [])
+    run["callbacks"] = list(run["callbacks"] or [])
+    for name, value in agent.items():
+        if isinstance(value, list):  # nargs=2: a tuple field (adam_betas)
+            agent[name] = tuple(value)
     return run, agent
 
 
@@ -299,9 +178,8 @@ def train(argv: Sequence[str]) -> int:
     """``lmgym train``: see the module docstring and docs/cli.md."""
     from lmgym.agents import ALGORITHMS
     from lmgym.persistence import CheckpointError, DirectoryLockedError
-    from lmgym.training.config_file import ConfigFileError, read_config_file
-    from lmgym.training.env_args import check_env_kwargs
-    from lmgym.training.trainer import Trainer, check_task
+    from lmgym.training.config_file import ConfigFileError, flatten_config, read_config_file
+    from lmgym.training.trainer import FixedOnResumeError, Trainer
 
     argv = list(argv)
     pre = argparse.ArgumentParser(add_help=False)
@@ -323,8 +201,6 @@ def train(argv: Sequence[str]) -> int:
         if known.resume is not None:
             run = Trainer.find_run(known.resume)
             saved = run.read_config()
-            from lmgym.training.config_file import flatten_config
-
             file_values = flatten_config(saved, str(run.config_path))
             file_values.pop("run_dir", None)
             source = str(run.config_path)
@@ -343,31 +219,20 @@ def train(argv: Sequence[str]) -> int:
             "train", f"--algo {known.algo} differs from the resumed run's {saved['algo']}"
         )
     file_values["algo"] = algo
-    parser = _train_parser(algo)
+    parser, run_fields, agent_fields = _train_parser(algo)
     try:
+        # A resumed run's saved values are the defaults: a flag that changes one shows.
         _apply_file_values(parser, file_values, str(source))
     except ValueError as exc:
         return _error("train", str(exc))
     args = parser.parse_args(argv)
-    run_values, agent_values = _split_namespace(args)
-    try:
-        check_task(run_values["task"])
-        run_values["env_kwargs"] = check_env_kwargs(run_values["task"], run_values["env_kwargs"])
-    except ValueError as exc:
-        return _error("train", str(exc))
+    run_values, agent_values = _split_namespace(args, run_fields, agent_fields)
 
     trainer: Trainer | None = None
     try:
         if saved is not None:
-            given_run, given_agent = _split_namespace(
-                _train_parser(algo, suppress=True).parse_args(argv)
-            )
-            if "env_kwargs" in given_run:
-                given_run["env_kwargs"] = check_env_kwargs(
-                    saved["run"]["task"], given_run["env_kwargs"]
-                )
-            for field, value in given_agent.items():
-                old = saved["agent"][field]
+            for field, value in agent_values.items():
+                old = saved["agent"].get(field)
                 old = tuple(old) if isinstance(old, list) else old
                 if value != old:
                     return _error(
@@ -375,22 +240,22 @@ def train(argv: Sequence[str]) -> int:
                         f"--resume: {_flag(field)} {value!r} differs from the run's {old!r}; a "
                         "resumed run keeps its agent config (start a new run to change it)",
                     )
-            if "run_dir" in given_run:
+            if run_values["run_dir"] is not None:
                 return _error(
                     "train",
                     "--run-dir cannot be combined with --resume (a run continues in "
                     "its own directory)",
                 )
-            for field in FIXED_ON_RESUME:
-                if field in given_run and given_run[field] != saved["run"][field]:
-                    return _error(
-                        "train",
-                        f"--resume: {_flag(field)} {given_run[field]!r} differs from the run's "
-                        f"{saved['run'][field]!r}; a resumed run keeps its algorithm, task, "
-                        "model, batch shape, temperature and env arguments",
-                    )
-            _quiet_transformers()
-            trainer = Trainer.resume(known.resume, changes=given_run)
+            changes = {k: v for k, v in run_values.items() if k != "run_dir"}
+            try:
+                _quiet_transformers()
+                trainer = Trainer.resume(known.resume, changes=changes)
+            except FixedOnResumeError as exc:
+                return _error(
+                    "train",
+                    f"--resume: {_flag(exc.field)} {exc.value!r} differs from the run's "
+                    f"{exc.old!r}; {exc.KEPT}",
+                )
         else:
             config = TrainConfig(**run_values)
             try:
@@ -439,7 +304,9 @@ def _eval_parser() -> argparse.ArgumentParser:
     what.add_argument("--run", help="run directory (its latest checkpoint) or a checkpoint")
     what.add_argument("--model", help="model directory or hub name (or a run/checkpoint)")
     parser.add_argument(
-        "--task", default=None, help=f"task id (default: the run's, or {DEFAULT_TASK})"
+        "--task",
+        default=None,
+        help=f"task id, or 'your_module:YourTask-v0' (default: the run's, or {DEFAULT_TASK})",
     )
     parser.add_argument("--prompts", type=int, default=64, help="prompts drawn (default: 64)")
     parser.add_argument(
@@ -496,7 +363,13 @@ def evaluate(argv: Sequence[str]) -> int:
     from lmgym.training.evaluation import correct_threshold_for, evaluate_policy, make_eval_env
     from lmgym.training.model_source import resolve_model
     from lmgym.training.run import RunDirectory, check_device
-    from lmgym.training.trainer import Trainer, check_task
+    from lmgym.training.trainer import Trainer
+    from lmgym.training.user_code import (
+        check_prompt_file,
+        check_task_factory,
+        prepare_task,
+        resolve_task,
+    )
 
     args = _eval_parser().parse_args(list(argv))
     if args.prompts < 1 or args.k < 1:
@@ -512,7 +385,8 @@ def evaluate(argv: Sequence[str]) -> int:
         path = Path(target)
         if args.run is not None or is_checkpoint(path) or RunDirectory(path).is_run():
             run, checkpoint = Trainer.find_checkpoint(path)
-            run_config = run.read_config()["run"]
+            saved = run.read_config()
+            run_config = saved["run"]
             CheckpointManager.verify(checkpoint)
             model_path: Path | str = checkpoint / "agent" / "policy"
             label = str(checkpoint)
@@ -521,10 +395,24 @@ def evaluate(argv: Sequence[str]) -> int:
             model_path, label = path / "policy", target
         else:
             model_path, label = resolve_model(target), target
-        task = args.task or run_config.get("task") or DEFAULT_TASK
-        check_task(task)
+        if args.task is not None or not run_config:
+            task = args.task or DEFAULT_TASK
+            env_id = resolve_task(task)
+        else:  # the run's task: its module imported, or its prompt file registered again
+            changed = check_prompt_file(saved.get("imports"), "evaluate")
+            if changed is not None:
+                print(
+                    f"lmgym eval: note: {changed}; evaluating on it as it is now", file=sys.stderr
+                )
+            fields = {f.name for f in dataclasses.fields(TrainConfig)}
+            task = env_id = prepare_task(
+                TrainConfig(**{k: v for k, v in run_config.items() if k in fields})
+            )
+            if run_config.get("prompts") is None:
+                task = run_config["task"]
+        check_task_factory(env_id, task)
         env_kwargs = check_env_kwargs(
-            task, dict(args.env) if args.env else dict(run_config.get("env_kwargs", {}))
+            env_id, dict(args.env) if args.env else dict(run_config.get("env_kwargs", {}))
         )
         # `is None`, not `or`: --temperature 0 means greedy, not "the run's temperature".
         temperature = (
@@ -534,7 +422,7 @@ def evaluate(argv: Sequence[str]) -> int:
             model_path, device=args.device, temperature=temperature
         )
         env, split = make_eval_env(
-            task,
+            env_id,
             policy.tokenizer,
             args.prompts,
             args.k,
@@ -545,7 +433,7 @@ def evaluate(argv: Sequence[str]) -> int:
         threshold = (
             args.correct_threshold
             if args.correct_threshold is not None
-            else correct_threshold_for(task)
+            else correct_threshold_for(env_id)
         )
         result = evaluate_policy(
             policy, env, args.prompts, seed=args.seed, correct_threshold=threshold, split=split
@@ -587,13 +475,27 @@ def _bench_parser() -> argparse.ArgumentParser:
         "--agents",
         type=_csv_list,
         default=None,
-        help=f"comma list (default: {','.join(DEFAULT_AGENTS)})",
+        help=f"comma list, or all (default: {','.join(DEFAULT_AGENTS)})",
     )
     parser.add_argument(
         "--tasks",
         type=_csv_list,
         default=None,
-        help=f"comma list of task ids (default: {','.join(DEFAULT_TASKS)})",
+        help="comma list of task ids, your own as module:TaskId-v0 "
+        f"(default: {','.join(DEFAULT_TASKS)})",
+    )
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="local directory or hub name of your causal LM, loaded afresh for every run "
+        "(default: a tiny GPT-2 initialised with the run's seed)",
+    )
+    parser.add_argument(
+        "--learning-rate",
+        type=float,
+        default=None,
+        help="every agent's learning rate (default: the learning tests' rates, tuned for the "
+        "tiny GPT-2; a pretrained model wants far less, e.g. 1e-6)",
     )
     parser.add_argument(
         "--seeds",
@@ -629,14 +531,18 @@ def _bench_parser() -> argparse.ArgumentParser:
 
 def bench(argv: Sequence[str]) -> int:
     """``lmgym bench``: the agent benchmark."""
+    from lmgym.agents import ALGORITHMS
     from lmgym.training.bench import BenchOutputExistsError, BenchSpec, run_bench
 
     args = _bench_parser().parse_args(list(argv))
     _quiet_transformers()
+    agents = sorted(ALGORITHMS) if args.agents == ["all"] else args.agents
     try:
         spec = BenchSpec.quick() if args.quick else BenchSpec()
         spec = spec.replace(
-            agents=args.agents,
+            agents=agents,
+            model=args.model,
+            learning_rate=args.learning_rate,
             tasks=args.tasks,
             seeds=args.seeds,
             iterations=args.iterations,
@@ -645,7 +551,7 @@ def bench(argv: Sequence[str]) -> int:
             workers=args.workers,
         )
         summary = run_bench(spec, args.out, overwrite=args.overwrite)
-    except (BenchOutputExistsError, ValueError) as exc:
+    except (BenchOutputExistsError, FileNotFoundError, ValueError) as exc:
         return _error("bench", str(exc))
     print(summary)
     return 0
