@@ -427,21 +427,25 @@ class Trainer:
 
     # ----------------------------------------------------------------- run
     def _reference(
-        self, policy: CausalLMPolicy | None = None, fresh: bool = True
+        self, policy: CausalLMPolicy | None = None, checkpoint: Path | None = None
     ) -> CausalLMPolicy | None:
         """The frozen KL reference (``None`` when ``beta`` is 0).
 
-        Under LoRA it is the policy with its adapter disabled (``frozen_copy`` of a PEFT
-        policy): no second model; on resume ``CheckpointManager.load`` builds it from the
-        loaded policy (``None`` here).
+        Args:
+            policy: a fresh run's initial policy: the reference is ``frozen_copy`` of it
+                (a PEFT policy's is the same model with its adapter disabled, no copy).
+            checkpoint: a resume's checkpoint. When its policy is a PEFT adapter
+                ``CheckpointManager.load`` builds the adapter-off view from the loaded
+                policy (``None`` here); otherwise the initial model is loaded again.
         """
         if self.agent_config.beta <= 0:
             return None
+        from lmgym.policy.adapters import is_adapter_dir
         from lmgym.policy.value import frozen_copy
 
-        if fresh and policy is not None:
+        if policy is not None:
             return frozen_copy(policy)
-        if self.config.lora_r > 0:
+        if checkpoint is not None and is_adapter_dir(checkpoint / "agent" / "policy"):
             return None
         # The reference is the initial model, not the checkpoint's: rebuild it.
         cfg = self.config
@@ -458,9 +462,7 @@ class Trainer:
         policy = policy_for(cfg)
         env = make_train_env(cfg, policy.tokenizer, self.env_id)
         torch.manual_seed(self.agent_config.seed)
-        return ALGORITHMS[cfg.algo](
-            policy, env, self._reference(policy, fresh=True), config=self.agent_config
-        )
+        return ALGORITHMS[cfg.algo](policy, env, self._reference(policy), config=self.agent_config)
 
     def _checkpoint_error(self, run: RunDirectory, checkpoint: Path, exc: Exception) -> Exception:
         """``exc`` with the run's other checkpoints named as a way out."""
@@ -495,7 +497,7 @@ class Trainer:
         # The env needs the tokenizer: read it from the (verified) checkpoint's policy.
         tokenizer = AutoTokenizer.from_pretrained(checkpoint / "agent" / "policy")
         env = make_train_env(cfg, tokenizer, self.env_id)
-        ref = self._reference(fresh=False)
+        ref = self._reference(checkpoint=checkpoint)
         try:
             agent, state = CheckpointManager.load(
                 checkpoint, env, ref, device=cfg.device, verified=True
