@@ -137,7 +137,8 @@ def _split_namespace(
     run = {name: values[name] for name in run_fields}
     agent = {name: values[name] for name in agent_fields}
     run["env_kwargs"] = dict(run["env_kwargs"] or [])
-    run["callbacks"] = list(run["callbacks"] or [])
+    # --env and --callback add to the config file's (or the resumed run's) entries.
+    run["callbacks"] = list(dict.fromkeys(run["callbacks"] or []))
     for name, value in agent.items():
         if isinstance(value, list):  # nargs=2: a tuple field (adam_betas)
             agent[name] = tuple(value)

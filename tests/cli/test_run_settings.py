@@ -190,3 +190,17 @@ def test_bench_names_a_missing_model(tmp_path, capsys):
 
 def test_grpo_config_is_untouched_by_the_bench_defaults():
     assert GRPOConfig().learning_rate == 1e-3
+
+
+def test_a_callback_given_again_on_resume_runs_once(tmp_path, monkeypatch):
+    (tmp_path / "count_calls.py").write_text(
+        "calls = []\ndef record(agent, metrics):\n    calls.append(agent.iteration)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    run = tmp_path / "run"
+    spec = "count_calls:record"
+    assert train("--iterations", "1", "--run-dir", str(run), "--callback", spec) == 0
+    assert train("--resume", str(run), "--iterations", "2", "--callback", spec) == 0
+    import count_calls
+
+    assert count_calls.calls == [1, 2]

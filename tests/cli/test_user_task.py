@@ -236,14 +236,6 @@ def test_a_changed_prompt_file_stops_a_resume_and_is_noted_by_eval(
         "the new one\n"
     )
     assert main(["eval", "--run", str(run), "--prompts", "1", "-k", "2"]) == 0
-    # An adapter directory is a --model, as for GRPO("path", env): the adapter trains on.
-    adapter_dir = adapter.parent
-    assert main(["eval", "--model", str(adapter_dir), "--prompts", "1", "-k", "2"]) == 0
-    more = tmp_path / "more"
-    assert train("--model", str(adapter_dir), "--iterations", "1", "--run-dir", str(more)) == 0
-    assert (
-        more / "checkpoints" / "iter_000001" / "agent" / "policy" / "adapter_config.json"
-    ).is_file()
     assert "lmgym eval: note: the run's prompt file" in capsys.readouterr().err
     prompts.unlink()
     assert train("--resume", str(run), "--iterations", "2") == 2
@@ -390,6 +382,14 @@ def test_lora_from_the_command_line(tmp_path, capsys):
         "its algorithm, task, model and its settings (dtype, LoRA, checkpointing)"
     )
     assert main(["eval", "--run", str(run), "--prompts", "1", "-k", "2"]) == 0
+    # An adapter directory is a --model, as for GRPO("path", env): the adapter trains on.
+    adapter_dir = adapter.parent
+    assert main(["eval", "--model", str(adapter_dir), "--prompts", "1", "-k", "2"]) == 0
+    more = tmp_path / "more"
+    assert train("--model", str(adapter_dir), "--iterations", "1", "--run-dir", str(more)) == 0
+    assert (
+        more / "checkpoints" / "iter_000001" / "agent" / "policy" / "adapter_config.json"
+    ).is_file()
 
 
 # ------------------------------------------------------------------ bench
@@ -410,3 +410,54 @@ def test_bench_on_your_model_and_your_task(user_dir, tiny_model, tmp_path, capsy
     results = json.loads((out / "results.json").read_text())
     assert sorted(r["task"] for r in results["runs"]) == ["lmgym/TargetString-v0", task]
     assert all(r["overrides"] == {"learning_rate": 1e-4} for r in results["runs"])
+
+
+# ------------------------------------------------------------- user_code
+def test_a_reward_spec_becomes_a_reward_model(user_dir):
+    from lmgym.envs import FunctionReward
+    from lmgym.training.user_code import load_reward
+
+    (user_dir / "reward_kinds.py").write_text(
+        "from lmgym.envs import FunctionReward\n"
+        "def batched(prompts, completions):\n    return [0.0] * len(prompts)\n"
+        "per_row = FunctionReward(lambda p, c: 1.0, batched=False)\n"
+        "class Model:\n    def __call__(self, batch):\n        return [0.0]\n"
+        "threshold = 0.5\n"
+    )
+    reward = load_reward("reward_kinds:batched")
+    assert isinstance(reward, FunctionReward) and reward.batched and reward.name == "batched"
+    import reward_kinds
+
+    assert load_reward("reward_kinds:per_row") is reward_kinds.per_row  # a RewardModel as is
+    assert isinstance(load_reward("reward_kinds:Model"), reward_kinds.Model)  # instantiated
+    with pytest.raises(ValueError, match=r"reward 'reward_kinds:threshold': float is not callable"):
+        load_reward("reward_kinds:threshold")
+    with pytest.raises(ValueError, match=r"reward 'reward_kinds': expected 'package.module:name'"):
+        load_reward("reward_kinds")
+    sys.modules.pop("reward_kinds", None)
+
+
+@pytest.mark.parametrize(
+    ("path", "task_id"),
+    [("data/sums.jsonl", "prompts/sums-v0"), ("my data (v2).jsonl", "prompts/my_data_v2_-v0")],
+)
+def test_a_prompt_file_names_its_task(path, task_id):
+    from lmgym.training.user_code import prompt_task_id
+
+    assert prompt_task_id(path) == task_id
+    namespace, name, version = gym.envs.registration.parse_env_id(task_id)
+    assert (namespace, version) == ("prompts", 0)
+
+
+def test_the_prompt_field_is_configurable(user_dir):
+    from lmgym.envs.prompts import JsonlPrompts
+    from lmgym.training.user_code import register_prompt_task
+
+    (user_dir / "questions.jsonl").write_text(json.dumps({"question": "1+1=", "answer": "2"}))
+    env_id = register_prompt_task(
+        user_dir / "questions.jsonl", "my_rewards:exact_answer", prompt_field="question"
+    )
+    assert env_id == "prompts/questions-v0"
+    with pytest.raises(ValueError, match="no field 'prompt'"):
+        JsonlPrompts(user_dir / "questions.jsonl")  # the default field is not there
+    gym.registry.pop(env_id)
