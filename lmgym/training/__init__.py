@@ -12,6 +12,8 @@ What ``lmgym train`` / ``eval`` / ``bench`` do, as a library:
   ``CheckpointCallback``: callbacks for ``Agent.learn``.
 - ``evaluate_policy``: mean reward, pass@k and mean length on a task's eval prompts.
 - ``run_bench``: agents x tasks x seeds with equal budgets, a Markdown table and PNG curves.
+- ``resolve_task`` (``"module:Id"`` tasks) and ``register_prompt_task`` (a JSONL prompt
+  file and a reward as a task): the user's own tasks, as ``lmgym train`` takes them.
 
 Names are imported lazily, so importing one part does not import the others (torch,
 transformers, Stable-Baselines3).
@@ -44,6 +46,8 @@ _EXPORTS = {
     "TrainResult": "lmgym.training.trainer",
     "BenchSpec": "lmgym.training.bench",
     "run_bench": "lmgym.training.bench",
+    "resolve_task": "lmgym.training.user_code",
+    "register_prompt_task": "lmgym.training.user_code",
 }
 
 __all__ = sorted(_EXPORTS)

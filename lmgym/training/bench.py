@@ -1,43 +1,52 @@
 """The agent benchmark: agents x tasks x seeds with equal budgets, a table and learning curves.
 
-Every run trains a fresh tiny GPT-2 (``make_tiny_model(seed=seed)``, character
-tokenizer) on one task with the same budget for every agent: the same number of
-iterations and the same batch shape (``num_prompts x group_size`` completions
-per iteration), bandit reward, each agent at its documented defaults except the
-learning rate (``AGENT_OVERRIDES``: the settings the learning tests use). Runs are
-independent processes (``workers`` at a time, default one, one torch thread each;
-a fresh process per run, so its peak RSS is its own).
+Every run trains a fresh model on one task with the same budget for every agent:
+the same number of iterations and the same batch shape (``num_prompts x
+group_size`` completions per iteration), bandit reward, each agent at its
+documented defaults except the learning rate (``AGENT_OVERRIDES``: the settings
+the learning tests use; ``learning_rate`` replaces every agent's). The model is a
+tiny GPT-2 initialised with the run's seed (``make_tiny_model``, character
+tokenizer), or ``model``: a directory or hub name of the user's own causal LM,
+loaded afresh for each run. Tasks are registered ids or ``module:Id`` (the
+module imported first, in every worker too). Runs are independent processes
+(``workers`` at a time, default one, one torch thread each; a fresh process per
+run, so its peak RSS is its own).
 
 Measured per run: the ``reward_mean`` and ``tokens_generated`` of every
 iteration, wall time of ``learn`` and the process's peak resident memory
 (``ru_maxrss``, which includes the ~0.5 GB that importing torch and transformers
-costs). Reported per agent and task (``summarize``): the final reward (mean of the
-last ``window`` iterations' ``reward_mean``) as mean +- std over seeds; the
-iterations and tokens to the solved threshold (first iteration whose rolling
-mean over ``window`` iterations reaches ``TaskInfo.solved_threshold``; mean over
-the seeds that got there, with their count); mean wall time; max peak RSS.
-``write_report`` writes ``README.md`` (tables), ``results.json`` (every curve) and
-one PNG per task: reward (rolling mean) against completion tokens generated, one
-line per agent (mean over seeds) with a +-1 std band.
+costs). This module runs the jobs; ``lmgym.training.bench_report`` summarises
+them and writes the report (``README.md`` tables, ``results.json`` with every
+curve, one PNG of learning curves per task).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import json
 import multiprocessing
 import os
 import resource
-import shlex
-import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lmgym.training.bench_report import (  # noqa: F401  (re-exported: the report's API)
+    THRESHOLD_TOLERANCE,
+    final_reward,
+    format_summary,
+    format_table,
+    load_results,
+    solved_at,
+    summarize,
+    write_report,
+)
+
 DEFAULT_AGENTS: tuple[str, ...] = ("reinforce", "rloo", "ppo", "grpo", "gspo", "cispo")
+"""The agents of the committed results (``lmgym bench --agents all`` runs every one of
+``lmgym.agents.ALGORITHMS``; the default stays at these six to keep its ~14 minutes)."""
 DEFAULT_TASKS: tuple[str, ...] = (
     "lmgym/TargetString-v0",
     "lmgym/LengthControl-v0",
@@ -60,12 +69,17 @@ AGENT_OVERRIDES: dict[str, dict[str, Any]] = {
     "drgrpo": {"learning_rate": 1e-3},
     "gspo": {"learning_rate": 2e-3},
     "cispo": {"learning_rate": 1e-3},
+    "reinforce_pp": {"learning_rate": 2e-3},
+    "gspo_token": {"learning_rate": 2e-3},
+    "dual_clip_ppo": {},
+    # Without the entropy bonus ReMax collapses onto its greedy completion (remax.py).
+    "remax": {"learning_rate": 2e-3, "entropy_coef": 0.02},
+    "vapo": {},
 }
-"""Config overrides per agent: learning rates of tests/agents/test_learning.py (PPO: its 3e-4)."""
-THRESHOLD_TOLERANCE = 1e-6
-"""Slack when comparing a rolling mean of float32 rewards with a threshold."""
+"""Config overrides per agent: the settings of tests/agents/test_learning.py's CASES
+(the PPO family and VAPO: their defaults)."""
 # Relative cost of an iteration, to start the longest runs first.
-_COST = {"ppo": 3.0}
+_COST = {"ppo": 3.0, "dual_clip_ppo": 3.0, "vapo": 3.0, "remax": 1.5}
 
 
 class BenchOutputExistsError(FileExistsError):
@@ -89,6 +103,8 @@ class BenchSpec:
         window: iterations in the rolling mean (final reward, solved threshold).
         agent_overrides: config overrides per agent.
         env_kwargs: extra env factory arguments per task.
+        model: a local directory or hub name of a causal LM (``None``: the tiny GPT-2).
+        learning_rate: every agent's learning rate (``None``: ``agent_overrides``').
     """
 
     agents: tuple[str, ...] = DEFAULT_AGENTS
@@ -103,6 +119,8 @@ class BenchSpec:
         default_factory=lambda: {k: dict(v) for k, v in AGENT_OVERRIDES.items()}
     )
     env_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    model: str | None = None
+    learning_rate: float | None = None
 
     @classmethod
     def quick(cls) -> BenchSpec:
@@ -130,20 +148,47 @@ class BenchSpec:
         return TASK_ITERATIONS.get(task, DEFAULT_ITERATIONS)
 
     def check(self) -> None:
-        """Raise ``ValueError`` naming bad agents/tasks (with the valid ones) or sizes."""
+        """Raise ``ValueError`` naming bad agents/tasks (with the valid ones) or sizes.
+
+        A ``module:Id`` task's module is imported here; ``model`` is resolved
+        (``resolve_model``: a missing directory or an unreachable hub name fails now).
+        """
         import lmgym  # noqa: F401  (registers the tasks)
         from lmgym.agents import ALGORITHMS
         from lmgym.envs.registration import TASKS
+        from lmgym.training.user_code import check_task_factory, resolve_task
 
         bad = [a for a in self.agents if a not in ALGORITHMS]
         if bad:
             raise ValueError(
-                f"unknown agent(s) {', '.join(bad)}; valid: {', '.join(sorted(ALGORITHMS))}"
+                f"unknown agent(s) {', '.join(bad)}; valid: {', '.join(sorted(ALGORITHMS))} "
+                "(or all)"
             )
-        bad = [t for t in self.tasks if t not in TASKS or not TASKS[t].available()]
+        bad = []
+        for task in self.tasks:
+            try:
+                env_id = resolve_task(task)
+            except ValueError:
+                if ":" in task:
+                    raise
+                bad.append(task)
+                continue
+            if env_id in TASKS and not TASKS[env_id].available():
+                bad.append(task)
+            else:
+                check_task_factory(env_id, task)
         if bad:
             valid = sorted(t for t, info in TASKS.items() if info.available())
-            raise ValueError(f"unknown task(s) {', '.join(bad)}; valid: {', '.join(valid)}")
+            raise ValueError(
+                f"unknown task(s) {', '.join(bad)}; valid: {', '.join(valid)}, or your own "
+                "as module:TaskId-v0"
+            )
+        if self.model is not None:
+            from lmgym.training.model_source import resolve_model
+
+            resolve_model(self.model)
+        if self.learning_rate is not None and not self.learning_rate > 0:
+            raise ValueError(f"learning_rate={self.learning_rate}: must be > 0")
         if not self.agents or not self.tasks or not self.seeds:
             raise ValueError("agents, tasks and seeds must each name at least one")
         for name in ("num_prompts", "group_size", "window"):
@@ -153,6 +198,13 @@ class BenchSpec:
             raise ValueError(f"iterations={self.iterations}: must be >= 1")
         if self.workers < 0:
             raise ValueError(f"workers={self.workers}: must be >= 0")
+
+    def overrides_for(self, agent: str) -> dict[str, Any]:
+        """``agent``'s config overrides (``learning_rate`` replacing its rate when set)."""
+        overrides = dict(self.agent_overrides.get(agent, {}))
+        if self.learning_rate is not None:
+            overrides["learning_rate"] = self.learning_rate
+        return overrides
 
     def jobs(self) -> list[dict[str, Any]]:
         """One job per (task, agent, seed), longest first."""
@@ -164,8 +216,9 @@ class BenchSpec:
                 "iterations": self.iterations_for(task),
                 "num_prompts": self.num_prompts,
                 "group_size": self.group_size,
-                "overrides": dict(self.agent_overrides.get(agent, {})),
+                "overrides": self.overrides_for(agent),
                 "env_kwargs": dict(self.env_kwargs.get(task, {})),
+                "model": self.model,
             }
             for task in self.tasks
             for agent in self.agents
@@ -183,6 +236,18 @@ def _rss_mib() -> float:
     return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+def bench_policy(model: str | None, seed: int) -> Any:
+    """The policy of one run: ``model`` loaded afresh, or a tiny GPT-2 initialised with ``seed``."""
+    from lmgym.policy import CausalLMPolicy, make_char_tokenizer, make_tiny_model
+
+    if model is not None:
+        from lmgym.training.model_source import resolve_model
+
+        return CausalLMPolicy.from_pretrained(resolve_model(model))
+    tokenizer = make_char_tokenizer()
+    return CausalLMPolicy(make_tiny_model(len(tokenizer), seed=seed), tokenizer)
+
+
 def run_job(job: dict[str, Any]) -> dict[str, Any]:
     """Train one (agent, task, seed) and return its curve, wall time and memory.
 
@@ -192,18 +257,17 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     import torch
     from transformers.utils import logging as hf_logging
 
-    import lmgym  # noqa: F401  (registers the tasks)
     from lmgym.agents import ALGORITHMS
-    from lmgym.policy import CausalLMPolicy, make_char_tokenizer, make_tiny_model
+    from lmgym.training.user_code import resolve_task
 
     hf_logging.disable_progress_bar()  # a worker loading the Preference reward model
     torch.set_num_threads(1)
     seed = job["seed"]
     torch.manual_seed(seed)
-    tokenizer = make_char_tokenizer()
-    policy = CausalLMPolicy(make_tiny_model(len(tokenizer), seed=seed), tokenizer)
+    policy = bench_policy(job.get("model"), seed)
+    tokenizer = policy.tokenizer
     env = gym.make_vec(
-        job["task"],
+        resolve_task(job["task"]),
         num_envs=job["num_prompts"] * job["group_size"],
         group_size=job["group_size"],
         tokenizer=tokenizer,
@@ -230,11 +294,19 @@ def _prepare_tasks(spec: BenchSpec) -> None:
     import gymnasium as gym
 
     from lmgym.policy import make_char_tokenizer
+    from lmgym.training.user_code import resolve_task
 
-    tokenizer = make_char_tokenizer()
+    if spec.model is None:
+        tokenizer = make_char_tokenizer()
+    else:
+        from transformers import AutoTokenizer
+
+        from lmgym.training.model_source import resolve_model
+
+        tokenizer = AutoTokenizer.from_pretrained(resolve_model(spec.model))
     for task in spec.tasks:
         gym.make_vec(
-            task,
+            resolve_task(task),
             num_envs=spec.group_size,
             group_size=spec.group_size,
             tokenizer=tokenizer,
@@ -268,336 +340,6 @@ def run_jobs(
             for result in pool.imap_unordered(run_job, jobs):
                 done(result)
     return results, time.perf_counter() - start
-
-
-# ------------------------------------------------------------------ summary
-def _rolling(values: Sequence[float], window: int) -> list[float]:
-    out, total = [], 0.0
-    for i, value in enumerate(values):
-        total += value
-        if i >= window:
-            total -= values[i - window]
-        out.append(total / min(i + 1, window))
-    return out
-
-
-def final_reward(history: list[dict[str, float]], window: int) -> float:
-    """Mean ``reward_mean`` of the last ``window`` iterations."""
-    tail = [m["reward_mean"] for m in history[-window:]]
-    return sum(tail) / max(1, len(tail))
-
-
-def solved_at(
-    history: list[dict[str, float]], threshold: float | None, window: int
-) -> tuple[int, float] | None:
-    """``(iteration, tokens_generated)`` of the first iteration whose rolling mean of
-    ``reward_mean`` over the last ``window`` iterations reaches ``threshold``."""
-    if threshold is None:
-        return None
-    rolling = _rolling([m["reward_mean"] for m in history], window)
-    for i, value in enumerate(rolling):
-        # The metrics are float32 means: a mean of exactly 0.9 arrives as 0.89999998.
-        if i + 1 >= window and value >= threshold - THRESHOLD_TOLERANCE:
-            return int(history[i]["iteration"]), float(history[i]["tokens_generated"])
-    return None
-
-
-def _mean_std(values: Sequence[float]) -> tuple[float, float]:
-    mean = statistics.fmean(values)
-    return mean, statistics.stdev(values) if len(values) > 1 else 0.0
-
-
-def summarize(
-    results: list[dict[str, Any]], spec: BenchSpec
-) -> dict[str, dict[str, dict[str, Any]]]:
-    """``{task: {agent: row}}`` with the reported numbers (see the module docstring)."""
-    from lmgym.envs.registration import TASKS
-
-    table: dict[str, dict[str, dict[str, Any]]] = {}
-    for task in spec.tasks:
-        threshold = TASKS[task].solved_threshold
-        table[task] = {}
-        for agent in spec.agents:
-            runs = [r for r in results if r["task"] == task and r["agent"] == agent]
-            if not runs:
-                continue
-            finals = [final_reward(r["history"], spec.window) for r in runs]
-            solved = [s for r in runs if (s := solved_at(r["history"], threshold, spec.window))]
-            mean, std = _mean_std(finals)
-            table[task][agent] = {
-                "final_mean": mean,
-                "final_std": std,
-                "seeds": len(runs),
-                "solved": len(solved),
-                "iterations_to_solved": statistics.fmean(s[0] for s in solved) if solved else None,
-                "tokens_to_solved": statistics.fmean(s[1] for s in solved) if solved else None,
-                "tokens_total": statistics.fmean(
-                    r["history"][-1]["tokens_generated"] for r in runs
-                ),
-                "wall_s": statistics.fmean(r["wall_s"] for r in runs),
-                "peak_rss_mib": max(r["peak_rss_mib"] for r in runs),
-                "start_rss_mib": max(r["start_rss_mib"] for r in runs),
-            }
-    return table
-
-
-def format_summary(table: dict[str, dict[str, dict[str, Any]]], spec: BenchSpec) -> str:
-    """Agents x tasks: final reward mean ± std and seeds solved, as a Markdown table."""
-    header = "| agent | " + " | ".join(_short(t) for t in spec.tasks) + " |"
-    lines = [header, "|---|" + "---|" * len(spec.tasks)]
-    for agent in spec.agents:
-        cells = []
-        for task in spec.tasks:
-            row = table[task].get(agent)
-            cells.append(
-                "—"
-                if row is None
-                else f"{row['final_mean']:.3f} ± {row['final_std']:.3f} "
-                f"({row['solved']}/{row['seeds']} solved)"
-            )
-        lines.append(f"| {agent} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def _fmt_count(value: float | None) -> str:
-    if value is None:
-        return "—"
-    return f"{value / 1000:.1f}k" if value >= 10_000 else f"{value:.0f}"
-
-
-def format_table(task_rows: dict[str, dict[str, Any]]) -> str:
-    """One task's rows as a Markdown table."""
-    lines = [
-        "| agent | final reward (mean ± std) | solved | iterations to solved | tokens to solved "
-        "| tokens total | wall time (s) | peak RSS (MiB) |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for agent, row in task_rows.items():
-        lines.append(
-            f"| {agent} | {row['final_mean']:.3f} ± {row['final_std']:.3f} "
-            f"| {row['solved']}/{row['seeds']} | {_fmt_count(row['iterations_to_solved'])} "
-            f"| {_fmt_count(row['tokens_to_solved'])} | {_fmt_count(row['tokens_total'])} "
-            f"| {row['wall_s']:.1f} | {row['peak_rss_mib']:.0f} |"
-        )
-    return "\n".join(lines)
-
-
-def _agent_settings(spec: BenchSpec, agent: str) -> str:
-    """``learning_rate=0.002`` style text of an agent's overrides (or its default rate)."""
-    from lmgym.agents import ALGORITHMS
-
-    changes = spec.agent_overrides.get(agent, {})
-    if not changes:
-        rate = ALGORITHMS[agent].config_class().learning_rate
-        return f"its defaults (learning_rate={rate:g})"
-    return ", ".join(
-        f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in changes.items()
-    )
-
-
-def _at_a_time(spec: BenchSpec) -> str:
-    if spec.workers == 0:
-        return "every run in one process"
-    if spec.workers == 1:
-        return "one run at a time"
-    return f"{spec.workers} runs at a time"
-
-
-def _short(task: str) -> str:
-    return task.split("/")[-1].removesuffix("-v0")
-
-
-def plot_curves(
-    results: list[dict[str, Any]], spec: BenchSpec, task: str, path: str | Path
-) -> Path:
-    """PNG of reward (rolling mean) against completion tokens for one task: a line per
-    agent (mean over seeds, on a common token grid) with a +-1 std band over seeds."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    from lmgym.envs.registration import TASKS
-
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
-    colors = plt.get_cmap("tab10")
-    for index, agent in enumerate(spec.agents):
-        runs = [r for r in results if r["task"] == task and r["agent"] == agent]
-        if not runs:
-            continue
-        curves = []
-        for r in runs:
-            tokens = np.array([m["tokens_generated"] for m in r["history"]], dtype=float)
-            reward = np.array(_rolling([m["reward_mean"] for m in r["history"]], spec.window))
-            curves.append((tokens, reward))
-        begin = max(tokens[0] for tokens, _ in curves)
-        end = min(tokens[-1] for tokens, _ in curves)
-        grid = np.linspace(begin, max(begin, end), 200)
-        ys = np.stack([np.interp(grid, tokens, reward) for tokens, reward in curves])
-        mean, std = ys.mean(axis=0), ys.std(axis=0)
-        color = colors(index % 10)
-        ax.plot(
-            grid,
-            mean,
-            color=color,
-            label=f"{agent} ({len(runs)} seed{'s' if len(runs) > 1 else ''})",
-            linewidth=1.6,
-        )
-        ax.fill_between(grid, mean - std, mean + std, color=color, alpha=0.18, linewidth=0)
-    info = TASKS[task]
-    if info.solved_threshold is not None:
-        ax.axhline(info.solved_threshold, color="grey", linestyle="--", linewidth=1)
-        ax.text(0, info.solved_threshold, " solved", va="bottom", color="grey", fontsize=8)
-    ax.set_xlabel("completion tokens generated")
-    ax.set_ylabel(f"reward (rolling mean of {spec.window} iterations)")
-    ax.set_title(
-        f"{task}: {spec.iterations_for(task)} iterations of "
-        f"{spec.num_prompts}x{spec.group_size} completions"
-    )
-    ax.set_ylim(*info.reward_range)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
-
-
-def bench_command(spec: BenchSpec, out: str | Path) -> str:
-    """The ``lmgym bench`` command line that reproduces ``spec``."""
-    default = BenchSpec()
-    parts = ["lmgym", "bench"]
-    if spec.agents != default.agents:
-        parts += ["--agents", ",".join(spec.agents)]
-    if spec.tasks != default.tasks:
-        parts += ["--tasks", ",".join(spec.tasks)]
-    if spec.seeds != default.seeds:
-        parts += ["--seeds", ",".join(map(str, spec.seeds))]
-    if spec.iterations is not None:
-        parts += ["--iterations", str(spec.iterations)]
-    if spec.num_prompts != default.num_prompts:
-        parts += ["--num-prompts", str(spec.num_prompts)]
-    if spec.group_size != default.group_size:
-        parts += ["--group-size", str(spec.group_size)]
-    if spec.workers != default.workers:
-        parts += ["--workers", str(spec.workers)]
-    if str(out) != DEFAULT_OUT:
-        parts += ["--out", str(out)]
-    return shlex.join(parts)
-
-
-def write_report(
-    results: list[dict[str, Any]], spec: BenchSpec, out: str | Path, total_s: float
-) -> str:
-    """Write ``README.md``, ``results.json`` and one PNG per task into ``out``.
-
-    Returns:
-        The Markdown written to ``README.md``.
-    """
-    import platform
-
-    import torch
-
-    from lmgym.envs.registration import TASKS
-
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    table = summarize(results, spec)
-    overrides = "; ".join(f"{agent} {_agent_settings(spec, agent)}" for agent in spec.agents)
-    iterations = ", ".join(f"{_short(t)} {spec.iterations_for(t)}" for t in spec.tasks)
-    process = (
-        "the run's own, fresh worker process"
-        if spec.workers
-        else "the one process that ran every run (so it is a maximum over all of them)"
-    )
-    lines = [
-        "# Agent benchmark",
-        "",
-        f"Command: `{bench_command(spec, out)}` — {len(results)} runs in "
-        f"{total_s / 60:.1f} min, {_at_a_time(spec)} with one torch thread "
-        f"({platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-        f"torch {torch.__version__}, {time.strftime('%Y-%m-%d')}).",
-        "",
-        "Settings, equal for every agent: a fresh tiny GPT-2 per run (2 layers, 64 wide, "
-        "character tokenizer, initialised with the run's seed), "
-        f"{spec.num_prompts} prompts x {spec.group_size} completions per iteration, bandit "
-        f"reward, iterations per task: {iterations}; seeds {', '.join(map(str, spec.seeds))}. "
-        f"Each agent runs its documented defaults except: {overrides}.",
-        "",
-        f"Columns: *final reward* = mean `reward_mean` of the last {spec.window} iterations, "
-        f"mean ± std over seeds; *solved* = seeds whose rolling mean of `reward_mean` over "
-        f"{spec.window} iterations reached the task's solved threshold; *iterations / tokens "
-        "to solved* = the first iteration where it did and the completion tokens generated "
-        "until then (mean over the seeds that got there, — if none); *tokens total* = tokens "
-        "generated in the whole run; *wall time* = seconds of `learn` per run, mean over "
-        f"seeds ({_at_a_time(spec)}; this shared VM's timings vary by about ±30% between "
-        f"repeats); *peak RSS* = `ru_maxrss` of {process}, max over seeds, which includes about "
-        f"{max((r['start_rss_mib'] for r in results), default=0):.0f} MiB already resident "
-        "when training starts (Python, torch, transformers, the model).",
-        "",
-        "Curves: reward (rolling mean) against completion tokens generated; the line is the "
-        "mean over seeds and the band ± 1 std.",
-        "",
-    ]
-    if (out / "ablations.md").exists():  # hand-written notes kept beside the results
-        lines += [
-            "Single-change ablations behind the comparison: [ablations.md](ablations.md).",
-            "",
-        ]
-    lines += ["## Summary", "", format_summary(table, spec), ""]
-    for task in spec.tasks:
-        info = TASKS[task]
-        lines += [
-            f"## {task}",
-            "",
-            f"{info.description}. Solved at {info.solved_threshold:g}; a random policy scores "
-            f"{info.random_baseline if info.random_baseline is not None else '?'}.",
-            "",
-            format_table(table[task]),
-            "",
-            f"![{_short(task)} learning curves]({_short(task)}.png)",
-            "",
-        ]
-        plot_curves(results, spec, task, out / f"{_short(task)}.png")
-    markdown = "\n".join(lines)
-    (out / "README.md").write_text(markdown)
-    (out / "results.json").write_text(
-        json.dumps(
-            {
-                "spec": dataclasses.asdict(spec),
-                "total_s": round(total_s, 1),
-                "summary": table,
-                "runs": [_compact(r) for r in results],
-            }
-        )
-        + "\n"
-    )
-    return markdown
-
-
-def _compact(result: dict[str, Any]) -> dict[str, Any]:
-    """A run for ``results.json``: its curve as columns, floats to 6 digits."""
-    history = result["history"]
-    columns = {
-        key: [round(float(m[key]), 6) for m in history] for key in (history[0] if history else {})
-    }
-    return {**{k: v for k, v in result.items() if k != "history"}, "history": columns}
-
-
-def load_results(path: str | Path) -> tuple[list[dict[str, Any]], float]:
-    """``(runs, total seconds)`` from a ``results.json`` written by ``write_report``."""
-    data = json.loads(Path(path).read_text())
-    runs = []
-    for run in data["runs"]:
-        columns = run["history"]
-        keys = list(columns)
-        rows = [
-            dict(zip(keys, values, strict=True)) for values in zip(*columns.values(), strict=True)
-        ]
-        runs.append({**run, "history": rows})
-    return runs, data["total_s"]
 
 
 def run_bench(

@@ -35,6 +35,35 @@ from lmgym.training.run import RunDirectory
 Printer = Callable[[str], None]
 
 
+CALLBACK_PROTOCOL = (
+    "lmgym calls callback(agent, metrics) after every iteration (return False to stop) and, "
+    "when the object has them, on_learn_start(agent) and on_learn_end(agent, history): pass a "
+    "function or a lmgym.training.TrainingCallback subclass"
+)
+
+
+def check_callback(callback: object, where: str) -> None:
+    """Raise ``TypeError`` for something ``Agent.learn`` cannot call as a callback.
+
+    A Stable-Baselines3 ``BaseCallback`` (class or object) gets a message stating
+    lmgym's protocol: SB3 drives its callbacks through an SB3 model (``init_callback``,
+    ``on_step`` with the rollout's locals), which an lmgym agent is not.
+    """
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    sb3 = isinstance(callback, BaseCallback) or (
+        isinstance(callback, type) and issubclass(callback, BaseCallback)
+    )
+    if sb3:
+        name = callback.__name__ if isinstance(callback, type) else type(callback).__name__
+        raise TypeError(
+            f"{where}: {name} is a Stable-Baselines3 BaseCallback, which drives an SB3 model "
+            f"(on_step, rollout buffers), not an lmgym agent; {CALLBACK_PROTOCOL}"
+        )
+    if not callable(callback):
+        raise TypeError(f"{where}: {type(callback).__name__} is not callable; {CALLBACK_PROTOCOL}")
+
+
 def tqdm_print(text: str) -> None:
     """Print a line without tearing a tqdm progress bar."""
     from tqdm.auto import tqdm
@@ -265,8 +294,10 @@ class SamplePrinter(TrainingCallback):
 class MetricsLogger(TrainingCallback):
     """Send every iteration's metrics to an SB3 file logger, and to stdout every ``log_interval``.
 
-    Adds ``time/elapsed_s`` (seconds since this session's ``learn`` started) and
-    ``time/iterations_per_s``.
+    Adds ``time/elapsed_s`` (seconds since this session's ``learn`` started),
+    ``time/iterations_per_s`` and, unless the agent's metrics have it,
+    ``learning_rate``: the optimizer's (first parameter group's) learning rate after
+    the iteration, i.e. the one its next step uses (what a schedule moves).
 
     Args:
         logger: the file logger (``make_logger``): CSV (+ TensorBoard).
@@ -293,6 +324,8 @@ class MetricsLogger(TrainingCallback):
             "time/elapsed_s": elapsed,
             "time/iterations_per_s": self._iterations / max(elapsed, 1e-9),
         }
+        if "learning_rate" not in row:
+            row["learning_rate"] = float(agent.optimizer.param_groups[0]["lr"])
         record_metrics(self.logger, row, agent.iteration)
         if (
             self.stdout is not None

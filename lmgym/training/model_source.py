@@ -4,8 +4,10 @@
 an offline machine fails at once with one line saying what to pass, instead of
 after transformers' network retries:
 
-1. an existing directory with a ``config.json`` is used as is (a file, or a
-   directory without one, is an error);
+1. an existing directory with a ``config.json`` (a transformers model) or an
+   ``adapter_config.json`` (a peft adapter, which ``CausalLMPolicy.from_pretrained``
+   loads onto its base) is used as is (a file, or a directory with neither, is an
+   error), so ``--model`` takes what ``GRPO("path/or/name", env)`` takes;
 2. something that can only be a path (``./m``, ``/m``, ``~/m``, ``a/b/c``, a
    trailing ``/``) and does not exist is an error naming it;
 3. otherwise it is a hub name (``gpt2``, ``org/name``). With ``HF_HUB_OFFLINE`` /
@@ -88,10 +90,11 @@ def resolve_model(model: str) -> str:
                 f"--model {model} is a file; pass a model directory (what save_pretrained "
                 "writes) or a hub name"
             )
-        if not (path / "config.json").is_file():
+        if not (path / "config.json").is_file() and not (path / "adapter_config.json").is_file():
             raise ModelNotFoundError(
-                f"--model {model} is not a model directory (no config.json; pass what "
-                "save_pretrained writes, or a run / checkpoint to lmgym eval)"
+                f"--model {model} is not a model directory (no config.json or "
+                "adapter_config.json; pass what save_pretrained writes, or a run / checkpoint "
+                "to lmgym eval)"
             )
         return str(path)
     if _looks_like_path(model):

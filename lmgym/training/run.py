@@ -2,7 +2,9 @@
 
 Layout of a run directory::
 
-    config.json          what was run: {"lmgym_run": 1, "algo", "run": TrainConfig, "agent": config}
+    config.json          what was run: {"lmgym_run": 1, "algo", "run": TrainConfig, "agent": config,
+                         "imports": the user's modules and prompt file (path, SHA-256)}
+    merged/              the final model as a plain transformers model (save_merged)
     progress.csv         one row of metrics per iteration
     events.out.tfevents* the same metrics for TensorBoard (when tensorboard is installed)
     samples.jsonl        sampled completions, every ``sample_every`` iterations
@@ -33,7 +35,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from lmgym.agents.config import AgentConfig
 from lmgym.persistence import atomic
@@ -55,11 +57,29 @@ class TrainConfig:
     """Settings of one training run (everything that is not the agent's own config)."""
 
     algo: str = "grpo"
-    """Algorithm: reinforce, rloo, ppo, grpo, drgrpo, gspo or cispo."""
+    """Algorithm: reinforce, reinforce_pp, rloo, remax, ppo, dual_clip_ppo, vapo, grpo, drgrpo, gspo, gspo_token or cispo (lmgym.agents.ALGORITHMS)."""
     task: str = DEFAULT_TASK
-    """Registered task id (lmgym tasks lists them)."""
+    """Registered task id (lmgym tasks lists them), or 'your_module:YourTask-v0' to import your_module first (which registers it)."""
+    prompts: str | None = None
+    """JSON Lines prompt file (one object per line with a 'prompt' field) that, with reward, makes the run's task; its other fields are passed to the reward as keyword arguments."""
+    reward: str | None = None
+    """Reward of the prompts task, 'your_module:name': a function fn(prompts, completions, **columns) -> list of floats, or a RewardModel object."""
+    prompt_field: str = "prompt"
+    """Field of each prompts line that holds the prompt."""
     model: str | None = None
     """Hub name or local directory of a causal LM; None builds a tiny GPT-2 locally."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Mixed precision: bfloat16 (CPU, or a GPU with bf16) or float16 (CUDA only) autocast of the model's forward passes; the weights stay float32. float32: none."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass instead of storing them: less memory, about one more forward pass of compute."""
+    lora_r: int = 0
+    """LoRA rank (needs the peft extra); 0 trains every weight (full fine-tuning)."""
+    lora_alpha: float = 16.0
+    """LoRA scaling numerator (the update is scaled by lora_alpha / lora_r)."""
+    lora_target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
+    """Module names LoRA adapts (e.g. q_proj v_proj); all-linear: every linear layer but the output head."""
+    save_merged: bool = False
+    """At the end, also write the final model to RUN/merged (a LoRA adapter merged into the base weights) as a plain transformers model."""
     iterations: int = 150
     """Total rollout batches to train on (on --resume: the new total)."""
     num_prompts: int = 4
@@ -118,7 +138,35 @@ class TrainConfig:
             raise ValueError(f"stop_window={self.stop_window}: must be >= 1")
         if self.temperature <= 0:
             raise ValueError(f"temperature={self.temperature}: must be > 0")
+        if self.lora_r < 0:
+            raise ValueError(f"lora_r={self.lora_r}: must be >= 0 (0: full fine-tuning)")
+        if self.lora_r > 0 and not self.lora_alpha > 0:
+            raise ValueError(f"lora_alpha={self.lora_alpha}: must be > 0")
+        if self.lora_r > 0 and not self.lora_target_modules:
+            raise ValueError("lora_target_modules: name at least one module (or all-linear)")
         check_device(self.device)
+        if self.dtype == "float16" and not self.device.startswith("cuda"):
+            raise ValueError(
+                f"dtype=float16 needs a CUDA device (device={self.device!r}); use bfloat16 or "
+                "float32"
+            )
+
+    def peft_config(self) -> Any:
+        """The ``peft.LoraConfig`` of ``lora_*``, or ``None`` when ``lora_r`` is 0."""
+        if self.lora_r == 0:
+            return None
+        from lmgym.policy.adapters import require_peft
+
+        peft = require_peft(f"lora_r={self.lora_r}")
+        targets: str | list[str] = list(self.lora_target_modules)
+        if targets == ["all-linear"]:
+            targets = "all-linear"  # peft's shorthand must be the string itself
+        return peft.LoraConfig(r=self.lora_r, lora_alpha=self.lora_alpha, target_modules=targets)
+
+    @property
+    def autocast_dtype(self) -> str | None:
+        """``dtype`` as ``CausalLMPolicy``'s ``autocast_dtype`` (``None``: float32)."""
+        return None if self.dtype == "float32" else self.dtype
 
 
 def check_device(device: str) -> None:
@@ -150,11 +198,20 @@ def check_device(device: str) -> None:
         raise ValueError(f"device={device!r}: the MPS backend is not available; use --device cpu")
 
 
-# Fields a resumed run must keep: changing them would not continue the same run.
+# Fields a resumed run must keep: changing them would not continue the same run (the
+# checkpoint restores the model settings itself).
 FIXED_ON_RESUME = (
     "algo",
     "task",
+    "prompts",
+    "reward",
+    "prompt_field",
     "model",
+    "dtype",
+    "gradient_checkpointing",
+    "lora_r",
+    "lora_alpha",
+    "lora_target_modules",
     "num_prompts",
     "group_size",
     "temperature",
@@ -164,7 +221,7 @@ FIXED_ON_RESUME = (
 
 def default_run_dir(algo: str, task: str, root: str | Path = "runs") -> Path:
     """``runs/<algo>-<TaskName>-<YYYYmmdd-HHMMSS>``, with a suffix if that exists."""
-    name = task.split("/")[-1].removesuffix("-v0").replace("/", "-")
+    name = task.rpartition(":")[2].split("/")[-1].removesuffix("-v0")
     base = Path(root) / f"{algo}-{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     path, n = base, 1
     while path.exists():
@@ -201,6 +258,7 @@ class RunDirectory:
     SAMPLES = "samples.jsonl"
     EVAL = "eval.jsonl"
     CHECKPOINTS = "checkpoints"
+    MERGED = "merged"
     ABANDONED = "abandoned"
     HISTORY = (PROGRESS, SAMPLES, EVAL)
     """The files that grow one record per iteration (cut back on resume)."""
@@ -320,14 +378,25 @@ class RunDirectory:
         """Give the lock back (a no-op when not held)."""
         self.lock.release()
 
-    def write_config(self, config: TrainConfig, agent_config: AgentConfig) -> None:
-        """Write ``config.json`` (atomically: a temporary file, then a rename)."""
+    def write_config(
+        self,
+        config: TrainConfig,
+        agent_config: AgentConfig,
+        imports: dict[str, Any] | None = None,
+    ) -> None:
+        """Write ``config.json`` (atomically: a temporary file, then a rename).
+
+        Args:
+            imports: what the run imports besides lmgym (``user_code.run_imports``).
+        """
         data = {
             RUN_MARKER: 1,
             "algo": config.algo,
             "run": dataclasses.asdict(config),
             "agent": dataclasses.asdict(agent_config),
         }
+        if imports is not None:
+            data["imports"] = imports
         atomic_write_text(self.config_path, json.dumps(data, indent=2) + "\n")
 
     def read_config(self) -> dict[str, Any]:

@@ -10,7 +10,8 @@ result = Trainer.resume("runs/demo", changes={"iterations": 200}).run()   # 100 
 ```
 
 Determinism. A fresh run seeds the global torch RNG with the agent's ``seed``
-before building the agent (a critic head may draw its initial weights from it).
+before building the policy (a LoRA adapter draws its initial weights from it) and
+again before building the agent (a critic head may draw its initial weights from it).
 Evaluations and printed samples use their own env and generator. So on CPU a run
 of ``N`` iterations and a run of ``M < N`` iterations resumed to ``N`` produce
 the same metrics, row for row (``time/*`` aside): the checkpoint holds the
@@ -21,7 +22,6 @@ such a run resumes with fresh rows.)
 
 from __future__ import annotations
 
-import importlib
 import tempfile
 import time
 from collections.abc import Sequence
@@ -36,6 +36,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from lmgym.agents.base import Agent, Callback
 from lmgym.agents.config import AgentConfig
 from lmgym.envs.token_env import TokenVectorEnv
+from lmgym.persistence.atomic import atomic_directory
 from lmgym.persistence.manifest import CheckpointError
 from lmgym.policy.causal_lm import CausalLMPolicy
 from lmgym.training.callbacks import (
@@ -45,6 +46,7 @@ from lmgym.training.callbacks import (
     PeriodicEval,
     Printer,
     SamplePrinter,
+    check_callback,
     derived_seed,
     tqdm_print,
 )
@@ -65,6 +67,59 @@ from lmgym.training.run import (
     TrainConfig,
     default_run_dir,
 )
+from lmgym.training.user_code import (
+    check_prompt_file,
+    check_task_factory,
+    import_object,
+    prepare_task,
+    resolve_task,
+    run_imports,
+    user_code_specs,
+)
+
+
+class FixedOnResumeError(ValueError):
+    """A resume would change a field of ``FIXED_ON_RESUME``.
+
+    Attributes:
+        field, value, old: the field, the value asked for and the run's.
+    """
+
+    KEPT = (
+        "a resumed run keeps its algorithm, task, model and its settings (dtype, LoRA, "
+        "checkpointing), batch shape, temperature and env arguments (start a new run to "
+        "change them)"
+    )
+
+    def __init__(self, field: str, value: Any, old: Any) -> None:
+        super().__init__(f"{field}={value!r} differs from the run's {old!r}; {self.KEPT}")
+        self.field, self.value, self.old = field, value, old
+
+
+def check_schedule_length(agent: Agent, iterations: int) -> None:
+    """Refuse to train a resumed agent past the end of its decaying learning-rate schedule.
+
+    A schedule's length is fixed when the run starts (``schedule_iterations``, else the
+    run's first ``iterations``) and a checkpoint restores it as it was: past its end a
+    linear schedule stays at 0 and a cosine one climbs back up.
+
+    Raises:
+        ValueError: ``iterations`` exceeds the schedule; the message gives its length.
+    """
+    from lmgym.agents.optim import NEEDS_LENGTH, steps_per_iteration
+
+    steps = getattr(agent, "_schedule_steps", None)
+    kind = agent.config.lr_scheduler_type
+    if agent.lr_scheduler is None or steps is None or kind not in NEEDS_LENGTH:
+        return
+    span = steps // steps_per_iteration(agent.config)
+    if iterations > span:
+        raise ValueError(
+            f"iterations={iterations}: the run's {kind} learning-rate schedule spans {span} "
+            f"iterations (fixed when the run started) and a resume cannot lengthen it; resume "
+            f"with --iterations {span} or fewer, or start a new run (with --schedule-iterations "
+            "N to plan a longer one)"
+        )
 
 
 def check_algo(algo: str) -> None:
@@ -75,20 +130,30 @@ def check_algo(algo: str) -> None:
         raise ValueError(f"unknown algo {algo!r}; valid: {', '.join(sorted(ALGORITHMS))}")
 
 
-def check_task(task: str) -> None:
-    """Raise ``ValueError`` listing the registered tasks if ``task`` is unknown."""
-    import lmgym  # noqa: F401  (registers the tasks)
+def check_task(task: str) -> str:
+    """The Gymnasium id of ``task`` (``"module:Id"`` imports ``module`` first).
 
-    if task not in gym.registry:
-        tasks = sorted(k for k in gym.registry if k.startswith("lmgym/"))
-        raise ValueError(f"unknown task {task!r}; registered: {', '.join(tasks)}")
+    Raises:
+        ValueError: unknown, listing the registered tasks (``user_code.resolve_task``).
+    """
+    return resolve_task(task)
 
 
 def load_policy(
-    model: str | None, temperature: float = 1.0, device: torch.device | str = "cpu"
+    model: str | None,
+    temperature: float = 1.0,
+    device: torch.device | str = "cpu",
+    *,
+    peft_config: Any = None,
+    autocast_dtype: str | None = None,
+    gradient_checkpointing: bool = False,
 ) -> CausalLMPolicy:
     """The policy for ``model`` (hub name or directory); ``None``: the tiny GPT-2, built
     locally and round-tripped through ``save_pretrained`` / ``from_pretrained``.
+
+    Args:
+        peft_config, autocast_dtype, gradient_checkpointing: as
+            ``CausalLMPolicy.from_pretrained`` (``TrainConfig.peft_config()``, ...).
 
     Raises:
         ModelNotFoundError: a missing directory, or a hub name while offline and not
@@ -96,19 +161,42 @@ def load_policy(
     """
     from lmgym.policy import save_tiny
 
+    settings = {
+        "device": device,
+        "temperature": temperature,
+        "peft_config": peft_config,
+        "autocast_dtype": autocast_dtype,
+        "gradient_checkpointing": gradient_checkpointing,
+    }
     if model is not None:
-        return CausalLMPolicy.from_pretrained(
-            resolve_model(model), device=device, temperature=temperature
-        )
+        return CausalLMPolicy.from_pretrained(resolve_model(model), **settings)
     with tempfile.TemporaryDirectory() as tmp:
         path = save_tiny(f"{tmp}/tiny-gpt2")
-        return CausalLMPolicy.from_pretrained(path, device=device, temperature=temperature)
+        return CausalLMPolicy.from_pretrained(path, **settings)
 
 
-def make_train_env(config: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> TokenVectorEnv:
-    """The run's training env: ``gymnasium.make_vec(task, ...)`` with the policy's tokenizer."""
+def policy_for(config: TrainConfig) -> CausalLMPolicy:
+    """The run's initial policy: ``config.model`` with its LoRA, dtype and checkpointing."""
+    return load_policy(
+        config.model,
+        config.temperature,
+        config.device,
+        peft_config=config.peft_config(),
+        autocast_dtype=config.autocast_dtype,
+        gradient_checkpointing=config.gradient_checkpointing,
+    )
+
+
+def make_train_env(
+    config: TrainConfig, tokenizer: PreTrainedTokenizerBase, env_id: str | None = None
+) -> TokenVectorEnv:
+    """The run's training env: ``gymnasium.make_vec(task, ...)`` with the policy's tokenizer.
+
+    Args:
+        env_id: the task's registered id (``prepare_task``); default ``config.task``.
+    """
     env = gym.make_vec(
-        config.task,
+        env_id or config.task,
         num_envs=config.num_prompts * config.group_size,
         group_size=config.group_size,
         tokenizer=tokenizer,
@@ -124,18 +212,20 @@ def make_train_env(config: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> T
 
 
 def load_callback(spec: str) -> Callback:
-    """Import a user callback from ``'package.module:name'``; a class is instantiated."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"callback {spec!r}: expected 'package.module:name'")
+    """Import a user callback from ``'package.module:name'``; a class is instantiated.
+
+    Raises:
+        ValueError: it cannot be imported, is not callable, or is a Stable-Baselines3
+            ``BaseCallback`` (the message states lmgym's callback protocol).
+    """
+    target = import_object(spec, "callback")
     try:
-        target = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"callback {spec!r}: cannot import it ({exc})") from None
-    if isinstance(target, type):
-        target = target()
-    if not callable(target):
-        raise ValueError(f"callback {spec!r}: {type(target).__name__} is not callable")
+        check_callback(target, f"callback {spec!r}")
+        if isinstance(target, type):
+            target = target()
+        check_callback(target, f"callback {spec!r}")
+    except TypeError as exc:
+        raise ValueError(str(exc)) from None
     return target
 
 
@@ -153,6 +243,7 @@ class TrainResult:
         checkpoint: the final checkpoint.
         stopped_early: whether early stopping ended it.
         agent: the trained agent.
+        merged: ``RUN/merged`` when ``save_merged`` wrote it.
     """
 
     run_dir: Path
@@ -165,6 +256,7 @@ class TrainResult:
     checkpoint: Path | None
     stopped_early: bool
     agent: Agent = field(repr=False)
+    merged: Path | None = None
 
 
 class Trainer:
@@ -193,9 +285,12 @@ class Trainer:
         from lmgym.agents import ALGORITHMS
 
         check_algo(config.algo)
-        check_task(config.task)
         config.check()
-        config.env_kwargs = check_env_kwargs(config.task, config.env_kwargs)
+        self.env_id = prepare_task(config)
+        check_task_factory(self.env_id, config.task)
+        config.env_kwargs = check_env_kwargs(self.env_id, config.env_kwargs)
+        for callback in callbacks:
+            check_callback(callback, "callbacks")
         agent_class = ALGORITHMS[config.algo]
         if agent_config is None:
             agent_config = agent_class.config_class()
@@ -272,35 +367,50 @@ class Trainer:
         """Continue a run from its latest checkpoint (or from the checkpoint ``path``).
 
         The checkpoint is chosen, verified and loaded by ``run()``, under the run's
-        lock. Callbacks named in the run's ``config.json`` are imported again (``run``
-        prints which).
+        lock. The user code named in the run's ``config.json`` (a ``module:Id`` task,
+        the reward of a prompt file, ``--callback`` modules) is imported again, after a
+        line saying which; a prompt file must still have the SHA-256 the run recorded.
 
         Args:
             path: a run directory or one of its checkpoints.
             changes: ``TrainConfig`` fields to change, e.g. ``{"iterations": 200}``
-                (the new total). The algorithm, task, model, batch shape, sampling
-                temperature and env arguments cannot change (``FIXED_ON_RESUME``).
+                (the new total). The algorithm, task, model and its settings (dtype,
+                LoRA, checkpointing), batch shape, sampling temperature and env
+                arguments cannot change (``FIXED_ON_RESUME``).
             callbacks: as in ``Trainer``.
             out: as in ``Trainer``.
 
         Raises:
-            ValueError: ``changes`` touches a fixed field.
+            ValueError: ``changes`` touches a fixed field, or the prompt file changed.
         """
         from lmgym.agents import ALGORITHMS
 
         path = Path(path)
         run = cls.find_run(path)
         saved = run.read_config()
+        changed = check_prompt_file(saved.get("imports"), "resume")
+        if changed is not None:
+            raise ValueError(
+                f"{changed}; a resumed run must train on the same prompts: restore the file, "
+                "or start a new run on the new one"
+            )
+        specs = user_code_specs(saved["run"])
+        if specs:
+            out(
+                f"importing the code named in {run.config_path}: "
+                + ", ".join(f"{role} {spec}" for role, spec in specs)
+            )
         changes = dict(changes or {})
+        if changes.get("prompts") is not None:
+            changes["prompts"] = str(Path(changes["prompts"]).expanduser().resolve())
         if "env_kwargs" in changes:
-            changes["env_kwargs"] = check_env_kwargs(saved["run"]["task"], changes["env_kwargs"])
+            env_id = prepare_task(TrainConfig(**saved["run"]))
+            changes["env_kwargs"] = check_env_kwargs(env_id, changes["env_kwargs"])
+        defaults = TrainConfig()  # the values of fields added after the run was written
         for name in FIXED_ON_RESUME:
-            if name in changes and changes[name] != saved["run"][name]:
-                raise ValueError(
-                    f"{name}={changes[name]!r} differs from the run's {saved['run'][name]!r}; a "
-                    "resumed run keeps its algorithm, task, model, batch shape, temperature and "
-                    "env arguments (start a new run to change them)"
-                )
+            old = saved["run"].get(name, getattr(defaults, name))
+            if name in changes and changes[name] != old:
+                raise FixedOnResumeError(name, changes[name], old)
         config = TrainConfig(**{**saved["run"], **changes, "run_dir": str(run.path)})
         agent_class = ALGORITHMS[saved["algo"]]
         agent_values = dict(saved["agent"])
@@ -317,17 +427,30 @@ class Trainer:
 
     # ----------------------------------------------------------------- run
     def _reference(
-        self, policy: CausalLMPolicy | None = None, fresh: bool = True
+        self, policy: CausalLMPolicy | None = None, checkpoint: Path | None = None
     ) -> CausalLMPolicy | None:
+        """The frozen KL reference (``None`` when ``beta`` is 0).
+
+        Args:
+            policy: a fresh run's initial policy: the reference is ``frozen_copy`` of it
+                (a PEFT policy's is the same model with its adapter disabled, no copy).
+            checkpoint: a resume's checkpoint. When its policy is a PEFT adapter
+                ``CheckpointManager.load`` builds the adapter-off view from the loaded
+                policy (``None`` here); otherwise the initial model is loaded again.
+        """
         if self.agent_config.beta <= 0:
             return None
+        from lmgym.policy.adapters import is_adapter_dir
         from lmgym.policy.value import frozen_copy
 
-        if fresh and policy is not None:
+        if policy is not None:
             return frozen_copy(policy)
+        if checkpoint is not None and is_adapter_dir(checkpoint / "agent" / "policy"):
+            return None
         # The reference is the initial model, not the checkpoint's: rebuild it.
+        cfg = self.config
         return frozen_copy(
-            load_policy(self.config.model, self.config.temperature, self.config.device)
+            load_policy(cfg.model, cfg.temperature, cfg.device, autocast_dtype=cfg.autocast_dtype)
         )
 
     def _build_fresh(self) -> Agent:
@@ -335,12 +458,11 @@ class Trainer:
         from lmgym.agents import ALGORITHMS
 
         cfg = self.config
-        policy = load_policy(cfg.model, cfg.temperature, cfg.device)
-        env = make_train_env(cfg, policy.tokenizer)
+        torch.manual_seed(self.agent_config.seed)  # a new adapter's initial weights
+        policy = policy_for(cfg)
+        env = make_train_env(cfg, policy.tokenizer, self.env_id)
         torch.manual_seed(self.agent_config.seed)
-        return ALGORITHMS[cfg.algo](
-            policy, env, self._reference(policy, fresh=True), config=self.agent_config
-        )
+        return ALGORITHMS[cfg.algo](policy, env, self._reference(policy), config=self.agent_config)
 
     def _checkpoint_error(self, run: RunDirectory, checkpoint: Path, exc: Exception) -> Exception:
         """``exc`` with the run's other checkpoints named as a way out."""
@@ -374,14 +496,15 @@ class Trainer:
             raise self._checkpoint_error(run, checkpoint, exc) from None
         # The env needs the tokenizer: read it from the (verified) checkpoint's policy.
         tokenizer = AutoTokenizer.from_pretrained(checkpoint / "agent" / "policy")
-        env = make_train_env(cfg, tokenizer)
-        ref = self._reference(fresh=False)
+        env = make_train_env(cfg, tokenizer, self.env_id)
+        ref = self._reference(checkpoint=checkpoint)
         try:
             agent, state = CheckpointManager.load(
                 checkpoint, env, ref, device=cfg.device, verified=True
             )
         except CheckpointError as exc:
             raise self._checkpoint_error(run, checkpoint, exc) from None
+        check_schedule_length(agent, cfg.iterations)
         later = [
             p
             for p in manager.checkpoints()
@@ -395,13 +518,13 @@ class Trainer:
                 f"moved to {branch}; nothing was deleted"
             )
         manager.point_latest_at(checkpoint)
-        run.write_config(cfg, self.agent_config)
+        run.write_config(cfg, self.agent_config, run_imports(cfg))
         return agent, state
 
     def _eval_env(self, agent: Agent) -> tuple[TokenVectorEnv, str]:
         cfg = self.config
         return make_eval_env(
-            cfg.task,
+            self.env_id,
             agent.policy.tokenizer,
             cfg.eval_prompts,
             cfg.eval_samples,
@@ -410,14 +533,9 @@ class Trainer:
         )
 
     def _config_callbacks(self) -> list[Callback]:
-        """The callbacks named in the config (``--callback``), imported."""
-        specs = self.config.callbacks
-        if specs and self.resume_from is not None:
-            self.out(
-                f"importing the callbacks named in {self.config.run_dir}/config.json: "
-                f"{', '.join(specs)}"
-            )
-        return [load_callback(spec) for spec in specs]
+        """The callbacks named in the config (``--callback``), imported (a resume says
+        which first: ``Trainer.resume``)."""
+        return [load_callback(spec) for spec in self.config.callbacks]
 
     def run(self) -> TrainResult:
         """Train to ``config.iterations`` (in total), checkpointing and logging on the way.
@@ -441,7 +559,7 @@ class Trainer:
             )
             try:
                 cfg.run_dir = str(run.path)
-                run.write_config(cfg, self.agent_config)
+                run.write_config(cfg, self.agent_config, run_imports(cfg))
             except BaseException:
                 run.release_lock()
                 raise
@@ -473,7 +591,7 @@ class Trainer:
         from lmgym.envs.registration import TASKS
 
         cfg = self.config
-        threshold = correct_threshold_for(cfg.task)
+        threshold = correct_threshold_for(self.env_id)
         seed = self.agent_config.seed
         resumed = self._resume_run is not None
 
@@ -505,7 +623,7 @@ class Trainer:
         if cfg.early_stop:
             stop_at = cfg.stop_threshold
             if stop_at is None:
-                info = TASKS.get(cfg.task)
+                info = TASKS.get(self.env_id)
                 stop_at = info.solved_threshold if info is not None else None
             if stop_at is None:
                 raise ValueError(
@@ -570,6 +688,12 @@ class Trainer:
             if stdout is not None:
                 stdout.close()
         seconds = time.perf_counter() - start
+        merged = None
+        if cfg.save_merged:
+            with atomic_directory(run.path / RunDirectory.MERGED) as tmp:
+                agent.policy.save_pretrained(tmp, merged=True)
+            merged = run.path / RunDirectory.MERGED
+            self.out(f"merged model: {merged}")
         after = evaluate()
         self.out(f"checkpoint: {checkpoint.last or CheckpointManager(run.checkpoints).latest()}")
         self.out(f"eval before: {before.summary()}")
@@ -585,4 +709,5 @@ class Trainer:
             checkpoint=checkpoint.last or CheckpointManager(run.checkpoints).latest(),
             stopped_early=early is not None and early.solved_at is not None,
             agent=agent,
+            merged=merged,
         )

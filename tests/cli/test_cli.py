@@ -177,9 +177,9 @@ def test_a_saved_config_json_repeats_the_run(tmp_path):
     [
         (
             {"learning_rate": "fast"},
-            "learning_rate: invalid float value: 'fast'",
+            "learning_rate: expected a number, got 'fast'",
         ),
-        ({"iterations": 2.5}, "iterations: invalid int value: 2.5"),
+        ({"iterations": 2.5}, "iterations: expected an integer, got 2.5"),
         (
             {"loss_aggregation": "sum"},
             "loss_aggregation: invalid choice: 'sum' (choose from seq-mean-token-mean, "
@@ -218,11 +218,13 @@ def test_unknown_task_lists_the_registered_ones(capsys, tmp_path):
 def test_a_flag_of_the_wrong_type_names_the_flag(capsys):
     assert main(["train", "--learning-rate", "abc"]) == 2
     assert capsys.readouterr().err.splitlines()[-1] == (
-        "lmgym train: error: argument --learning-rate: invalid float value: 'abc'"
+        "lmgym train: error: argument --learning_rate/--learning-rate: invalid float value: 'abc'"
     )
     assert main(["train", "--whiten-advantages", "maybe"]) == 2
     assert capsys.readouterr().err.splitlines()[-1] == (
-        "lmgym train: error: argument --whiten-advantages: expected true/false, got 'maybe'"
+        "lmgym train: error: argument --whiten_advantages/--whiten-advantages: Truthy value "
+        "expected: got maybe but expected one of yes/no, true/false, t/f, y/n, 1/0 (case "
+        "insensitive)."
     )
 
 
@@ -339,7 +341,8 @@ def test_bench_quick_writes_table_curves_and_results(tmp_path, capsys):
 def test_bench_unknown_names_list_the_valid_ones(tmp_path, capsys):
     assert main(["bench", "--agents", "grpo,a2c", "--out", str(tmp_path)]) == 2
     assert capsys.readouterr().err == (
-        f"lmgym bench: error: unknown agent(s) a2c; valid: {', '.join(sorted(ALGORITHMS))}\n"
+        f"lmgym bench: error: unknown agent(s) a2c; valid: {', '.join(sorted(ALGORITHMS))} "
+        "(or all)\n"
     )
     assert main(["bench", "--tasks", "lmgym/Chess-v0", "--out", str(tmp_path)]) == 2
     assert capsys.readouterr().err.startswith(

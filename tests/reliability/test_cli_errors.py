@@ -134,8 +134,8 @@ def test_a_mistyped_env_value_names_the_key(tmp_path, train, capsys, arg, messag
 @pytest.mark.parametrize(
     ("content", "message"),
     [
-        ({"dynamic_sampling": "maybe"}, "dynamic_sampling: invalid _parse_bool value: 'maybe'"),
-        ({"whiten_advantages": 2}, "whiten_advantages: invalid _parse_bool value: 2"),
+        ({"dynamic_sampling": "maybe"}, "dynamic_sampling: expected true or false, got 'maybe'"),
+        ({"whiten_advantages": 2}, "whiten_advantages: expected true or false, got 2"),
         ({"env_kwargs": {"autoreset": "maybe"}}, "env argument autoreset='maybe': expected true"),
     ],
 )

@@ -214,5 +214,7 @@ def test_a_resume_says_which_callback_modules_it_imports(tmp_path, train, capsys
     assert train("--iterations", "1", "--run-dir", str(run), "--callback", spec) == 0
     capsys.readouterr()
     assert train("--resume", str(run), "--iterations", "2") == 0
-    assert f"importing the callbacks named in {run}/config.json: {spec}" in capsys.readouterr().out
+    assert f"importing the code named in {run}/config.json: callback {spec}" in (
+        capsys.readouterr().out
+    )
     sys.modules.pop("resume_import_probe", None)

@@ -1,0 +1,282 @@
+"""The user's own code and data in a run: tasks, rewards and prompt files named on the command line.
+
+- ``--task my_module:MyTask-v0`` imports ``my_module`` (which registers the task,
+  e.g. with ``register_reward_env``) and then looks ``MyTask-v0`` up, as
+  ``gymnasium.make("my_module:MyTask-v0")`` does (``resolve_task``).
+- ``--prompts data.jsonl --reward my_module:score`` registers a task built from a
+  JSON Lines prompt file and a reward (``register_prompt_task``): a plain
+  function becomes ``FunctionReward(score)`` (batched: ``score(prompts,
+  completions, **columns) -> floats``), any other callable is used as a
+  ``RewardModel``. The task id is ``prompts/<file stem>-v0``.
+- A run records what it imports (``run_imports``, the ``imports`` section of
+  ``config.json``): the modules, and the prompt file's absolute path with its
+  SHA-256, so that a resume re-imports the same code and notices a changed file
+  (``check_prompt_file``).
+
+Modules are imported by name with the current directory on ``sys.path`` (as
+``python -m`` has it), so a ``my_module.py`` next to where ``lmgym`` runs is found.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from lmgym.training.run import DEFAULT_TASK, TrainConfig
+
+PROMPT_TASK_NAMESPACE = "prompts"
+
+
+def split_spec(spec: str, what: str) -> tuple[str, str]:
+    """``("package.module", "name")`` of ``"package.module:name"``.
+
+    Raises:
+        ValueError: not of that form; the message names ``what``.
+    """
+    module, sep, name = spec.partition(":")
+    if not sep or not module or not name or ":" in name:
+        raise ValueError(f"{what} {spec!r}: expected 'package.module:name'")
+    return module, name
+
+
+def import_module(module: str, what: str) -> Any:
+    """Import ``module`` (the current directory first on ``sys.path``, as ``python -m`` has it).
+
+    Raises:
+        ValueError: the import failed; the message names ``what`` and the error.
+    """
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ValueError(
+            f"{what}: cannot import module {module!r} ({exc}); put it on PYTHONPATH or run "
+            "lmgym from its directory"
+        ) from None
+
+
+def import_object(spec: str, what: str) -> Any:
+    """The object ``"package.module:name"`` names, imported.
+
+    Raises:
+        ValueError: a malformed spec, a failed import or a missing name; the message
+            names ``what``.
+    """
+    module_name, name = split_spec(spec, what)
+    module = import_module(module_name, f"{what} {spec!r}")
+    try:
+        return getattr(module, name)
+    except AttributeError:
+        raise ValueError(
+            f"{what} {spec!r}: module {module_name!r} ({getattr(module, '__file__', '?')}) has "
+            f"no attribute {name!r}"
+        ) from None
+
+
+def task_module(task: str) -> str | None:
+    """The module a ``"module:Id"`` task names, or ``None`` for a plain id."""
+    module, sep, _ = task.partition(":")
+    return module if sep else None
+
+
+def resolve_task(task: str) -> str:
+    """The registered Gymnasium id of ``task``; ``"module:Id"`` imports ``module`` first.
+
+    Raises:
+        ValueError: the module cannot be imported, or the id is not registered (the
+            message lists the registered lmgym tasks).
+    """
+    import gymnasium as gym
+
+    import lmgym  # noqa: F401  (registers the built-in tasks)
+
+    module, sep, env_id = task.partition(":")
+    if sep:
+        if not module or not env_id:
+            raise ValueError(f"task {task!r}: expected a task id or 'package.module:TaskId-v0'")
+        import_module(module, f"task {task!r}")
+    else:
+        env_id = task
+    if env_id not in gym.registry:
+        registered = sorted(k for k in gym.registry if k.startswith("lmgym/"))
+        where = f" after importing {module!r} (does it register {env_id!r}?)" if sep else ""
+        raise ValueError(
+            f"unknown task {task!r}{where}; registered: {', '.join(registered)}"
+            + ("" if sep else "; a task of your own: --task your_module:YourTask-v0")
+        )
+    return env_id
+
+
+def check_task_factory(env_id: str, task: str | None = None) -> None:
+    """Raise ``ValueError`` if the task's vector factory cannot take the run's
+    ``tokenizer`` and ``device`` (lmgym builds every env with the policy's tokenizer).
+    """
+    from lmgym.training.evaluation import factory_accepts
+
+    missing = [name for name in ("tokenizer", "device") if not factory_accepts(env_id, name)]
+    if missing:
+        raise ValueError(
+            f"task {task or env_id!r}: its vector factory takes no {' or '.join(missing)} "
+            "argument; lmgym builds the env with the policy's tokenizer on the run's device: "
+            "give the factory tokenizer=None and device='cpu' parameters"
+        )
+
+
+def load_reward(spec: str) -> Any:
+    """The reward ``"module:name"`` names: a plain function is wrapped in a batched
+    ``FunctionReward`` (``fn(prompts, completions, **columns) -> floats``); a class is
+    instantiated with no arguments; any other callable is a ``RewardModel`` as is.
+
+    Raises:
+        ValueError: the import failed, or the object is not callable.
+    """
+    from lmgym.envs import FunctionReward
+
+    target = import_object(spec, "reward")
+    if inspect.isclass(target):
+        target = target()
+    if inspect.isfunction(target) or inspect.ismethod(target) or inspect.isbuiltin(target):
+        return FunctionReward(target)
+    if not callable(target):
+        raise ValueError(f"reward {spec!r}: {type(target).__name__} is not callable")
+    return target
+
+
+def prompt_task_id(prompts: str | Path) -> str:
+    """``prompts/<file stem>-v0``: the task id of a prompt file."""
+    stem = re.sub(r"[^\w.]+", "_", Path(prompts).stem) or "prompts"
+    return f"{PROMPT_TASK_NAMESPACE}/{stem}-v0"
+
+
+def register_prompt_task(prompts: str | Path, reward: str, prompt_field: str = "prompt") -> str:
+    """Register the task of a prompt file and a reward; returns its id (``prompt_task_id``).
+
+    The env is ``register_reward_env(id, load_reward(reward), JsonlPrompts(prompts,
+    field=prompt_field))``: its options (``max_new_tokens``, ``reward_mode``, ...) are
+    the run's ``env_kwargs``.
+
+    Raises:
+        ValueError: the file is missing or malformed (line number named), or the
+            reward cannot be imported.
+    """
+    from lmgym.envs import register_reward_env
+    from lmgym.envs.prompts import JsonlPrompts
+
+    path = Path(prompts)
+    if not path.is_file():
+        raise ValueError(f"prompts {str(prompts)!r}: no such file (a JSON Lines prompt file)")
+    source = JsonlPrompts(path, field=prompt_field)
+    if len(source) == 0:
+        raise ValueError(f"prompts {str(prompts)!r}: the file holds no prompt")
+    return register_reward_env(
+        prompt_task_id(path),
+        load_reward(reward),
+        source,
+        description=f"prompts from {path.name}, reward {reward}",
+    )
+
+
+def prepare_task(config: TrainConfig) -> str:
+    """Import or register the run's task and return its Gymnasium id.
+
+    With ``config.prompts``, the prompt file's path is made absolute (so a resume
+    from another directory finds it) and ``config.task`` is set to the prompt task's
+    id; ``task`` may then only be left at its default or name that same id.
+
+    Raises:
+        ValueError: ``prompts`` without ``reward`` or the reverse, ``task`` and
+            ``prompts`` both given, or anything ``resolve_task`` /
+            ``register_prompt_task`` raise.
+    """
+    if config.prompts is None and config.reward is None:
+        return resolve_task(config.task)
+    if config.prompts is None or config.reward is None:
+        given, missing = ("prompts", "reward") if config.reward is None else ("reward", "prompts")
+        raise ValueError(
+            f"{given}={getattr(config, given)!r} needs {missing} too: a prompt-file task is "
+            "--prompts FILE.jsonl --reward module:function"
+        )
+    config.prompts = str(Path(config.prompts).expanduser().resolve())
+    env_id = prompt_task_id(config.prompts)
+    if config.task not in (DEFAULT_TASK, env_id):
+        raise ValueError(
+            f"task={config.task!r} and prompts={config.prompts!r} both name the run's task; "
+            "pass one (--prompts builds the task from the file and --reward)"
+        )
+    config.task = register_prompt_task(config.prompts, config.reward, config.prompt_field)
+    return config.task
+
+
+def file_sha256(path: str | Path) -> str:
+    """Hex SHA-256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def run_imports(config: TrainConfig) -> dict[str, Any]:
+    """What a run imports and reads besides lmgym, for ``config.json``'s ``imports``:
+    ``{"modules": {module: role}, "prompts": {"path", "sha256"} | None}``."""
+    modules: dict[str, str] = {}
+    task = task_module(config.task)
+    if task is not None:
+        modules[task] = "task"
+    if config.reward is not None:
+        modules.setdefault(split_spec(config.reward, "reward")[0], "reward")
+    for spec in config.callbacks:
+        modules.setdefault(spec.partition(":")[0], "callback")
+    prompts = None
+    if config.prompts is not None:
+        prompts = {"path": config.prompts, "sha256": file_sha256(config.prompts)}
+    return {"modules": modules, "prompts": prompts}
+
+
+def user_code_specs(run: dict[str, Any]) -> list[tuple[str, str]]:
+    """``[(role, spec)]`` of the user code a run's ``TrainConfig`` (as a dict) imports:
+    a ``module:Id`` task, the reward of a prompt file, the callbacks."""
+    specs = []
+    if task_module(run.get("task") or "") is not None:
+        specs.append(("task", run["task"]))
+    if run.get("reward"):
+        specs.append(("reward", run["reward"]))
+    specs += [("callback", spec) for spec in run.get("callbacks") or []]
+    return specs
+
+
+def check_prompt_file(imports: dict[str, Any] | None, action: str) -> str | None:
+    """Compare a run's prompt file with the SHA-256 it recorded.
+
+    Args:
+        imports: the run's ``imports`` record (``None`` or without prompts: nothing to check).
+        action: what is being done, for the message (``"resume"``).
+
+    Returns:
+        ``None`` when the file is unchanged (or there is none), else a sentence saying
+        what changed.
+
+    Raises:
+        ValueError: the file is gone.
+    """
+    record = (imports or {}).get("prompts")
+    if not record:
+        return None
+    path = Path(record["path"])
+    if not path.is_file():
+        raise ValueError(f"the run's prompt file {path} is missing; restore it to {action} the run")
+    now = file_sha256(path)
+    if now == record["sha256"]:
+        return None
+    return (
+        f"the run's prompt file {path} changed since the run started (SHA-256 {now[:12]}..., "
+        f"recorded {record['sha256'][:12]}...)"
+    )

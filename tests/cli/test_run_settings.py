@@ -1,0 +1,206 @@
+"""Model and optimisation settings of a run (dtype, checkpointing, LoRA config, merged
+export, learning-rate schedules on resume, the logged learning rate) and callbacks that
+are not lmgym's (Stable-Baselines3's)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from lmgym.agents import ALGORITHMS, GRPOConfig
+from lmgym.cli import main
+from lmgym.training import TrainConfig, Trainer
+from lmgym.training.bench import AGENT_OVERRIDES, DEFAULT_AGENTS, BenchSpec
+from lmgym.training.logger import read_progress
+
+QUIET = [
+    "--no-progress",
+    "--log-interval", "0",
+    "--eval-prompts", "2",
+    "--eval-samples", "2",
+    "--samples", "0",
+    "--sample-every", "0",
+]  # fmt: skip
+SMALL = dict(
+    eval_prompts=2, eval_samples=2, samples=0, sample_every=0, log_interval=0, no_progress=True
+)
+
+
+def train(*args: str) -> int:
+    return main(["train", *QUIET, *args])
+
+
+def quiet(_: str) -> None:
+    pass
+
+
+# ------------------------------------------------------------------ config
+def test_lora_fields_make_a_peft_lora_config():
+    peft = pytest.importorskip("peft")
+    assert TrainConfig().peft_config() is None
+    config = TrainConfig(lora_r=8).peft_config()
+    assert isinstance(config, peft.LoraConfig)
+    assert (config.r, config.lora_alpha, config.target_modules) == (8, 16.0, "all-linear")
+    config = TrainConfig(lora_r=4, lora_alpha=8.0, lora_target_modules=["q_proj"]).peft_config()
+    assert (config.r, config.lora_alpha, config.target_modules) == (4, 8.0, {"q_proj"})
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"lora_r": -1}, "lora_r=-1: must be >= 0 (0: full fine-tuning)"),
+        ({"lora_r": 4, "lora_alpha": 0.0}, "lora_alpha=0.0: must be > 0"),
+        ({"lora_r": 4, "lora_target_modules": []}, "lora_target_modules: name at least one"),
+        (
+            {"dtype": "float16"},
+            "dtype=float16 needs a CUDA device (device='cpu'); use bfloat16 or float32",
+        ),
+    ],
+)
+def test_bad_model_settings_name_the_field(changes, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        TrainConfig(**changes).check()
+
+
+def test_dtype_and_gradient_checkpointing_reach_the_policy_and_stay_on_resume(tmp_path, capsys):
+    run = tmp_path / "run"
+    config = TrainConfig(
+        **SMALL, iterations=1, run_dir=str(run), dtype="bfloat16", gradient_checkpointing=True
+    )
+    result = Trainer(config, out=quiet).run()
+    assert result.agent.policy.autocast_dtype is torch.bfloat16
+    assert result.agent.policy.gradient_checkpointing is True
+    resumed = Trainer.resume(run, changes={"iterations": 2}, out=quiet).run()
+    assert resumed.agent.policy.autocast_dtype is torch.bfloat16
+    assert resumed.agent.policy.gradient_checkpointing is True
+    capsys.readouterr()
+    assert train("--resume", str(run), "--dtype", "float32") == 2
+    assert capsys.readouterr().err.startswith(
+        "lmgym train: error: --resume: --dtype 'float32' differs from the run's 'bfloat16'; "
+    )
+
+
+def test_save_merged_writes_the_final_model(tmp_path):
+    run = tmp_path / "run"
+    result = Trainer(
+        TrainConfig(**SMALL, iterations=1, run_dir=str(run), save_merged=True), out=quiet
+    ).run()
+    assert result.merged == run / "merged"
+    merged = AutoModelForCausalLM.from_pretrained(result.merged)
+    trained = result.agent.policy.model.state_dict()
+    assert all(torch.equal(value, trained[key]) for key, value in merged.state_dict().items())
+
+
+# ---------------------------------------------------------------- schedules
+def test_the_learning_rate_is_logged_every_iteration(tmp_path):
+    run = tmp_path / "run"
+    assert train("--iterations", "2", "--run-dir", str(run), "--lr-scheduler-type", "linear") == 0
+    # linear over 2 optimizer steps from 1e-3: 1e-3 * (2 - step) / 2 after each step
+    assert [row["learning_rate"] for row in read_progress(run / "progress.csv")] == [5e-4, 0.0]
+    constant = tmp_path / "constant"
+    assert train("--iterations", "2", "--run-dir", str(constant)) == 0
+    assert [r["learning_rate"] for r in read_progress(constant / "progress.csv")] == [1e-3, 1e-3]
+
+
+def test_a_resume_cannot_lengthen_a_decaying_schedule(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert train("--iterations", "2", "--run-dir", str(run), "--lr-scheduler-type", "cosine") == 0
+    capsys.readouterr()
+    assert train("--resume", str(run), "--iterations", "3") == 2
+    assert capsys.readouterr().err == (
+        "lmgym train: error: iterations=3: the run's cosine learning-rate schedule spans 2 "
+        "iterations (fixed when the run started) and a resume cannot lengthen it; resume with "
+        "--iterations 2 or fewer, or start a new run (with --schedule-iterations N to plan a "
+        "longer one)\n"
+    )
+    assert len(read_progress(run / "progress.csv")) == 2  # nothing was moved or cut
+    assert not (run / ".lmgym.lock.pid").exists()
+
+
+def test_a_planned_schedule_resumes_where_it_was(tmp_path):
+    run = tmp_path / "run"
+    args = ["--lr-scheduler-type", "linear", "--schedule-iterations", "10"]
+    assert train("--iterations", "2", "--run-dir", str(run), *args) == 0
+    assert train("--resume", str(run), "--iterations", "3") == 0
+    rates = [row["learning_rate"] for row in read_progress(run / "progress.csv")]
+    assert rates == pytest.approx([9e-4, 8e-4, 7e-4], abs=1e-12)
+
+
+# ---------------------------------------------------------------- callbacks
+SB3_MODULE = """
+from stable_baselines3.common.callbacks import CheckpointCallback
+
+checkpoints = CheckpointCallback(save_freq=10, save_path="x")
+"""
+PROTOCOL = (
+    "lmgym calls callback(agent, metrics) after every iteration (return False to stop) and, "
+    "when the object has them, on_learn_start(agent) and on_learn_end(agent, history): pass a "
+    "function or a lmgym.training.TrainingCallback subclass"
+)
+
+
+def test_a_stable_baselines3_callback_gets_lmgyms_protocol(tmp_path, monkeypatch, capsys):
+    (tmp_path / "sb3_callbacks.py").write_text(SB3_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    run = tmp_path / "run"
+    assert train("--run-dir", str(run), "--callback", "sb3_callbacks:checkpoints") == 2
+    assert capsys.readouterr().err == (
+        "lmgym train: error: callback 'sb3_callbacks:checkpoints': CheckpointCallback is a "
+        "Stable-Baselines3 BaseCallback, which drives an SB3 model (on_step, rollout buffers), "
+        f"not an lmgym agent; {PROTOCOL}\n"
+    )
+    spec = "stable_baselines3.common.callbacks:EvalCallback"  # a class: refused, not built
+    assert train("--run-dir", str(run), "--callback", spec) == 2
+    assert "EvalCallback is a Stable-Baselines3 BaseCallback" in capsys.readouterr().err
+    assert not run.exists()
+    from sb3_callbacks import checkpoints
+
+    with pytest.raises(TypeError, match="callbacks: CheckpointCallback is a Stable-Baselines3"):
+        Trainer(TrainConfig(run_dir=str(run)), callbacks=[checkpoints])
+
+
+# -------------------------------------------------------------------- bench
+def test_every_algorithm_has_bench_settings():
+    assert set(AGENT_OVERRIDES) == set(ALGORITHMS)
+    assert AGENT_OVERRIDES["remax"] == {"learning_rate": 2e-3, "entropy_coef": 0.02}
+    assert (
+        AGENT_OVERRIDES["reinforce_pp"] == AGENT_OVERRIDES["gspo_token"] == {"learning_rate": 2e-3}
+    )
+    assert set(DEFAULT_AGENTS) < set(ALGORITHMS)
+    spec = BenchSpec(learning_rate=1e-5)
+    assert spec.overrides_for("remax") == {"learning_rate": 1e-5, "entropy_coef": 0.02}
+
+
+def test_bench_agents_all_runs_every_algorithm(monkeypatch, tmp_path):
+    import lmgym.training.bench as bench
+
+    seen = []
+    monkeypatch.setattr(bench, "run_bench", lambda spec, out, overwrite: seen.append(spec) or "")
+    assert main(["bench", "--agents", "all", "--out", str(tmp_path)]) == 0
+    assert seen[0].agents == tuple(sorted(ALGORITHMS))
+
+
+def test_bench_names_a_missing_model(tmp_path, capsys):
+    assert main(["bench", "--model", str(tmp_path / "nope"), "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.startswith(
+        f"lmgym bench: error: --model {tmp_path / 'nope'}: no such directory"
+    )
+
+
+def test_grpo_config_is_untouched_by_the_bench_defaults():
+    assert GRPOConfig().learning_rate == 1e-3
+
+
+def test_a_callback_given_again_on_resume_runs_once(tmp_path, monkeypatch):
+    (tmp_path / "count_calls.py").write_text(
+        "calls = []\ndef record(agent, metrics):\n    calls.append(agent.iteration)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    run = tmp_path / "run"
+    spec = "count_calls:record"
+    assert train("--iterations", "1", "--run-dir", str(run), "--callback", spec) == 0
+    assert train("--resume", str(run), "--iterations", "2", "--callback", spec) == 0
+    import count_calls
+
+    assert count_calls.calls == [1, 2]
