@@ -4,7 +4,11 @@ GRPO trains a tiny GPT-2 on it.
 Run ``python examples/custom_reward.py``. The reward below is the share of vowels in
 the completion; any ``fn(prompt, completion) -> float`` works the same way (batched
 ``fn(prompts, completions) -> list`` with ``FunctionReward(fn)``, several rewards with
-``CombinedReward([(r1, 1.0), (r2, 0.5)])``).
+``CombinedReward([(r1, 1.0), (r2, 0.5)])``). A reward with a reference answer names
+the data's column: ``fn(prompt, completion, answer)`` over
+``JsonlPrompts("data.jsonl")`` whose lines hold ``{"prompt": ..., "answer": ...}``.
+The registered env takes every env option of a built-in task (``tokenizer``,
+``device``, ``autoreset``, ``stop_token_ids``, ...; ``lmgym.envs.EnvOptions``).
 """
 
 from __future__ import annotations

@@ -7,13 +7,20 @@ returns one ``RolloutBatch``; agents read only that batch, never ``info``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from functools import cached_property
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
+
+#: A chat conversation: ``[{"role": "user", "content": "..."}, ...]``.
+Messages = Sequence[Mapping[str, Any]]
+
+#: One prompt: plain text, or chat messages that the env renders with the tokenizer's
+#: chat template (``lmgym.envs.prompts``).
+Prompt = str | Messages
 
 
 @dataclass(frozen=True)
@@ -100,18 +107,25 @@ class RolloutBatch:
 class RewardInput:
     """What a reward model sees for ``N`` rows at one scoring call.
 
-    Completion text is decoded only if a reward model reads ``completions``, so
-    token-level reward models pay nothing for text.
+    Completion text is decoded only if a reward model reads ``completions``, and a
+    column is gathered only when read, so token-level reward models pay nothing for
+    text.
 
     Attributes:
         prompt_ids: ``[N, Lp] int64`` left-padded prompts.
         prompt_mask: ``[N, Lp] bool``.
         completion_ids: ``[N, T] int64`` completions so far (right-padded).
         completion_mask: ``[N, T] bool``.
-        prompts: the prompt strings as given by the prompt source, ``N`` of them.
+        prompts: the prompts as given by the prompt source, ``N`` of them: strings,
+            or message lists for chat prompts.
+        prompt_texts: the text each prompt was rendered to (a chat prompt through the
+            tokenizer's chat template; a plain prompt is its own text), ``N`` strings.
         prompt_index: ``[N] int64`` index of each prompt in the prompt source
             (lets a task look up per-prompt data such as a reference answer).
         finished: ``[N] bool`` True where the completion has ended (stop id or budget).
+        columns: the prompt source's other per-prompt fields for these rows,
+            ``{name: N values}`` (e.g. ``{"answer": ["7", "12", ...]}`` from a JSONL
+            file's ``answer`` field); empty for a source without columns.
     """
 
     def __init__(
@@ -120,18 +134,22 @@ class RewardInput:
         prompt_mask: Tensor,
         completion_ids: Tensor,
         completion_mask: Tensor,
-        prompts: Sequence[str],
+        prompts: Sequence[Prompt],
         prompt_index: Tensor,
         finished: Tensor,
         decode: Callable[[Tensor], list[str]],
+        columns: Mapping[str, Sequence[Any]] | None = None,
+        prompt_texts: Sequence[str] | None = None,
     ) -> None:
         self.prompt_ids = prompt_ids
         self.prompt_mask = prompt_mask
         self.completion_ids = completion_ids
         self.completion_mask = completion_mask
         self.prompts = prompts
+        self.prompt_texts = prompts if prompt_texts is None else prompt_texts
         self.prompt_index = prompt_index
         self.finished = finished
+        self.columns: Mapping[str, Sequence[Any]] = {} if columns is None else columns
         self._decode = decode
 
     @cached_property
@@ -154,8 +172,13 @@ class RewardModel(Protocol):
 
 @runtime_checkable
 class PromptSource(Protocol):
-    """A finite, indexable collection of prompt strings."""
+    """A finite, indexable collection of prompts (strings or chat message lists).
+
+    A source may also have a ``columns`` attribute, ``{name: sequence of len(source)}``:
+    per-prompt fields (a reference answer, ...) that reach reward models as
+    ``RewardInput.columns`` and ``FunctionReward`` keyword arguments.
+    """
 
     def __len__(self) -> int: ...
 
-    def __getitem__(self, index: int) -> str: ...
+    def __getitem__(self, index: int) -> Prompt: ...

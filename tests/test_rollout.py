@@ -53,3 +53,39 @@ def test_agents_need_nothing_but_the_batch(make_env, policy):
     # Prompt ids in the batch decode back to the prompt source's text.
     prompts = env.tokenizer.batch_decode(batch.prompt_ids.tolist(), skip_special_tokens=True)
     assert prompts == [["aa", "bb"][i] for i in batch.prompt_index.tolist()]
+
+
+def test_no_attention_mask_warning_when_pad_is_eos_and_a_row_stops(make_env):
+    """A model whose config names a pad id equal to EOS (as many do) gets an attention
+    mask whenever it is fed that id: transformers' "We strongly recommend passing in an
+    `attention_mask`" warning used to break the first progress-bar line."""
+    import logging
+
+    from transformers.utils import logging as hf_logging
+
+    from lmgym.char_tokenizer import make_char_tokenizer
+    from lmgym.policy import CausalLMPolicy, make_tiny_model
+
+    tokenizer = make_char_tokenizer(pad_equals_eos=True)
+    eos = tokenizer.eos_token_id
+    model = make_tiny_model(len(tokenizer), seed=0, eos_token_id=eos, pad_token_id=eos)
+    with torch.no_grad():
+        model.get_output_embeddings().weight[eos] *= 0
+        model.get_output_embeddings().weight[eos, 0] = 8.0  # EOS likely, not certain
+    policy = CausalLMPolicy(model, tokenizer)
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    root = hf_logging.get_logger("transformers")
+    root.addHandler(handler)
+    hf_logging.warning_once.cache_clear()  # the warning is once per process
+    try:
+        env = make_env(
+            prompts=["ab", "cd"], num_prompts=2, group_size=8, max_new_tokens=6, tokenizer=tokenizer
+        )
+        batch = collect(env, policy, seed=0)
+    finally:
+        root.removeHandler(handler)
+    # Some rows stopped early and others went on: EOS (= pad) was fed while unpadded.
+    assert 1 in batch.lengths.tolist() and batch.lengths.max() > 2
+    assert not [r for r in records if "attention_mask" in r.getMessage()]

@@ -1,11 +1,13 @@
-"""Environments: the token-level vector env, its single-env facade, rewards, prompt
-sources, tasks and registration."""
+"""Environments: the token-level vector env, its single-env facade, the env options
+every task shares, rewards, prompt sources, tasks and registration."""
 
 from lmgym.envs.action_space import TokenActionSpace, TokenActionsSpace
+from lmgym.envs.options import ENV_OPTION_NAMES, EnvOptions, task_factory
 from lmgym.envs.prompts import (
     DatasetColumn,
     JsonlPrompts,
     PromptSubset,
+    RecordPrompts,
     shuffle_prompts,
     split_prompts,
 )
@@ -13,10 +15,13 @@ from lmgym.envs.registration import (
     TASKS,
     TaskInfo,
     available_tasks,
+    env_option_names,
     format_task_table,
     make_reward_env_vector,
     register_all,
     register_reward_env,
+    reward_env_factory,
+    vector_entry_point,
 )
 from lmgym.envs.rewards import (
     CombinedReward,
@@ -27,18 +32,22 @@ from lmgym.envs.rewards import (
     TokenScoreReward,
     reward_component_means,
 )
-from lmgym.envs.single import TokenEnv
+from lmgym.envs.single import TokenEnv, single_env_factory
 from lmgym.envs.token_env import TokenVectorEnv
+from lmgym.policy.special_tokens import stop_ids_for
 
 register_all()
 
 __all__ = [
+    "ENV_OPTION_NAMES",
     "TASKS",
     "CombinedReward",
     "DatasetColumn",
+    "EnvOptions",
     "FunctionReward",
     "JsonlPrompts",
     "PromptSubset",
+    "RecordPrompts",
     "RewardError",
     "SequenceClassifierReward",
     "TaskInfo",
@@ -49,10 +58,16 @@ __all__ = [
     "TokenScoreReward",
     "TokenVectorEnv",
     "available_tasks",
+    "env_option_names",
     "format_task_table",
     "make_reward_env_vector",
     "register_reward_env",
     "reward_component_means",
+    "reward_env_factory",
     "shuffle_prompts",
+    "single_env_factory",
     "split_prompts",
+    "stop_ids_for",
+    "task_factory",
+    "vector_entry_point",
 ]

@@ -1,30 +1,45 @@
 """Prompt sources and prompt tables.
 
-A prompt source is any finite indexable collection of strings
+A prompt source is any finite indexable collection of prompts
 (``lmgym.types.PromptSource``): a plain list, or one of
 
+- ``RecordPrompts(records, field="prompt")``: a list of dicts; the other fields
+  become columns;
 - ``JsonlPrompts(path, field="prompt")``: one JSON object per line; the other
-  fields stay available in ``records`` (e.g. a reference answer a reward looks up
-  through ``RewardInput.prompt_index``);
+  fields become columns (and stay available in ``records``);
 - ``DatasetColumn(dataset, column)``: a column of a Hugging Face
-  ``datasets.Dataset`` (``datasets`` is optional: lmgym never imports it, it only
-  reads the object you pass);
+  ``datasets.Dataset``; its other columns become columns (``datasets`` is optional:
+  lmgym never imports it, it only reads the object you pass);
 - ``PromptSubset(source, indices)``: a view, as made by ``split_prompts`` (a
   deterministic train/eval split under a seed) and ``shuffle_prompts`` (a
-  deterministic permutation under a seed).
+  deterministic permutation under a seed); it keeps the source's columns.
+
+A prompt is a string or a chat conversation, a list of messages
+``[{"role": "user", "content": "..."}]``. Columns (``source.columns``, ``{name:
+one value per prompt}``) reach reward models as ``RewardInput.columns`` and as
+keyword arguments of a ``FunctionReward`` function (e.g. a reference ``answer``).
 
 The env itself draws prompts in a fresh random order on every pass, reproducible
 under ``reset(seed=...)``; ``shuffle_prompts`` is for fixing an order up front
 (e.g. with ``prompt_order="sequential"``).
 
-``build_prompt_table`` tokenises a source once into a left-padded tensor.
+``build_prompt_table`` tokenises a source once into a left-padded tensor:
+
+- a plain-text prompt gets the special tokens the tokenizer puts *before* text
+  (BOS for Llama-style tokenizers, nothing for GPT-2's), exactly as
+  ``tokenizer(text)`` would, and never those it puts after (an EOS would end the
+  text before the completion starts);
+- a chat prompt is rendered with the tokenizer's chat template
+  (``apply_chat_template(..., add_generation_prompt=True, tokenize=False)``) and
+  tokenised without adding special tokens, as ``apply_chat_template(...,
+  tokenize=True)`` does: the template already holds the BOS it wants.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,82 +47,196 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
-from lmgym.types import PromptSource
+from lmgym.types import Prompt, PromptSource
 
 
-class JsonlPrompts:
-    """Prompts read from a JSON Lines file, one object per line.
+def is_chat(prompt: object) -> bool:
+    """Whether ``prompt`` is a chat conversation (a non-string sequence of mappings)."""
+    return (
+        isinstance(prompt, Sequence)
+        and not isinstance(prompt, str | bytes)
+        and len(prompt) > 0
+        and all(isinstance(message, Mapping) for message in prompt)
+    )
+
+
+def prompt_problem(prompt: object) -> str | None:
+    """Why ``prompt`` is not a usable prompt, or ``None`` if it is one.
+
+    A prompt is a string, or a non-empty list of messages, each a mapping with a
+    string ``"role"`` and a ``"content"``.
+    """
+    if isinstance(prompt, str):
+        return None
+    if not is_chat(prompt):
+        return (
+            f"expected a string or a list of chat messages "
+            f"([{{'role': 'user', 'content': ...}}]), got {type(prompt).__name__}"
+        )
+    for i, message in enumerate(prompt):
+        if not isinstance(message.get("role"), str) or "content" not in message:
+            return (
+                f"message {i} ({dict(message)!r}) needs a string 'role' and a 'content' "
+                "(e.g. {'role': 'user', 'content': '...'})"
+            )
+    return None
+
+
+def _check_columns(columns: Mapping[str, Sequence[Any]], n: int) -> None:
+    for name, values in columns.items():
+        if len(values) != n:
+            raise ValueError(
+                f"columns[{name!r}] has {len(values)} values for {n} prompts; give every "
+                "prompt one value"
+            )
+
+
+class RecordPrompts:
+    """Prompts from a list of records (dicts), one per prompt; the other fields are columns.
+
+    Args:
+        records: e.g. ``[{"prompt": "2+3=", "answer": "5"}, ...]``.
+        field: the key holding the prompt (a string or a list of chat messages).
+
+    Attributes:
+        records: the records, in order.
+        columns: ``{name: [value per prompt]}`` for every key but ``field``.
+
+    Raises:
+        ValueError: a record that is not a dict, lacks ``field``, holds no usable
+            prompt there, or has other keys than the first record (every record needs
+            the same fields: use ``null``/``None`` for a missing value). The message
+            names the record.
+    """
+
+    def __init__(
+        self,
+        records: Sequence[Mapping[str, Any]],
+        field: str = "prompt",
+        *,
+        where: Callable[[int], str] | None = None,
+    ) -> None:
+        where = where or (lambda i: f"records[{i}]")
+        self.field = field
+        self.records: list[dict[str, Any]] = []
+        names: list[str] | None = None
+        for i, record in enumerate(records):
+            if not isinstance(record, Mapping):
+                raise ValueError(
+                    f"{where(i)}: expected a JSON object with a {field!r} field, "
+                    f"got {type(record).__name__}"
+                )
+            if field not in record:
+                raise ValueError(
+                    f"{where(i)}: no field {field!r} (keys: {sorted(record)}); pass "
+                    "field=<the key that holds the prompt>"
+                )
+            problem = prompt_problem(record[field])
+            if problem is not None:
+                raise ValueError(f"{where(i)}: field {field!r}: {problem}")
+            keys = [key for key in record if key != field]
+            if names is None:
+                names = keys
+            elif set(keys) != set(names):
+                missing = sorted(set(names) - set(keys))
+                extra = sorted(set(keys) - set(names))
+                raise ValueError(
+                    f"{where(i)}: fields differ from the first record's ("
+                    + (f"missing {missing}" if missing else f"extra {extra}")
+                    + "); every record needs the same fields (use null for a missing value)"
+                )
+            self.records.append(dict(record))
+        self._prompts: list[Prompt] = [record[field] for record in self.records]
+        self.columns: dict[str, list[Any]] = {
+            name: [record[name] for record in self.records] for name in names or []
+        }
+
+    def __len__(self) -> int:
+        return len(self._prompts)
+
+    def __getitem__(self, index: int) -> Prompt:
+        return self._prompts[index]
+
+    def __repr__(self) -> str:
+        return f"RecordPrompts(field={self.field!r}, columns={list(self.columns)}, n={len(self)})"
+
+
+class JsonlPrompts(RecordPrompts):
+    """Prompts read from a JSON Lines file, one object per line; the other fields are
+    columns (``columns``, ``RewardInput.columns``).
 
     Args:
         path: the ``.jsonl`` file. Blank lines are skipped.
-        field: the key holding the prompt string.
+        field: the key holding the prompt (a string or a list of chat messages).
 
     Attributes:
         records: every line's object, in file order (prompt ``i`` is ``records[i][field]``).
+        columns: ``{name: [value per prompt]}`` for every key but ``field``.
 
     Raises:
-        ValueError: a line that is not a JSON object, lacks ``field``, or whose
-            ``field`` is not a string; the message gives the file and line number.
+        ValueError: a line that is not a JSON object, lacks ``field``, holds no usable
+            prompt there, or has other keys than the first line; the message gives the
+            file and line number.
     """
 
     def __init__(self, path: str | Path, field: str = "prompt") -> None:
         self.path = Path(path)
-        self.field = field
-        self.records: list[dict[str, Any]] = []
+        records: list[Any] = []
+        line_numbers: list[int] = []
         with self.path.open(encoding="utf-8") as f:
             for line_number, line in enumerate(f, start=1):
                 if not line.strip():
                     continue
-                where = f"{self.path}:{line_number}"
                 try:
-                    record = json.loads(line)
+                    records.append(json.loads(line))
                 except json.JSONDecodeError as err:
-                    raise ValueError(f"{where}: not valid JSON ({err})") from err
-                if not isinstance(record, dict):
-                    raise ValueError(
-                        f"{where}: expected a JSON object with a {field!r} field, "
-                        f"got {type(record).__name__}"
-                    )
-                if field not in record:
-                    raise ValueError(
-                        f"{where}: no field {field!r} (keys: {sorted(record)}); pass "
-                        "field=<the key that holds the prompt>"
-                    )
-                if not isinstance(record[field], str):
-                    raise ValueError(
-                        f"{where}: field {field!r} is {type(record[field]).__name__}, "
-                        "expected a string"
-                    )
-                self.records.append(record)
-        self._texts = [record[field] for record in self.records]
-
-    def __len__(self) -> int:
-        return len(self._texts)
-
-    def __getitem__(self, index: int) -> str:
-        return self._texts[index]
+                    raise ValueError(f"{self.path}:{line_number}: not valid JSON ({err})") from err
+                line_numbers.append(line_number)
+        super().__init__(records, field, where=lambda i: f"{self.path}:{line_numbers[i]}")
 
     def __repr__(self) -> str:
         return f"JsonlPrompts({str(self.path)!r}, field={self.field!r}, n={len(self)})"
 
 
-class DatasetColumn:
-    """One string column of a Hugging Face ``datasets.Dataset`` as a prompt source.
+class _LazyColumns(Mapping[str, Sequence[Any]]):
+    """``{name: values}`` read from ``read(name)`` on first access, then kept."""
 
-    The column is read once at construction. ``datasets`` is an optional
+    def __init__(self, names: Sequence[str], read: Callable[[str], Sequence[Any]]) -> None:
+        self._names, self._read, self._cache = list(names), read, {}
+
+    def __getitem__(self, name: str) -> Sequence[Any]:
+        if name not in self._names:
+            raise KeyError(name)
+        if name not in self._cache:
+            self._cache[name] = self._read(name)
+        return self._cache[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+class DatasetColumn:
+    """One prompt column of a Hugging Face ``datasets.Dataset`` as a prompt source; its
+    other columns are columns (read on first use).
+
+    The prompt column is read once at construction. ``datasets`` is an optional
     dependency: lmgym never imports it; any object with ``column_names`` and
     column indexing (``dataset[column]``) works.
 
     Args:
         dataset: a ``datasets.Dataset`` (one split, not a ``DatasetDict``).
-        column: the column holding the prompts.
+        column: the column holding the prompts (strings or chat message lists).
 
     Attributes:
-        dataset: the dataset, so a reward can read row ``prompt_index`` of other columns.
+        dataset: the dataset.
+        columns: ``{name: values}`` of every other column, read when first used.
 
     Raises:
         TypeError: a ``DatasetDict``, a streaming ``IterableDataset`` or another object.
-        ValueError: an unknown column or a non-string value (the row is named).
+        ValueError: an unknown column or a value that is not a prompt (the row is named).
     """
 
     def __init__(self, dataset: Any, column: str) -> None:
@@ -131,22 +260,37 @@ class DatasetColumn:
             raise ValueError(f"column={column!r} is not a column of the dataset {list(names)}")
         values = list(dataset[column])
         for row, value in enumerate(values):
-            if not isinstance(value, str):
-                raise ValueError(
-                    f"dataset[{column!r}][{row}] is {type(value).__name__}, expected a string"
-                )
+            problem = prompt_problem(value)
+            if problem is not None:
+                raise ValueError(f"dataset[{column!r}][{row}]: {problem}")
         self.dataset = dataset
         self.column = column
-        self._texts: list[str] = values
+        self._prompts: list[Prompt] = values
+        self.columns: Mapping[str, Sequence[Any]] = _LazyColumns(
+            [name for name in names if name != column], lambda name: list(dataset[name])
+        )
 
     def __len__(self) -> int:
-        return len(self._texts)
+        return len(self._prompts)
 
-    def __getitem__(self, index: int) -> str:
-        return self._texts[index]
+    def __getitem__(self, index: int) -> Prompt:
+        return self._prompts[index]
 
     def __repr__(self) -> str:
         return f"DatasetColumn(column={self.column!r}, n={len(self)})"
+
+
+class _Indexed(Sequence[Any]):
+    """``values[indices[0]], values[indices[1]], ...`` without copying."""
+
+    def __init__(self, values: Sequence[Any], indices: Sequence[int]) -> None:
+        self._values, self._indices = values, indices
+
+    def __len__(self) -> int:
+        return len(self._indices)
+
+    def __getitem__(self, index: int) -> Any:  # type: ignore[override]
+        return self._values[self._indices[index]]
 
 
 class PromptSubset:
@@ -156,6 +300,7 @@ class PromptSubset:
         source: the underlying prompt source.
         indices: positions in ``source``; prompt ``i`` of the subset is
             ``source[indices[i]]`` (use it to map a ``prompt_index`` back).
+        columns: the source's columns, seen through ``indices``.
     """
 
     def __init__(self, source: PromptSource, indices: Sequence[int]) -> None:
@@ -165,15 +310,32 @@ class PromptSubset:
             if not 0 <= i < n:
                 raise IndexError(f"indices: {i} is outside the prompt source [0, {n})")
         self.source = source
+        parent = source_columns(source)
+        self.columns: Mapping[str, Sequence[Any]] = _LazyColumns(
+            list(parent), lambda name: _Indexed(parent[name], self.indices)
+        )
 
     def __len__(self) -> int:
         return len(self.indices)
 
-    def __getitem__(self, index: int) -> str:
+    def __getitem__(self, index: int) -> Prompt:
         return self.source[self.indices[index]]
 
     def __repr__(self) -> str:
         return f"PromptSubset(n={len(self)} of {len(self.source)})"
+
+
+def source_columns(source: PromptSource) -> Mapping[str, Sequence[Any]]:
+    """A prompt source's columns (``source.columns``), ``{}`` when it has none."""
+    columns = getattr(source, "columns", None)
+    if columns is None:
+        return {}
+    if not isinstance(columns, Mapping):
+        raise TypeError(
+            f"prompts: {type(source).__name__}.columns is {type(columns).__name__}; expected "
+            "a mapping {name: one value per prompt}"
+        )
+    return columns
 
 
 def _permutation(n: int, seed: int) -> list[int]:
@@ -231,16 +393,22 @@ class PromptTable:
     """Every prompt of a source, tokenised once and left-padded to ``width``.
 
     Attributes:
-        texts: the prompt strings, in source order.
+        prompts: the prompts as given by the source, in source order (strings or chat
+            message lists).
+        texts: the text of each prompt: a plain prompt itself, a chat prompt as its
+            chat template renders it.
         ids: ``[num_prompts, width] int64`` left-padded token ids.
         mask: ``[num_prompts, width] bool`` True on real tokens.
         lengths: ``[num_prompts] int64`` tokens per prompt.
+        columns: the source's columns, ``{name: one value per prompt}``.
     """
 
+    prompts: list[Prompt]
     texts: list[str]
     ids: Tensor
     mask: Tensor
     lengths: Tensor
+    columns: Mapping[str, Sequence[Any]] = field(default_factory=dict)
 
     @property
     def width(self) -> int:
@@ -250,29 +418,98 @@ class PromptTable:
         return len(self.texts)
 
 
+class RowColumns(Mapping[str, list[Any]]):
+    """The columns of a prompt table for some rows, ``{name: [value per row]}``; a column
+    is gathered only when read (what ``RewardInput.columns`` holds in an env).
+
+    Args:
+        columns: ``{name: one value per prompt}``.
+        prompt_index: each row's prompt.
+    """
+
+    def __init__(self, columns: Mapping[str, Sequence[Any]], prompt_index: Sequence[int]) -> None:
+        self._columns, self._index, self._cache = columns, prompt_index, {}
+
+    def __getitem__(self, name: str) -> list[Any]:
+        if name not in self._cache:
+            values = self._columns[name]
+            self._cache[name] = [values[i] for i in self._index]
+        return self._cache[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._columns)
+
+    def __len__(self) -> int:
+        return len(self._columns)
+
+
+def special_prefix(tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """The ids ``tokenizer(text)`` puts before the text's own tokens (e.g. ``[bos]``).
+
+    Found by encoding a probe with and without special tokens; ``[]`` for a tokenizer
+    that adds nothing (GPT-2, the character tokenizer) or only appends.
+    """
+    probe = "a"
+    with_special = list(tokenizer(probe, add_special_tokens=True)["input_ids"])
+    plain = list(tokenizer(probe, add_special_tokens=False)["input_ids"])
+    for start in range(len(with_special) - len(plain) + 1):
+        if with_special[start : start + len(plain)] == plain:
+            return with_special[:start]
+    bos = tokenizer.bos_token_id
+    return [bos] if bos is not None and with_special[:1] == [bos] else []
+
+
+def render_chat(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Mapping[str, Any]]) -> str:
+    """A chat prompt as text, ready for the assistant's reply: the tokenizer's chat
+    template with ``add_generation_prompt=True``.
+
+    Raises:
+        ValueError: the tokenizer has no chat template.
+    """
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError(
+            "prompts: a chat prompt (a list of messages) needs a tokenizer with a "
+            "chat_template; set tokenizer.chat_template, or pass plain-text prompts"
+        )
+    return tokenizer.apply_chat_template(
+        [dict(message) for message in messages], add_generation_prompt=True, tokenize=False
+    )
+
+
 def build_prompt_table(
     prompts: PromptSource,
     tokenizer: PreTrainedTokenizerBase,
     max_prompt_length: int | None,
     device: torch.device,
 ) -> PromptTable:
-    """Tokenise ``prompts`` without special tokens and left-pad them.
+    """Tokenise ``prompts`` (plain text with the tokenizer's leading special tokens, chat
+    prompts through the chat template: see the module docstring) and left-pad them.
 
     Args:
         max_prompt_length: Width of the prompt region; ``None`` uses the longest
             prompt. A longer prompt is an error, never silently cut.
 
     Raises:
-        ValueError: empty source, a non-string prompt, a prompt that tokenises to
-            nothing, or one longer than ``max_prompt_length``.
+        ValueError: empty source, a value that is not a prompt, a chat prompt without a
+            chat template, a prompt that tokenises to nothing, one longer than
+            ``max_prompt_length``, or a column whose length is not the source's.
     """
     if len(prompts) == 0:
         raise ValueError("prompts: the prompt source is empty; pass at least one prompt")
-    texts = [prompts[i] for i in range(len(prompts))]
-    for i, text in enumerate(texts):
-        if not isinstance(text, str):
-            raise ValueError(f"prompts[{i}]: expected a string, got {type(text).__name__}")
-    encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    given = [prompts[i] for i in range(len(prompts))]
+    for i, prompt in enumerate(given):
+        problem = prompt_problem(prompt)
+        if problem is not None:
+            raise ValueError(f"prompts[{i}]: {problem}")
+    columns = source_columns(prompts)
+    _check_columns(columns, len(given))
+    chat = [i for i, prompt in enumerate(given) if not isinstance(prompt, str)]
+    texts = [p if isinstance(p, str) else render_chat(tokenizer, p) for p in given]
+    encoded = [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    prefix = special_prefix(tokenizer)
+    if prefix:
+        chat_rows = set(chat)
+        encoded = [ids if i in chat_rows else prefix + ids for i, ids in enumerate(encoded)]
     lengths = [len(ids) for ids in encoded]
     for i, n in enumerate(lengths):
         if n == 0:
@@ -295,8 +532,10 @@ def build_prompt_table(
         ids[i, width - len(row) :] = torch.tensor(row, dtype=torch.long)
         mask[i, width - len(row) :] = True
     return PromptTable(
+        prompts=given,
         texts=texts,
         ids=ids.to(device),
         mask=mask.to(device),
         lengths=torch.tensor(lengths, dtype=torch.long, device=device),
+        columns=columns,
     )

@@ -4,7 +4,9 @@ faces of one task.
 
 ``TASKS`` holds what ``lmgym tasks`` lists (``format_task_table``): reward range,
 random-policy baseline, solved threshold and the reward modes where the task is
-meaningful. ``register_reward_env`` turns any reward into a registered env.
+meaningful. ``register_reward_env`` turns any reward into a registered env (and
+``reward_env_factory`` into a vector entry point for ``gymnasium.register``);
+``env_option_names`` lists the options a task's ``make_vec`` takes.
 """
 
 from __future__ import annotations
@@ -14,17 +16,14 @@ import inspect
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import gymnasium as gym
-import torch
-from transformers import PreTrainedTokenizerBase
 
-from lmgym.char_tokenizer import make_char_tokenizer
-from lmgym.envs.single import TokenEnv
-from lmgym.envs.tasks._common import num_prompts_of
-from lmgym.envs.token_env import RewardMode, TokenVectorEnv, Unfinished
-from lmgym.policy.special_tokens import AllowedSpecialTokens
-from lmgym.types import PromptSource, RewardModel
+from lmgym.envs.options import EnvOptions, VectorFactory, check_option_defaults, task_factory
+from lmgym.envs.single import single_env_factory
+from lmgym.envs.token_env import TokenVectorEnv
+from lmgym.types import Prompt, PromptSource, RewardModel
 
 
 @dataclass(frozen=True)
@@ -149,6 +148,17 @@ def register_all() -> None:
         description="'3+5=' -> '8' + EOS; process reward: 1/K per correct digit (per-token)",
     )
     register_task(
+        "WordProblem",
+        f"{tasks}.word_problems",
+        "make_word_problem",
+        "make_word_problem_vector",
+        solved_threshold=0.9,
+        random_baseline=0.0,
+        modes=("bandit",),
+        description="'kim has 3 pens and gets 4 more. how many pens now? ' -> '7' + EOS; "
+        "exact match against the data's answer column",
+    )
+    register_task(
         "LengthControl",
         f"{tasks}.length_control",
         "make_length_control",
@@ -219,35 +229,13 @@ def format_task_table(tasks: dict[str, TaskInfo] | None = None) -> str:
 
 
 # ----------------------------------------------------------------- custom envs
+@task_factory(max_new_tokens=16)
 def make_reward_env_vector(
-    reward: RewardModel,
-    prompts: PromptSource,
-    num_envs: int = 1,
-    group_size: int = 1,
-    max_new_tokens: int = 16,
-    reward_mode: RewardMode = "bandit",
-    unfinished: Unfinished = "score",
-    unfinished_penalty: float = -1.0,
-    autoreset: bool = False,
-    allowed_special_tokens: AllowedSpecialTokens = (),
-    tokenizer: PreTrainedTokenizerBase | None = None,
-    device: torch.device | str = "cpu",
+    options: EnvOptions, reward: RewardModel, prompts: PromptSource
 ) -> TokenVectorEnv:
-    """A ``TokenVectorEnv`` of ``num_envs`` rows (``num_envs / group_size`` prompts per batch)."""
-    return TokenVectorEnv(
-        tokenizer or make_char_tokenizer(),
-        prompts,
-        reward,
-        num_prompts=num_prompts_of(num_envs, group_size),
-        group_size=group_size,
-        max_new_tokens=max_new_tokens,
-        reward_mode=reward_mode,
-        unfinished=unfinished,
-        unfinished_penalty=unfinished_penalty,
-        autoreset=autoreset,
-        allowed_special_tokens=allowed_special_tokens,
-        device=device,
-    )
+    """A ``TokenVectorEnv`` over any reward and prompt source: ``num_envs`` rows,
+    ``num_envs / group_size`` prompts per batch, budget 16 tokens by default."""
+    return options.build(prompts, reward)
 
 
 def _check_reward_model(reward: object) -> None:
@@ -272,113 +260,137 @@ def _check_reward_model(reward: object) -> None:
             )
 
 
+def reward_env_factory(
+    reward: RewardModel, prompts: PromptSource | Sequence[Prompt], **defaults: Any
+) -> VectorFactory:
+    """The vector factory of an env over ``reward`` and ``prompts``, for
+    ``gymnasium.register(vector_entry_point=...)``.
+
+    It takes every ``EnvOptions`` field, like a built-in task's;
+    ``single_env_factory(factory)`` is the matching ``entry_point``::
+
+        factory = reward_env_factory(FunctionReward(score), JsonlPrompts("data.jsonl"))
+        gymnasium.register("my/Task-v0", entry_point=single_env_factory(factory),
+                           vector_entry_point=factory)
+
+    Args:
+        reward: a ``RewardModel`` (wrap a plain function in ``FunctionReward``).
+        prompts: any prompt source (strings or chat message lists; a source's
+            ``columns`` reach the reward).
+        defaults: defaults for ``EnvOptions`` fields (``max_new_tokens`` defaults to
+            16); every ``make``/``make_vec`` call can override them.
+
+    Raises:
+        TypeError: ``reward`` is a plain ``fn(prompt, completion)`` function,
+            ``prompts`` is a single string, or a default is not an ``EnvOptions`` field.
+    """
+    _check_reward_model(reward)
+    if isinstance(prompts, str | bytes):
+        raise TypeError("prompts: got a single string; pass a list of prompts, e.g. [prompt]")
+    check_option_defaults(defaults, "register_reward_env")
+    source = prompts
+    # A closure, not kwargs in the spec: Gymnasium deep-copies spec kwargs on every make.
+
+    @task_factory(**{"max_new_tokens": 16, **defaults})
+    def make_reward_env_vector(options: EnvOptions) -> TokenVectorEnv:
+        return options.build(source, reward)
+
+    return make_reward_env_vector
+
+
 def register_reward_env(
     name: str,
     reward: RewardModel,
-    prompts: PromptSource | Sequence[str],
+    prompts: PromptSource | Sequence[Prompt],
     *,
-    max_new_tokens: int = 16,
-    reward_mode: RewardMode = "bandit",
-    unfinished: Unfinished = "score",
-    unfinished_penalty: float = -1.0,
-    allowed_special_tokens: AllowedSpecialTokens = (),
-    tokenizer: PreTrainedTokenizerBase | None = None,
     solved_threshold: float | None = None,
     reward_range: tuple[float, float] = (0.0, 1.0),
+    random_baseline: float | None = None,
     description: str = "custom reward",
+    **defaults: Any,
 ) -> str:
     """Register a reward as a Gymnasium env with both faces; returns its id.
 
     ``gymnasium.make_vec(id, num_envs=..., group_size=...)`` then gives the native
-    vector env and ``gymnasium.make(id)`` the single env; the keyword defaults
-    here (``max_new_tokens``, ``reward_mode``, ``unfinished``, ...) can be
-    overridden in those calls. Registering the same custom name again replaces it.
+    vector env and ``gymnasium.make(id)`` the single env. Both take every env option a
+    built-in task takes (the fields of ``EnvOptions``: ``tokenizer``, ``device``,
+    ``autoreset``, ``reward_mode``, ``per_token_form``, ``center_potential``,
+    ``unfinished``, ``unfinished_penalty``, ``max_new_tokens``, ``stop_token_ids``,
+    ``allowed_special_tokens``, ``shard``, ``render_mode``, ...); ``defaults`` sets
+    this env's defaults for them. Registering the same custom name again replaces it.
 
     Args:
         name: ``"CountA"`` registers ``lmgym/CountA-v0``; a full id such as
             ``"myns/CountA-v2"`` is used as is.
         reward: a ``RewardModel``, e.g. ``FunctionReward(fn, batched=False)`` for
             ``fn(prompt, completion) -> float`` or ``CombinedReward([...])``.
-        prompts: any prompt source (a list of strings, ``JsonlPrompts``, ...).
-        max_new_tokens: default token budget.
-        reward_mode: default reward mode.
-        unfinished: default unfinished-completion policy.
-        unfinished_penalty: default return of a cut-off completion under ``"penalty"``.
-        allowed_special_tokens: default special tokens that are legal actions besides
-            EOS (``TokenVectorEnv``); by default none, so the reward's text never hides
-            a token the policy chose.
-        tokenizer: the policy's tokenizer (default the built-in character tokenizer).
+        prompts: any prompt source (a list of strings or chat message lists,
+            ``JsonlPrompts``, ...); its columns reach the reward.
         solved_threshold: listed by ``lmgym tasks`` if given.
         reward_range: listed by ``lmgym tasks``.
+        random_baseline: the uniform random policy's mean return, listed by ``lmgym tasks``.
         description: listed by ``lmgym tasks``.
+        defaults: defaults for ``EnvOptions`` fields, e.g. ``max_new_tokens=8``
+            (default 16), ``reward_mode="per_token"``, ``tokenizer=policy.tokenizer``
+            (default the built-in character tokenizer).
 
     Raises:
         TypeError: ``reward`` is a plain ``fn(prompt, completion)`` function (wrap it
-            in ``FunctionReward``), or ``prompts`` is a single string.
+            in ``FunctionReward``), ``prompts`` is a single string, or a default is not
+            an ``EnvOptions`` field.
         ValueError: ``name`` is a built-in task's id.
     """
-    _check_reward_model(reward)
     env_id = name if re.fullmatch(r"(.+/)?[^/]+-v\d+", name) else f"lmgym/{name}-v0"
     if env_id in _BUILTIN:
         raise ValueError(f"name={name!r}: {env_id} is a built-in task; pick another name")
-    if isinstance(prompts, str | bytes):
-        raise TypeError("prompts: got a single string; pass a list of prompts, e.g. [prompt]")
-    tokenizer = tokenizer or make_char_tokenizer()
-    source = prompts
-
-    # Closures, not kwargs in the spec: Gymnasium deep-copies spec kwargs on every make.
-    def vector_entry(
-        num_envs: int = 1,
-        group_size: int = 1,
-        max_new_tokens: int = max_new_tokens,
-        reward_mode: RewardMode = reward_mode,
-        unfinished: Unfinished = unfinished,
-        unfinished_penalty: float = unfinished_penalty,
-        autoreset: bool = False,
-        allowed_special_tokens: AllowedSpecialTokens = allowed_special_tokens,
-        device: torch.device | str = "cpu",
-    ) -> TokenVectorEnv:
-        return make_reward_env_vector(
-            reward,
-            source,
-            num_envs=num_envs,
-            group_size=group_size,
-            max_new_tokens=max_new_tokens,
-            reward_mode=reward_mode,
-            unfinished=unfinished,
-            unfinished_penalty=unfinished_penalty,
-            autoreset=autoreset,
-            allowed_special_tokens=allowed_special_tokens,
-            tokenizer=tokenizer,
-            device=device,
-        )
-
-    def single_entry(
-        max_new_tokens: int = max_new_tokens,
-        reward_mode: RewardMode = reward_mode,
-        unfinished: Unfinished = unfinished,
-        unfinished_penalty: float = unfinished_penalty,
-        allowed_special_tokens: AllowedSpecialTokens = allowed_special_tokens,
-    ) -> TokenEnv:
-        return TokenEnv(
-            vector_entry(
-                max_new_tokens=max_new_tokens,
-                reward_mode=reward_mode,
-                unfinished=unfinished,
-                unfinished_penalty=unfinished_penalty,
-                allowed_special_tokens=allowed_special_tokens,
-            )
-        )
-
+    vector_entry = reward_env_factory(reward, prompts, **defaults)
     if env_id in gym.registry:
         del gym.registry[env_id]
-    gym.register(id=env_id, entry_point=single_entry, vector_entry_point=vector_entry)
+    gym.register(
+        id=env_id, entry_point=single_env_factory(vector_entry), vector_entry_point=vector_entry
+    )
     TASKS[env_id] = TaskInfo(
         env_id,
         solved_threshold,
         description,
         reward_range,
-        None,
-        (reward_mode,),
+        random_baseline,
+        (defaults.get("reward_mode", "bandit"),),
     )
     return env_id
+
+
+def vector_entry_point(task: str) -> VectorFactory:
+    """The callable behind ``gymnasium.make_vec(task, ...)`` (its ``vector_entry_point``).
+
+    ``task`` may be ``"module:Id-v0"`` (the module is imported first, as
+    ``gymnasium.make`` does).
+
+    Raises:
+        ValueError: the task has no vector entry point.
+    """
+    spec = gym.spec(task)
+    entry = spec.vector_entry_point
+    if entry is None:
+        raise ValueError(
+            f"task {task!r} has no vector_entry_point; lmgym needs a native vector env"
+        )
+    if isinstance(entry, str):
+        from gymnasium.envs.registration import load_env_creator
+
+        return load_env_creator(entry)
+    return entry
+
+
+def env_option_names(task: str) -> tuple[str, ...]:
+    """The keyword arguments ``gymnasium.make_vec(task, ...)`` takes, in signature order:
+    ``num_envs``, ``group_size``, the task's own parameters and every ``EnvOptions``
+    field (for a task made with ``task_factory``; a user factory's named parameters
+    otherwise, its ``**kwargs`` not included).
+
+    Args:
+        task: a registered id, or ``"module:Id-v0"``.
+    """
+    params = inspect.signature(vector_entry_point(task)).parameters.values()
+    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    return tuple(p.name for p in params if p.kind not in variadic)

@@ -4,7 +4,8 @@ A reward model is any callable ``RewardInput -> [N] floats`` (``lmgym.types.Rewa
 The adapters cover the usual sources:
 
 - ``FunctionReward``: a plain Python function over decoded prompt/completion strings,
-  batched or per-sample, sync or ``async``, returning floats or tensors;
+  batched or per-sample, sync or ``async``, returning floats or tensors; it also gets
+  the prompt source's columns it names as keyword arguments (a reference ``answer``);
 - ``TokenScoreReward``: a per-token scorer ``RewardInput -> [N, T]``; the completion's
   reward is the sum of its token scores, so the env's per-token potential form hands
   back exactly each token's score;
@@ -27,8 +28,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from numbers import Real
 from typing import Any
 
@@ -173,21 +175,81 @@ def _run_awaitable(awaitable: Awaitable[Any]) -> Any:
         return pool.submit(asyncio.run, wrapper()).result()
 
 
+@dataclass(frozen=True)
+class ColumnParameters:
+    """Which prompt-source columns a reward function takes as keyword arguments.
+
+    Attributes:
+        named: its parameters after the first two (prompts and completions), by name.
+        required: those of ``named`` without a default.
+        takes_all: it has ``**kwargs``: every column is passed.
+        text: the names of its first two parameters (never column names).
+    """
+
+    named: tuple[str, ...] = ()
+    required: tuple[str, ...] = ()
+    takes_all: bool = False
+    text: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, fn: Callable[..., Any]) -> ColumnParameters:
+        """Read ``fn``'s signature; a callable without one takes no columns."""
+        try:
+            params = list(inspect.signature(fn).parameters.values())
+        except (TypeError, ValueError):
+            return cls()
+        kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        text = [p for p in params if p.kind in kinds][:2]
+        rest = [
+            p
+            for p in params
+            if p not in text
+            and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        ]
+        return cls(
+            named=tuple(p.name for p in rest),
+            required=tuple(p.name for p in rest if p.default is p.empty),
+            takes_all=any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params),
+            text=tuple(p.name for p in text),
+        )
+
+    def select(self, columns: Mapping[str, Sequence[Any]]) -> list[str]:
+        """The column names to pass, in order: the named ones present, then (with
+        ``**kwargs``) every other column."""
+        names = [name for name in self.named if name in columns]
+        if self.takes_all:
+            names += [n for n in columns if n not in names and n not in self.text]
+        return names
+
+
 class FunctionReward:
     """Wrap a Python function over decoded strings as a reward model.
 
+    Columns. The function may take per-prompt fields of the prompt source (its
+    ``columns``: a JSONL file's other fields, a dataset's other columns) as keyword
+    arguments after the first two: ``fn(prompts, completions, answer)`` gets
+    ``answer=[one value per row]`` when batched, ``fn(prompt, completion, answer)``
+    gets the row's value per sample; ``**kwargs`` gets every column. A parameter
+    with a default is passed only if the column exists; one without is required
+    (the env checks ``required_columns`` when it is built).
+
     Args:
-        fn: ``fn(prompts: list[str], completions: list[str]) -> [N] floats`` when
-            ``batched`` (default), else ``fn(prompt: str, completion: str) -> float``
-            called once per row. It may return floats, a list of floats, a tensor or
-            a numpy array, and may be an ``async def`` function (per-sample async
-            functions run concurrently with ``asyncio.gather``).
+        fn: ``fn(prompts: list, completions: list[str], **columns) -> [N] floats``
+            when ``batched`` (default), else ``fn(prompt, completion: str, **columns)
+            -> float`` called once per row. Prompts are as the source gives them
+            (strings, or message lists for chat prompts). It may return floats, a list
+            of floats, a tensor or a numpy array, and may be an ``async def`` function
+            (per-sample async functions run concurrently with ``asyncio.gather``).
         batched: Whether ``fn`` takes whole lists.
         name: Name used in errors and logs (default: the function's name).
 
+    Attributes:
+        required_columns: the columns ``fn`` cannot do without.
+
     Raises (when called):
         RewardError: ``fn`` raised (per-sample: names the row, its prompt and
-            completion), or returned something that is not a real number.
+            completion), returned something that is not a real number, or needs a
+            column the batch does not have.
     """
 
     def __init__(
@@ -201,6 +263,22 @@ class FunctionReward:
         self.fn = fn
         self.batched = batched
         self.name = name or getattr(fn, "__name__", type(fn).__name__)
+        self.column_parameters = ColumnParameters.of(fn)
+        self.required_columns = self.column_parameters.required
+
+    def _columns(self, batch: RewardInput) -> dict[str, list[Any]]:
+        """The column keyword arguments for ``fn``: ``{name: [value per row]}``."""
+        missing = [c for c in self.required_columns if c not in batch.columns]
+        if missing:
+            raise RewardError(
+                f"reward {self.name!r} takes {missing[0]!r}, which is not a column of the "
+                f"prompt source (its columns: {sorted(batch.columns)}); give every prompt "
+                f"a {missing[0]!r} field (JsonlPrompts and RecordPrompts keep every field "
+                "but the prompt) or give the parameter a default"
+            )
+        return {
+            name: list(batch.columns[name]) for name in self.column_parameters.select(batch.columns)
+        }
 
     def _raised(self, err: Exception, batch: RewardInput, row: int | None) -> RewardError:
         where = (
@@ -215,9 +293,10 @@ class FunctionReward:
 
     def __call__(self, batch: RewardInput) -> Tensor | Sequence[float]:
         prompts, completions = list(batch.prompts), list(batch.completions)
+        columns = self._columns(batch)
         if self.batched:
             try:
-                out = self.fn(prompts, completions)
+                out = self.fn(prompts, completions, **columns)
                 if inspect.isawaitable(out):
                     out = _run_awaitable(out)
             except RewardError:
@@ -225,7 +304,7 @@ class FunctionReward:
             except Exception as err:
                 raise self._raised(err, batch, None) from err
             return out
-        values = self._per_sample(prompts, completions, batch)
+        values = self._per_sample(prompts, completions, columns, batch)
         floats = []
         for row, value in enumerate(values):
             try:
@@ -239,13 +318,17 @@ class FunctionReward:
         return torch.tensor(floats, dtype=torch.float32)
 
     def _per_sample(
-        self, prompts: list[str], completions: list[str], batch: RewardInput
+        self,
+        prompts: list[Any],
+        completions: list[str],
+        columns: dict[str, list[Any]],
+        batch: RewardInput,
     ) -> list[Any]:
         values: list[Any] = []
         pending: dict[int, Awaitable[Any]] = {}
         for row, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
             try:
-                value = self.fn(prompt, completion)
+                value = self.fn(prompt, completion, **{k: v[row] for k, v in columns.items()})
             except Exception as err:
                 for awaitable in pending.values():  # never awaited: close to avoid a warning
                     close = getattr(awaitable, "close", None)
@@ -368,7 +451,7 @@ class SequenceClassifierReward:
         return out.logits[:, self.label_index].float()
 
     def __call__(self, batch: RewardInput) -> Tensor:
-        texts = [p + c for p, c in zip(batch.prompts, batch.completions, strict=True)]
+        texts = [p + c for p, c in zip(batch.prompt_texts, batch.completions, strict=True)]
         return self.score_texts(texts)
 
 
@@ -447,6 +530,10 @@ class CombinedReward:
             names.append(component)
         self.rewards = [reward for reward, _ in terms]
         self.weights = [float(weight) for _, weight in terms]
+        # The columns any component needs, so the env can check them when it is built.
+        self.required_columns = tuple(
+            dict.fromkeys(c for r in self.rewards for c in getattr(r, "required_columns", ()))
+        )
         self.component_names = names
         self.name = name
         self.last_components: dict[str, Tensor] = {}

@@ -2,7 +2,10 @@
 
 ``gymnasium.make("lmgym/<Task>-v0")`` returns this: numpy observations, an ``int``
 action, the usual ``reset``/``step`` contract, so Gymnasium's checker and
-wrappers and Stable-Baselines3 work on it unchanged.
+wrappers and Stable-Baselines3 work on it unchanged. ``single_env_factory`` makes
+a task's ``gymnasium.make`` entry point from its vector factory, with the same
+options (``autoreset=True`` gives Gymnasium's ``Autoreset`` wrapper: next-step
+autoreset, as the vector env's).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import torch
+from gymnasium.wrappers import Autoreset
 
 from lmgym.envs.token_env import TokenVectorEnv
 
@@ -25,10 +29,10 @@ class TokenEnv(gym.Env):
     Args:
         vector_env: A ``TokenVectorEnv`` with ``num_envs == 1`` and ``autoreset=False``
             (the single env follows the plain Gymnasium contract: call ``reset``
-            after an episode ends).
+            after an episode ends). Its ``render_mode`` is this env's.
     """
 
-    metadata: dict[str, Any] = {"render_modes": []}
+    metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 4}
 
     def __init__(self, vector_env: TokenVectorEnv) -> None:
         if vector_env.num_envs != 1 or vector_env.autoreset:
@@ -37,6 +41,7 @@ class TokenEnv(gym.Env):
                 "use the vector env directly for batches"
             )
         self.vector_env = vector_env
+        self.render_mode = vector_env.render_mode
         self.observation_space = vector_env.single_observation_space
         self.action_space = vector_env.single_action_space
 
@@ -83,6 +88,12 @@ class TokenEnv(gym.Env):
             self._info(info),
         )
 
+    def render(self) -> str | None:  # type: ignore[override]
+        """The current text, prompt and completion so far (``render_mode="ansi"``);
+        ``None`` with Gymnasium's warning when the env has no render mode."""
+        frames = self.vector_env.render()
+        return None if frames is None else frames[0]
+
     def decode(self, obs: dict[str, np.ndarray]) -> str:
         """The text of an observation: prompt and completion so far, the completion as
         string rewards see it (``TokenVectorEnv.decode_completions``)."""
@@ -94,28 +105,41 @@ class TokenEnv(gym.Env):
         return prompt + env.decode_completions(ids[:, lp:], mask[:, lp:])[0]
 
 
-#: Vector-factory arguments a single env fixes: one row, no group, plain reset semantics.
-_SINGLE_FIXED = ("num_envs", "group_size", "autoreset")
+#: Vector-factory arguments a single env fixes: one row, one completion per prompt.
+_SINGLE_FIXED = ("num_envs", "group_size")
 
 
-def single_env_factory(vector_factory: Callable[..., TokenVectorEnv]) -> Callable[..., TokenEnv]:
+def single_env_factory(vector_factory: Callable[..., TokenVectorEnv]) -> Callable[..., gym.Env]:
     """The single-env face of a task (``gymnasium.make``'s ``entry_point``).
 
-    Returns a factory with the vector factory's keyword arguments except
-    ``num_envs``, ``group_size`` and ``autoreset`` (its signature says so), which
-    builds one row with no group and wraps it in a ``TokenEnv``.
+    Returns a factory with the vector factory's arguments except ``num_envs`` and
+    ``group_size`` (its signature says so), which builds one row with no group and
+    wraps it in a ``TokenEnv``; ``autoreset=True`` wraps that in Gymnasium's
+    ``Autoreset`` (next-step autoreset).
     """
     signature = inspect.signature(vector_factory)
     parameters = [p for name, p in signature.parameters.items() if name not in _SINGLE_FIXED]
     accepted = {p.name for p in parameters}
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in parameters)
 
-    def make(**kwargs: Any) -> TokenEnv:
+    def make(**kwargs: Any) -> gym.Env:
+        fixed = sorted(set(kwargs) & set(_SINGLE_FIXED))
+        if fixed:
+            raise TypeError(
+                f"{make.__name__}() got {fixed}: a single env (gymnasium.make) has one row "
+                "and one completion per prompt; use gymnasium.make_vec(id, num_envs=..., "
+                "group_size=...) for batches"
+            )
         unknown = sorted(set(kwargs) - accepted)
-        if unknown:
+        if unknown and not takes_any:
             raise TypeError(
                 f"{make.__name__}() got unknown argument(s) {unknown}; valid: {sorted(accepted)}"
             )
-        return TokenEnv(vector_factory(num_envs=1, group_size=1, **kwargs))
+        autoreset = bool(kwargs.pop("autoreset", False))
+        if "autoreset" in accepted or takes_any:
+            kwargs["autoreset"] = False  # the wrapper below does it, the Gymnasium way
+        env = TokenEnv(vector_factory(num_envs=1, group_size=1, **kwargs))
+        return Autoreset(env) if autoreset else env
 
     name = vector_factory.__name__.removesuffix("_vector")
     make.__name__ = make.__qualname__ = name
@@ -124,5 +148,6 @@ def single_env_factory(vector_factory: Callable[..., TokenVectorEnv]) -> Callabl
         f"``{vector_factory.__name__}`` as a single env (``gymnasium.make``): one row, "
         "numpy observations; other arguments as the vector factory."
     )
-    make.__signature__ = signature.replace(parameters=parameters, return_annotation=TokenEnv)  # type: ignore[attr-defined]
+    make.__signature__ = signature.replace(parameters=parameters, return_annotation=gym.Env)  # type: ignore[attr-defined]
+    make.metadata = TokenEnv.metadata  # type: ignore[attr-defined]  # gymnasium.make reads render_modes here
     return make

@@ -4,6 +4,17 @@
 edits the one it is called on (its generator included). The env computes a step's
 new stream alongside everything else and commits it only once the reward model has
 succeeded, so a failing reward leaves the stream where it was.
+
+Sharding (data parallelism). With ``world_size`` ranks of ``num_prompts`` prompts
+each, the *global* stream is the one a single env with ``num_prompts * world_size``
+prompts per reset would draw (same seed, same permutations, same group counter).
+It is cut into rounds of ``num_prompts * world_size`` groups (one reset's worth);
+rank ``r`` takes groups ``[r * P, (r + 1) * P)`` of every round (``P =
+num_prompts``), in order, so the ranks' shares are disjoint, together they are
+exactly the global stream, and group ids (the global group index) are unique
+across ranks. Every rank draws the whole global prompt order (cheap: an index
+permutation) and keeps its share, so no communication is needed; the ranks must
+be seeded alike.
 """
 
 from __future__ import annotations
@@ -36,6 +47,9 @@ class PromptStream:
         group_prompt: ``[g] int64`` prompt of group ``group_base + k`` for the groups
             still open (some of their slots not handed out yet).
         group_base: Group id of ``group_prompt[0]``.
+        num_prompts: Groups per round of this rank (its env's ``num_prompts``).
+        rank: This rank's index in ``[0, world_size)``.
+        world_size: Ranks sharing the global stream (1: no sharding).
     """
 
     num_source_prompts: int
@@ -47,18 +61,49 @@ class PromptStream:
     next_slot: int
     group_prompt: Tensor
     group_base: int
+    num_prompts: int = 1
+    rank: int = 0
+    world_size: int = 1
 
     @classmethod
     def start(
-        cls, num_source_prompts: int, group_size: int, shuffle: bool, seed: int
+        cls,
+        num_source_prompts: int,
+        group_size: int,
+        shuffle: bool,
+        seed: int,
+        *,
+        num_prompts: int = 1,
+        shard: tuple[int, int] = (0, 1),
     ) -> PromptStream:
-        """A stream at its beginning, its permutations drawn from ``seed``."""
+        """A stream at its beginning, its permutations drawn from ``seed``; ``shard``
+        is ``(rank, world_size)`` (see the module docstring)."""
         generator = torch.Generator()
         generator.manual_seed(seed)
         none = torch.empty(0, dtype=torch.long)
+        rank, world_size = shard
         return cls(
-            num_source_prompts, group_size, shuffle, generator.get_state(), none, 0, 0, none, 0
+            num_source_prompts,
+            group_size,
+            shuffle,
+            generator.get_state(),
+            none,
+            0,
+            0,
+            none,
+            0,
+            num_prompts,
+            rank,
+            world_size,
         )
+
+    def global_groups(self, local: Tensor) -> Tensor:
+        """Global group ids of this rank's ``local`` group numbers (``[k] int64``):
+        local group ``l`` is group ``l % P`` of this rank's share of round ``l // P``."""
+        if self.world_size == 1:
+            return local
+        p = self.num_prompts
+        return (local // p) * (p * self.world_size) + self.rank * p + local % p
 
     def _draw_prompts(self, k: int) -> tuple[Tensor, PromptStream]:
         """``[k]`` prompt indices continuing the current pass, and the stream after them."""
@@ -88,15 +133,20 @@ class PromptStream:
         """
         slots = self.next_slot + torch.arange(k)
         next_slot = self.next_slot + k
-        group_ids = slots // self.group_size
+        group_ids = self.global_groups(slots // self.group_size)
         stream, group_prompt = self, self.group_prompt
+        # Every global group up to the last one needed is drawn, other ranks' included,
+        # so that the prompt order stays the global one.
         missing = int(group_ids[-1]) + 1 - (self.group_base + len(group_prompt))
         if missing > 0:
             drawn, stream = self._draw_prompts(missing)
             group_prompt = torch.cat([group_prompt, drawn])
         prompt_index = group_prompt[group_ids - self.group_base]
-        # Forget groups no future slot can belong to.
-        first_open = next_slot // self.group_size
+        # Forget groups no future slot can belong to (never past what has been drawn).
+        next_group = torch.tensor([next_slot // self.group_size])
+        first_open = min(
+            int(self.global_groups(next_group)[0]), self.group_base + len(group_prompt)
+        )
         group_prompt = group_prompt[first_open - self.group_base :]
         after = replace(
             stream, next_slot=next_slot, group_prompt=group_prompt, group_base=first_open

@@ -55,6 +55,16 @@ decoded, allowed special tokens included (``'<pad>'``), only a final special sto
 token (``<eos>``) left out (``lmgym.envs.text``). So ``'<pad>cc<unk>cccc'`` cannot
 pass for ``'cccccc'``.
 
+Sharding (data parallelism, docs/distributed.md). ``shard=(rank, world_size)``
+makes this env one rank's share of a global prompt stream: with the same seed on
+every rank, the global stream is what one env with ``num_prompts * world_size``
+prompts per reset would draw, and rank ``r`` takes groups ``[r * P, (r + 1) * P)``
+of each global draw (``P = num_prompts``), in both reset modes. ``group_id`` is the
+global group index, so ids are unique across ranks (``lmgym.envs.stream``).
+
+Rendering. ``render_mode="ansi"``: ``render()`` returns each row's current text,
+prompt and completion so far (Gymnasium's vector render API: one frame per row).
+
 Failures. ``step`` and ``reset`` build every new value (row buffers, prompt stream,
 potentials) with one reward-model call and commit them together only after it
 succeeded: after a ``RewardError`` the env is exactly as it was, in every mode, and
@@ -67,6 +77,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, Literal, NamedTuple
 
+import gymnasium as gym
 import numpy as np
 import torch
 from gymnasium import spaces
@@ -76,7 +87,7 @@ from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
 from lmgym.envs.action_space import TokenActionSpace
-from lmgym.envs.prompts import build_prompt_table
+from lmgym.envs.prompts import RowColumns, build_prompt_table
 from lmgym.envs.rewards import call_reward
 from lmgym.envs.stream import PromptStream
 from lmgym.envs.text import completion_texts, infer_completion_mask
@@ -93,11 +104,32 @@ RewardMode = Literal["bandit", "per_token"]
 PerTokenForm = Literal["potential", "dense"]
 Unfinished = Literal["score", "penalty", "mask"]
 PromptOrder = Literal["shuffle", "sequential"]
+RenderMode = Literal["ansi"]
 
 
 def _check_choice(field: str, value: str, choices: Sequence[str]) -> None:
     if value not in choices:
         raise ValueError(f"{field}={value!r} is not one of {list(choices)}")
+
+
+def check_shard(shard: object) -> tuple[int, int]:
+    """``shard`` as ``(rank, world_size)`` ints, after checking ``0 <= rank < world_size``.
+
+    Raises:
+        ValueError: anything else, naming the field.
+    """
+    if (
+        isinstance(shard, Sequence)
+        and not isinstance(shard, str)
+        and len(shard) == 2
+        and all(isinstance(x, int | np.integer) and not isinstance(x, bool) for x in shard)
+        and 0 <= shard[0] < shard[1]
+    ):
+        return int(shard[0]), int(shard[1])
+    raise ValueError(
+        f"shard={shard!r}: expected (rank, world_size) with 0 <= rank < world_size, "
+        "e.g. (0, 1) for one process"
+    )
 
 
 class _Rows(NamedTuple):
@@ -148,7 +180,9 @@ class TokenVectorEnv(VectorEnv):
     Args:
         tokenizer: Tokenises prompts and decodes completions for reward functions.
             Its ``len()`` is the vocabulary (the action space).
-        prompts: A ``PromptSource`` (any indexable of strings, e.g. a list).
+        prompts: A ``PromptSource``: any indexable of prompts, each a string or a
+            list of chat messages (``lmgym.envs.prompts``); its ``columns``, if any,
+            reach the reward model (``RewardInput.columns``).
         reward: A ``RewardModel``: ``RewardInput -> [N]`` floats.
         num_prompts: ``P``, prompts drawn per reset.
         group_size: ``G``, completions per prompt (``num_envs = P * G``).
@@ -159,7 +193,10 @@ class TokenVectorEnv(VectorEnv):
         center_potential: Potential form only: subtract ``R(x, empty)`` (see module doc).
         unfinished: ``"score"``, ``"penalty"`` or ``"mask"``.
         unfinished_penalty: Episode return of a cut-off completion under ``"penalty"``.
-        stop_token_ids: Ids that end an episode; default the tokenizer's EOS id.
+        stop_token_ids: Ids that end an episode; default the tokenizer's EOS id. Pass
+            the model's too (``lmgym.envs.stop_ids_for(model, tokenizer)``, or a
+            ``CausalLMPolicy``'s ``stop_token_ids``) so that every id its
+            ``generation_config`` stops on ends a completion.
         allowed_special_tokens: Special tokens (ids or token strings, or ``"all"``)
             that are legal actions besides the stop ids. By default any other special
             token (``<pad>``, ``<unk>``, ...) is refused with an error (text that hides
@@ -171,9 +208,17 @@ class TokenVectorEnv(VectorEnv):
         prompt_order: ``"shuffle"`` (a fresh permutation per pass over the prompts,
             reproducible under ``reset(seed=...)``) or ``"sequential"``.
         device: Where the state tensors live.
+        shard: ``(rank, world_size)``: draw rank ``rank``'s share of a prompt stream
+            shared by ``world_size`` envs (see the module docstring); ``(0, 1)``: the
+            whole stream.
+        render_mode: ``None`` or ``"ansi"`` (``render()`` returns the rows' text).
     """
 
-    metadata: dict[str, Any] = {"autoreset_mode": AutoresetMode.DISABLED, "render_modes": []}
+    metadata: dict[str, Any] = {
+        "autoreset_mode": AutoresetMode.DISABLED,
+        "render_modes": ["ansi"],
+        "render_fps": 4,
+    }
 
     def __init__(
         self,
@@ -195,8 +240,12 @@ class TokenVectorEnv(VectorEnv):
         autoreset: bool = False,
         prompt_order: PromptOrder = "shuffle",
         device: torch.device | str = "cpu",
+        shard: tuple[int, int] = (0, 1),
+        render_mode: RenderMode | None = None,
     ) -> None:
         _check_choice("reward_mode", reward_mode, ("bandit", "per_token"))
+        if render_mode is not None:
+            _check_choice("render_mode", render_mode, self.metadata["render_modes"])
         _check_choice("per_token_form", per_token_form, ("potential", "dense"))
         _check_choice("unfinished", unfinished, ("score", "penalty", "mask"))
         _check_choice("prompt_order", prompt_order, ("shuffle", "sequential"))
@@ -210,8 +259,11 @@ class TokenVectorEnv(VectorEnv):
                 f"reward: expected a RewardModel (a callable RewardInput -> floats), "
                 f"got {type(reward).__name__}; wrap a plain function with FunctionReward"
             )
+        self.shard = check_shard(shard)
+        self.render_mode = render_mode
         self.device = torch.device(device)
         self.tokenizer = tokenizer
+        self.prompt_source = prompts
         self.reward_model = reward
         self.num_prompts, self.group_size = num_prompts, group_size
         self.num_envs = num_prompts * group_size
@@ -257,6 +309,16 @@ class TokenVectorEnv(VectorEnv):
         self._illegal = torch.cat([true, refused, true]).to(self.device)
 
         self.prompt_table = build_prompt_table(prompts, tokenizer, max_prompt_length, self.device)
+        missing = [
+            c for c in getattr(reward, "required_columns", ()) if c not in self.prompt_table.columns
+        ]
+        if missing:
+            raise ValueError(
+                f"reward: {getattr(reward, 'name', type(reward).__name__)!r} needs the "
+                f"column(s) {missing}, which the prompt source does not have (its columns: "
+                f"{sorted(self.prompt_table.columns)}); give every prompt those fields, e.g. "
+                'a JSONL line {"prompt": ..., "answer": ...} read with JsonlPrompts'
+            )
         self.prompt_width = self.prompt_table.width
         self.seq_len = self.prompt_width + max_new_tokens
 
@@ -286,8 +348,8 @@ class TokenVectorEnv(VectorEnv):
         """The prompt stream's state, for checkpoints: ``set_state`` makes the env draw
         the same prompts and group ids from here on.
 
-        Covers the stream's RNG, the current pass order and cursor, and the slot and
-        group counters. Rows in flight are not part of it: an episode-synchronous
+        Covers the stream's RNG, the current pass order and cursor, the slot and group
+        counters, and the shard (a state restores only into the same shard). Rows in flight are not part of it: an episode-synchronous
         rollout resets every row anyway; an autoreset env restored with ``set_state``
         starts fresh rows on its next ``reset()``.
 
@@ -304,14 +366,18 @@ class TokenVectorEnv(VectorEnv):
             "group_base": stream.group_base,
             "num_source_prompts": len(self.prompt_table),
             "group_size": self.group_size,
+            "num_prompts": self.num_prompts,
+            "shard": self.shard,
         }
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Restore a prompt stream saved with ``get_state``.
 
         Raises:
-            ValueError: the state comes from an env over a different number of prompts
-                or with a different ``group_size`` (its indices would be wrong here).
+            ValueError: the state comes from an env over a different number of prompts,
+                with a different ``group_size``, or from another shard (another rank,
+                world size or, when sharded, ``num_prompts``): its indices would be
+                wrong here.
         """
         for key, mine in (
             ("num_source_prompts", len(self.prompt_table)),
@@ -322,6 +388,20 @@ class TokenVectorEnv(VectorEnv):
                     f"set_state: the saved prompt stream has {key}={state[key]}, this env "
                     f"has {mine}; build the env with the same prompts and group_size"
                 )
+        saved_shard = tuple(int(x) for x in state.get("shard", (0, 1)))
+        if saved_shard != self.shard:
+            raise ValueError(
+                f"set_state: the saved prompt stream is shard (rank, world_size)="
+                f"{saved_shard}, this env is {self.shard}; restore each rank's state into "
+                "the env of the same rank and world size (resuming on another world size "
+                "is not supported)"
+            )
+        if self.shard[1] > 1 and state.get("num_prompts") != self.num_prompts:
+            raise ValueError(
+                f"set_state: the saved sharded prompt stream has num_prompts="
+                f"{state.get('num_prompts')}, this env has {self.num_prompts}; build the env "
+                "with the same num_prompts"
+            )
         self._stream = replace(
             self._stream,
             rng_state=state["rng"].cpu().clone(),
@@ -334,7 +414,12 @@ class TokenVectorEnv(VectorEnv):
 
     def _new_stream(self, seed: int) -> PromptStream:
         return PromptStream.start(
-            len(self.prompt_table), self.group_size, self.prompt_order == "shuffle", seed
+            len(self.prompt_table),
+            self.group_size,
+            self.prompt_order == "shuffle",
+            seed,
+            num_prompts=self.num_prompts,
+            shard=self.shard,
         )
 
     def _refilled(
@@ -384,7 +469,7 @@ class TokenVectorEnv(VectorEnv):
 
         Args:
             seed: Reseeds the prompt stream; the same seed gives the same prompts,
-                group ids and order.
+                group ids and order (sharded envs: pass the same seed on every rank).
             options: ``{"reset_mask": [num_envs] bool}`` restarts only those rows
                 (either autoreset mode); otherwise every row restarts.
 
@@ -552,19 +637,22 @@ class TokenVectorEnv(VectorEnv):
         """
         lp = self.prompt_width
         prompt_index = state.prompt_index[rows]
-        texts = self.prompt_table.texts
+        table = self.prompt_table
+        index = prompt_index.tolist()
         completion_ids, completion_mask = state.ids[rows, lp:], state.mask[rows, lp:]
         batch = RewardInput(
             prompt_ids=state.ids[rows, :lp],
             prompt_mask=state.mask[rows, :lp],
             completion_ids=completion_ids,
             completion_mask=completion_mask,
-            prompts=[texts[i] for i in prompt_index.tolist()],
+            prompts=[table.prompts[i] for i in index],
             prompt_index=prompt_index,
             finished=finished,
             decode=lambda ids: completion_texts(
                 self.tokenizer, ids, completion_mask, self._hidden_stop_ids
             ),
+            columns=RowColumns(table.columns, index) if table.columns else None,
+            prompt_texts=[table.texts[i] for i in index],
         )
         with phase(REWARD):
             return call_reward(self.reward_model, batch)
@@ -650,4 +738,30 @@ class TokenVectorEnv(VectorEnv):
             )
         return completion_texts(
             self.tokenizer, completion_ids, completion_mask.bool(), self._hidden_stop_ids
+        )
+
+    def render(self) -> tuple[str, ...] | None:
+        """Each row's current text, prompt and completion so far (``render_mode="ansi"``).
+
+        The prompt is its text (a chat prompt as rendered by the chat template), the
+        completion as string rewards see it (``decode_completions``).
+
+        Returns:
+            ``num_envs`` strings, or ``None`` (with Gymnasium's warning) when the env
+            was built without a render mode.
+        """
+        if self.render_mode is None:
+            gym.logger.warn(
+                "render() called without a render mode; build the env with "
+                'render_mode="ansi", e.g. gym.make_vec(id, render_mode="ansi")'
+            )
+            return None
+        if self._rows is None:
+            raise RuntimeError("render() called before reset(); call env.reset(seed=...) first")
+        lp = self.prompt_width
+        texts = self.prompt_table.texts
+        completions = self.decode_completions(self._rows.ids[:, lp:], self._rows.mask[:, lp:])
+        return tuple(
+            texts[i] + completion
+            for i, completion in zip(self._rows.prompt_index.tolist(), completions, strict=True)
         )

@@ -55,6 +55,8 @@ from lmgym.policy.special_tokens import (
     AllowedSpecialTokens,
     check_special_tokens_match,
     refused_special_ids,
+    stop_ids_for,
+    token_names,
 )
 from lmgym.profiling import LM_HEAD, LOGPROBS, TEACHER_FORCED, TRUNK, labelled
 
@@ -234,9 +236,13 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
         self.model = model
         self.tokenizer = tokenizer
         self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
-        keep = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
+        # The model's generation_config may stop on more ids than the tokenizer's EOS
+        # (chat models' end-of-turn tokens): they stay samplable.
+        self.stop_token_ids = stop_ids_for(model, tokenizer)
         self.allowed_special_tokens = allowed_special_tokens
-        self.masked_token_ids = refused_special_ids(tokenizer, keep, allowed_special_tokens)
+        self.masked_token_ids = refused_special_ids(
+            tokenizer, self.stop_token_ids, allowed_special_tokens
+        )
         self.num_masked_tokens = len(self.masked_token_ids)
         refused = torch.zeros(self.vocab_size, dtype=torch.bool, device=head.weight.device)
         refused[self.masked_token_ids] = True
@@ -244,6 +250,8 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
         self.register_buffer(
             "_refused", refused if self.masked_token_ids else None, persistent=False
         )
+        # With a pad id in the config, transformers wants a mask even on unpadded input.
+        self._mask_always = getattr(lm.config, "pad_token_id", None) is not None
         params = inspect.signature(lm.base_model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
 
@@ -393,6 +401,16 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
                 f"max_prompt_length + max_new_tokens = {env.prompt_width} + "
                 f"{env.max_new_tokens} = {env.seq_len} exceeds the model's context of "
                 f"{ctx} tokens; lower max_new_tokens or use shorter prompts"
+            )
+        refused = set(getattr(env, "refused_token_ids", []))
+        unstoppable = [i for i in self.stop_token_ids if i in refused]
+        if unstoppable:
+            names = ", ".join(token_names(self.tokenizer, unstoppable))
+            raise ValueError(
+                f"the model stops on {names} (its generation_config.eos_token_id), which the "
+                "env refuses as an action; build the env with "
+                "stop_token_ids=policy.stop_token_ids (lmgym.envs.stop_ids_for(model, "
+                "tokenizer)) so that it ends completions there too"
             )
         check_special_tokens_match(
             self.tokenizer,

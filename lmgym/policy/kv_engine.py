@@ -129,8 +129,17 @@ class KVCacheRollout:
         top_k: int | None
         top_p: float | None
         _refused: Tensor | None
+        _mask_always: bool
         hidden_states: Callable[..., Tensor]
         next_token_logits: Callable[[Tensor], Tensor]
+
+    def _trunk_mask(self, mask: Tensor, padded: bool) -> Tensor | None:
+        """The attention mask to give the trunk: ``mask`` with padding, else ``None``
+        (plain causal attention, the fast path), except for a model whose config names
+        a pad id: transformers cannot tell a real token with that id (an EOS equal to
+        it, a BOS) from padding and warns "We strongly recommend passing in an
+        `attention_mask`", so it gets the mask it asks for."""
+        return mask if padded or self._mask_always else None
 
     def _constant(self, kind: str, n: int, device: torch.device) -> Tensor:
         """A cached constant that ``act`` needs every step: ``"arange"``, ``arange(n)``;
@@ -174,12 +183,12 @@ class KVCacheRollout:
         padded = not bool(mask.all())
         shared = distinct_rows(ids, mask)
         if shared is None:
-            hidden = self.hidden_states(ids, mask if padded else None, positions, cache)
+            hidden = self.hidden_states(ids, self._trunk_mask(mask, padded), positions, cache)
         else:
             # A group's rows share one prompt: prefill it once and copy its cache.
             first, inverse = shared
             hidden = self.hidden_states(
-                ids[first], mask[first] if padded else None, positions[first], cache
+                ids[first], self._trunk_mask(mask[first], padded), positions[first], cache
             )[inverse]
             cache.batch_select_indices(inverse)
         cache_mask = mask
@@ -237,7 +246,7 @@ class KVCacheRollout:
             padded = True
         advanced = advanced[:, 0]
         hidden = self.hidden_states(
-            tokens, attention_mask if padded else None, state.positions[:, None], cache
+            tokens, self._trunk_mask(attention_mask, padded), state.positions[:, None], cache
         )
         if padded:
             positions = state.positions + advanced

@@ -11,7 +11,7 @@ stop token, ``TokenVectorEnv`` refuses one other than its stop ids, and both tak
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 from transformers import PreTrainedTokenizerBase
 
@@ -28,6 +28,35 @@ def special_token_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
     ids = set(tokenizer.all_special_ids)
     ids.update(i for i, token in tokenizer.added_tokens_decoder.items() if token.special)
     return sorted(i for i in ids if 0 <= i < len(tokenizer))
+
+
+def stop_ids_for(model: Any, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """Every id that should end a completion of ``model``: the tokenizer's EOS, then
+    each id of the model's ``generation_config.eos_token_id`` (an int or a list).
+
+    Chat models often stop on more than the tokenizer's EOS (Qwen2's ``<|im_end|>``
+    and ``<|endoftext|>``, Llama 3's ``<|eot_id|>``); pass the result to the env as
+    ``stop_token_ids`` so every one of them ends an episode (``CausalLMPolicy`` keeps
+    them samplable and exposes them as ``policy.stop_token_ids``).
+
+    Args:
+        model: a transformers model (a ``peft`` model too), or anything with a
+            ``generation_config``; ``None`` for the tokenizer's EOS only.
+        tokenizer: the model's tokenizer.
+
+    Returns:
+        Distinct ids in that order; ids outside ``[0, len(tokenizer))`` are left out
+        (the policy samples only the tokenizer's ids, so they could never occur).
+    """
+    ids: list[int] = []
+    if tokenizer.eos_token_id is not None:
+        ids.append(int(tokenizer.eos_token_id))
+    config = getattr(model, "generation_config", None)
+    eos = getattr(config, "eos_token_id", None)
+    if eos is not None:
+        ids.extend(int(i) for i in ([eos] if isinstance(eos, int) else eos))
+    vocab = len(tokenizer)
+    return [i for i in dict.fromkeys(ids) if 0 <= i < vocab]
 
 
 def token_names(tokenizer: PreTrainedTokenizerBase, ids: Iterable[int]) -> list[str]:

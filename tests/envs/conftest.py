@@ -20,3 +20,80 @@ def _forget_registered_envs() -> Iterator[None]:
         del gym.registry[env_id]
     for env_id in set(TASKS) - tasks:
         del TASKS[env_id]
+
+
+# ------------------------------------------------------- a Llama-style BPE tokenizer
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+BPE_CORPUS = [
+    "the cat sat on the mat",
+    "kim has 3 pens and gets 4 more. how many pens now? 7",
+    "add two numbers: 3+4=7",
+    "user assistant system",
+]
+
+
+def make_bpe_tokenizer():
+    """A byte-level BPE tokenizer trained here with ``tokenizers``, with Llama's
+    conventions (``<s>`` added before text by its post-processor, ``</s>`` EOS, no pad)
+    and a ChatML chat template that starts with the BOS token; ``<|im_end|>`` is a
+    special end-of-turn token, as in Qwen2's chat models. No download."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
+    backend = Tokenizer(models.BPE(unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=320,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    backend.train_from_iterator(BPE_CORPUS * 20, trainer)
+    bos = backend.token_to_id("<s>")
+    backend.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+        chat_template=CHAT_TEMPLATE,
+    )
+
+
+@pytest.fixture
+def bpe_tokenizer():
+    return make_bpe_tokenizer()
+
+
+@pytest.fixture
+def tiny_llama(bpe_tokenizer):
+    """A one-layer Llama built from a config for ``bpe_tokenizer``; its
+    ``generation_config`` stops on ``</s>`` and ``<|im_end|>``, as chat models do."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = bpe_tokenizer
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=[tok.eos_token_id, im_end],
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(config)
+    return model.eval()

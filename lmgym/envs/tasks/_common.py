@@ -1,5 +1,5 @@
-"""Pieces the built-in tasks share: token-level target rewards, splits, the env builder,
-and the random-policy baseline."""
+"""Pieces the built-in tasks share: token-level target rewards, splits and the
+random-policy baseline. (The env options and builder are ``lmgym.envs.options``.)"""
 
 from __future__ import annotations
 
@@ -11,23 +11,10 @@ from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
 from lmgym.envs.prompts import split_prompts
-from lmgym.envs.token_env import RewardMode, TokenVectorEnv, Unfinished
-from lmgym.policy.special_tokens import AllowedSpecialTokens
-from lmgym.types import RewardInput, RewardModel
+from lmgym.envs.token_env import TokenVectorEnv
+from lmgym.types import RewardInput
 
 Split = Literal["train", "eval", "all"]
-
-
-def num_prompts_of(num_envs: int, group_size: int) -> int:
-    """``num_envs // group_size``, after checking the division is exact."""
-    if not isinstance(group_size, int) or group_size < 1:
-        raise ValueError(f"group_size={group_size!r}: must be a positive integer")
-    if not isinstance(num_envs, int) or num_envs < 1 or num_envs % group_size != 0:
-        raise ValueError(
-            f"num_envs={num_envs} is not a multiple of group_size={group_size}; "
-            "num_envs = num_prompts * group_size"
-        )
-    return num_envs // group_size
 
 
 def encode(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
@@ -138,38 +125,6 @@ def select_split(
     train, held_out = split_prompts([prompt for prompt, _ in items], eval_fraction, data_seed)
     part = train if split == "train" else held_out
     return [items[i] for i in part.indices]
-
-
-def build_env(
-    tokenizer: PreTrainedTokenizerBase,
-    prompts: Sequence[str],
-    reward: RewardModel,
-    *,
-    num_envs: int,
-    group_size: int,
-    max_new_tokens: int,
-    reward_mode: RewardMode,
-    unfinished: Unfinished,
-    autoreset: bool,
-    allowed_special_tokens: AllowedSpecialTokens,
-    device: torch.device | str,
-    unfinished_penalty: float = -1.0,
-) -> TokenVectorEnv:
-    """A ``TokenVectorEnv`` with ``num_envs`` rows (checked against ``group_size``)."""
-    return TokenVectorEnv(
-        tokenizer,
-        list(prompts),
-        reward,
-        num_prompts=num_prompts_of(num_envs, group_size),
-        group_size=group_size,
-        max_new_tokens=max_new_tokens,
-        reward_mode=reward_mode,
-        unfinished=unfinished,
-        unfinished_penalty=unfinished_penalty,
-        autoreset=autoreset,
-        allowed_special_tokens=allowed_special_tokens,
-        device=device,
-    )
 
 
 def random_policy_return(env: TokenVectorEnv, num_batches: int = 4, seed: int = 0) -> float:

@@ -25,22 +25,17 @@ problems (under ``data_seed``) to test generalisation.
 
 from __future__ import annotations
 
-import torch
-from transformers import PreTrainedTokenizerBase
-
-from lmgym.char_tokenizer import make_char_tokenizer
+from lmgym.envs.options import EnvOptions, task_factory
 from lmgym.envs.single import single_env_factory
 from lmgym.envs.tasks._common import (
     ExactMatchReward,
     PositionMatchReward,
     Split,
-    build_env,
     encode,
     select_split,
     target_table,
 )
-from lmgym.envs.token_env import RewardMode, TokenVectorEnv, Unfinished
-from lmgym.policy.special_tokens import AllowedSpecialTokens
+from lmgym.envs.token_env import TokenVectorEnv
 
 SOLVED_THRESHOLD = 0.9
 OPERATORS = "+-*"
@@ -68,23 +63,15 @@ def arithmetic_items(max_operand: int = 9, operations: str = "+") -> list[tuple[
 
 def _arithmetic_vector(
     process: bool,
+    options: EnvOptions,
     *,
-    num_envs: int,
-    group_size: int,
     max_operand: int,
     operations: str,
     split: Split,
     eval_fraction: float,
     data_seed: int,
-    max_new_tokens: int | None,
-    reward_mode: RewardMode,
-    unfinished: Unfinished,
-    autoreset: bool,
-    allowed_special_tokens: AllowedSpecialTokens,
-    tokenizer: PreTrainedTokenizerBase | None,
-    device: torch.device | str,
 ) -> TokenVectorEnv:
-    tokenizer = tokenizer or make_char_tokenizer()
+    tokenizer = options.tokenizer
     if tokenizer.eos_token_id is None:
         raise ValueError("tokenizer: arithmetic answers end with EOS; use a tokenizer with one")
     every = arithmetic_items(max_operand, operations)
@@ -99,110 +86,61 @@ def _arithmetic_vector(
         if process
         else ExactMatchReward(ids, lengths, name="exact_match")
     )
-    return build_env(
-        tokenizer,
-        [prompt for prompt, _ in items],
-        reward,
-        num_envs=num_envs,
-        group_size=group_size,
-        max_new_tokens=max_new_tokens or longest,
-        reward_mode=reward_mode,
-        unfinished=unfinished,
-        autoreset=autoreset,
-        allowed_special_tokens=allowed_special_tokens,
-        device=device,
-    )
+    return options.build([prompt for prompt, _ in items], reward, max_new_tokens=longest)
 
 
+@task_factory()
 def make_arithmetic_vector(
-    num_envs: int = 1,
-    group_size: int = 1,
+    options: EnvOptions,
     max_operand: int = 9,
     operations: str = "+",
     split: Split = "train",
     eval_fraction: float = 0.25,
     data_seed: int = 0,
-    max_new_tokens: int | None = None,
-    reward_mode: RewardMode = "bandit",
-    unfinished: Unfinished = "score",
-    autoreset: bool = False,
-    allowed_special_tokens: AllowedSpecialTokens = (),
-    tokenizer: PreTrainedTokenizerBase | None = None,
-    device: torch.device | str = "cpu",
 ) -> TokenVectorEnv:
     """``lmgym/Arithmetic-v0`` as a native vector env (exact-match outcome reward).
 
     Args:
-        num_envs: ``num_prompts * group_size`` rows.
-        group_size: completions per prompt.
         max_operand: operands range over ``[0, max_operand]``.
         operations: operators drawn from ``"+-*"``.
         split: ``"train"``, ``"eval"`` (held-out problems) or ``"all"``.
         eval_fraction: share of problems held out for ``"eval"``.
         data_seed: seeds the split.
         max_new_tokens: token budget (default: the longest answer plus EOS).
-        reward_mode: ``"bandit"`` or ``"per_token"``.
-        unfinished: the env's unfinished-completion policy.
-        autoreset: next-step autoreset (continuous batching).
-        tokenizer: default the built-in character tokenizer.
-        device: where the env's tensors live.
     """
     return _arithmetic_vector(
         False,
-        num_envs=num_envs,
-        group_size=group_size,
+        options,
         max_operand=max_operand,
         operations=operations,
         split=split,
         eval_fraction=eval_fraction,
         data_seed=data_seed,
-        max_new_tokens=max_new_tokens,
-        reward_mode=reward_mode,
-        unfinished=unfinished,
-        autoreset=autoreset,
-        allowed_special_tokens=allowed_special_tokens,
-        tokenizer=tokenizer,
-        device=device,
     )
 
 
 make_arithmetic = single_env_factory(make_arithmetic_vector)
 
 
+@task_factory(reward_mode="per_token")
 def make_arithmetic_process_vector(
-    num_envs: int = 1,
-    group_size: int = 1,
+    options: EnvOptions,
     max_operand: int = 9,
     operations: str = "+",
     split: Split = "train",
     eval_fraction: float = 0.25,
     data_seed: int = 0,
-    max_new_tokens: int | None = None,
-    reward_mode: RewardMode = "per_token",
-    unfinished: Unfinished = "score",
-    autoreset: bool = False,
-    allowed_special_tokens: AllowedSpecialTokens = (),
-    tokenizer: PreTrainedTokenizerBase | None = None,
-    device: torch.device | str = "cpu",
 ) -> TokenVectorEnv:
     """``lmgym/ArithmeticProcess-v0`` as a native vector env (a reward per correct
     digit; per-token by default). Arguments as ``make_arithmetic_vector``."""
     return _arithmetic_vector(
         True,
-        num_envs=num_envs,
-        group_size=group_size,
+        options,
         max_operand=max_operand,
         operations=operations,
         split=split,
         eval_fraction=eval_fraction,
         data_seed=data_seed,
-        max_new_tokens=max_new_tokens,
-        reward_mode=reward_mode,
-        unfinished=unfinished,
-        autoreset=autoreset,
-        allowed_special_tokens=allowed_special_tokens,
-        tokenizer=tokenizer,
-        device=device,
     )
 
 

@@ -29,13 +29,10 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-from transformers import PreTrainedTokenizerBase
 
-from lmgym.char_tokenizer import make_char_tokenizer
+from lmgym.envs.options import EnvOptions, task_factory
 from lmgym.envs.single import single_env_factory
-from lmgym.envs.tasks._common import build_env
-from lmgym.envs.token_env import RewardMode, TokenVectorEnv, Unfinished
-from lmgym.policy.special_tokens import AllowedSpecialTokens
+from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.types import RewardInput
 
 SOLVED_THRESHOLD = 0.9
@@ -73,66 +70,39 @@ class LengthReward:
         return (1.0 - error / self.tolerance).clamp(min=0.0)
 
 
+@task_factory(unfinished="penalty", unfinished_penalty=0.0)
 def make_length_control_vector(
-    num_envs: int = 1,
-    group_size: int = 1,
-    min_length: int = 1,
-    max_length: int = 8,
-    tolerance: float = 4.0,
-    max_new_tokens: int | None = None,
-    reward_mode: RewardMode = "bandit",
-    unfinished: Unfinished = "penalty",
-    unfinished_penalty: float = 0.0,
-    autoreset: bool = False,
-    allowed_special_tokens: AllowedSpecialTokens = (),
-    tokenizer: PreTrainedTokenizerBase | None = None,
-    device: torch.device | str = "cpu",
+    options: EnvOptions, min_length: int = 1, max_length: int = 8, tolerance: float = 4.0
 ) -> TokenVectorEnv:
     """``lmgym/LengthControl-v0`` as a native vector env.
 
     Args:
-        num_envs: ``num_prompts * group_size`` rows.
-        group_size: completions per prompt.
         min_length: shortest target length ``n`` (tokens, >= 0).
         max_length: longest target length; one prompt per ``n`` in between.
         tolerance: tokens off at which the reward reaches 0.
         max_new_tokens: token budget (default ``max_length + 2``; must exceed
             ``max_length`` so every target is reachable with its stop id).
-        reward_mode: ``"bandit"`` or ``"per_token"`` (potential form).
         unfinished: the env's unfinished-completion policy (default ``"penalty"``).
-        unfinished_penalty: the return of a completion that never stops.
-        autoreset: next-step autoreset (continuous batching).
-        tokenizer: default the built-in character tokenizer.
-        device: where the env's tensors live.
+        unfinished_penalty: the return of a completion that never stops (default 0).
+        stop_token_ids: the ids that end a completion (not counted in its length);
+            default the tokenizer's EOS.
     """
     if not 0 <= min_length <= max_length:
         raise ValueError(
             f"min_length={min_length}, max_length={max_length}: need 0 <= min_length <= max_length"
         )
-    max_new_tokens = max_new_tokens or max_length + 2
+    max_new_tokens = options.max_new_tokens or max_length + 2
     if max_new_tokens <= max_length:
         raise ValueError(
             f"max_new_tokens={max_new_tokens} leaves no room for the stop id after "
             f"max_length={max_length} tokens; use max_new_tokens > max_length"
         )
-    tokenizer = tokenizer or make_char_tokenizer()
-    if tokenizer.eos_token_id is None:
+    if options.stop_token_ids is None and options.tokenizer.eos_token_id is None:
         raise ValueError("tokenizer: LengthControl ends completions with EOS; it has none")
     lengths = torch.arange(min_length, max_length + 1)
-    reward = LengthReward(lengths, torch.tensor([tokenizer.eos_token_id]), tolerance)
-    return build_env(
-        tokenizer,
-        [f"len={n}:" for n in lengths.tolist()],
-        reward,
-        num_envs=num_envs,
-        group_size=group_size,
-        max_new_tokens=max_new_tokens,
-        reward_mode=reward_mode,
-        unfinished=unfinished,
-        unfinished_penalty=unfinished_penalty,
-        autoreset=autoreset,
-        allowed_special_tokens=allowed_special_tokens,
-        device=device,
+    reward = LengthReward(lengths, torch.tensor(options.stop_ids()), tolerance)
+    return options.build(
+        [f"len={n}:" for n in lengths.tolist()], reward, max_new_tokens=max_new_tokens
     )
 
 

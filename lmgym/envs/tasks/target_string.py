@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-from transformers import PreTrainedTokenizerBase
 
-from lmgym.char_tokenizer import make_char_tokenizer
+from lmgym.envs.options import EnvOptions, task_factory
 from lmgym.envs.single import single_env_factory
-from lmgym.envs.tasks._common import PositionMatchReward, build_env, encode
-from lmgym.envs.token_env import RewardMode, TokenVectorEnv, Unfinished
-from lmgym.policy.special_tokens import AllowedSpecialTokens
+from lmgym.envs.tasks._common import PositionMatchReward, encode
+from lmgym.envs.token_env import TokenVectorEnv
 
 SOLVED_THRESHOLD = 0.9
 
@@ -39,44 +37,19 @@ class TargetMatchReward(PositionMatchReward):
         )
 
 
+@task_factory()
 def make_target_string_vector(
-    num_envs: int = 1,
-    group_size: int = 1,
-    target: str = "hello",
-    prompt: str = "say hello:",
-    max_new_tokens: int | None = None,
-    reward_mode: RewardMode = "bandit",
-    unfinished: Unfinished = "score",
-    autoreset: bool = False,
-    allowed_special_tokens: AllowedSpecialTokens = (),
-    tokenizer: PreTrainedTokenizerBase | None = None,
-    device: torch.device | str = "cpu",
+    options: EnvOptions, target: str = "hello", prompt: str = "say hello:"
 ) -> TokenVectorEnv:
     """The native vector env (``gymnasium.make_vec("lmgym/TargetString-v0", num_envs=...)``).
 
     Args:
-        num_envs: ``num_prompts * group_size`` rows; must be a multiple of ``group_size``.
-        group_size: completions per prompt (e.g. 8 for GRPO).
         target: the string to reproduce.
         prompt: the single prompt.
         max_new_tokens: token budget (default ``len(target)`` tokens).
-        tokenizer: default the built-in character tokenizer.
     """
-    tokenizer = tokenizer or make_char_tokenizer()
-    target_ids = torch.tensor(encode(tokenizer, target), dtype=torch.long)
-    return build_env(
-        tokenizer,
-        [prompt],
-        TargetMatchReward(target_ids),
-        num_envs=num_envs,
-        group_size=group_size,
-        max_new_tokens=max_new_tokens or len(target_ids),
-        reward_mode=reward_mode,
-        unfinished=unfinished,
-        autoreset=autoreset,
-        allowed_special_tokens=allowed_special_tokens,
-        device=device,
-    )
+    target_ids = torch.tensor(encode(options.tokenizer, target), dtype=torch.long)
+    return options.build([prompt], TargetMatchReward(target_ids), max_new_tokens=len(target_ids))
 
 
 make_target_string = single_env_factory(make_target_string_vector)

@@ -1,0 +1,246 @@
+"""One set of env options for every task: built-in and custom tasks take every
+``EnvOptions`` field in ``gymnasium.make_vec`` and ``gymnasium.make`` alike."""
+
+from __future__ import annotations
+
+import inspect
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from gymnasium.wrappers import Autoreset
+
+from lmgym.char_tokenizer import make_char_tokenizer
+from lmgym.envs import (
+    ENV_OPTION_NAMES,
+    TASKS,
+    EnvOptions,
+    FunctionReward,
+    TokenEnv,
+    TokenVectorEnv,
+    env_option_names,
+    register_reward_env,
+    reward_env_factory,
+    single_env_factory,
+    task_factory,
+    vector_entry_point,
+)
+from lmgym.envs.tasks._common import PositionMatchReward
+
+CHEAP_TASKS = [
+    "lmgym/TargetString-v0",
+    "lmgym/Reverse-v0",
+    "lmgym/Sort-v0",
+    "lmgym/CopyRule-v0",
+    "lmgym/Arithmetic-v0",
+    "lmgym/ArithmeticProcess-v0",
+    "lmgym/LengthControl-v0",
+    "lmgym/WordProblem-v0",
+]
+
+
+def count_a(prompts, completions):
+    return [float(c.count("a")) for c in completions]
+
+
+def test_every_builtin_task_lists_every_option():
+    builtin = [task for task in TASKS if task.startswith("lmgym/")]
+    assert set(CHEAP_TASKS) < set(builtin)
+    for task in builtin:  # signatures only: nothing is built
+        names = env_option_names(task)
+        assert set(ENV_OPTION_NAMES) <= set(names), task
+        assert names[:2] == ("num_envs", "group_size"), task
+
+
+def test_option_names_are_the_signature_in_order():
+    names = env_option_names("lmgym/TargetString-v0")
+    assert names == ("num_envs", "group_size", "target", "prompt", *ENV_OPTION_NAMES[2:])
+    params = inspect.signature(vector_entry_point("lmgym/TargetString-v0")).parameters
+    assert params["reward_mode"].default == "bandit"
+    # A task's own default shows in its signature.
+    from lmgym.envs.tasks.arithmetic import make_arithmetic_process_vector
+    from lmgym.envs.tasks.length_control import make_length_control_vector
+
+    assert inspect.signature(make_arithmetic_process_vector).parameters["reward_mode"].default == (
+        "per_token"
+    )
+    params = inspect.signature(make_length_control_vector).parameters
+    assert (params["unfinished"].default, params["unfinished_penalty"].default) == ("penalty", 0.0)
+
+
+@pytest.mark.parametrize("task", CHEAP_TASKS)
+def test_per_token_form_and_center_potential_reach_every_task(task):
+    tokenizer = make_char_tokenizer()
+    env = gym.make_vec(
+        task,
+        num_envs=4,
+        group_size=2,
+        reward_mode="per_token",
+        per_token_form="dense",
+        center_potential=True,
+        prompt_order="sequential",
+        tokenizer=tokenizer,
+        device="cpu",
+    )
+    assert (env.reward_mode, env.per_token_form, env.center_potential) == (
+        "per_token",
+        "dense",
+        True,
+    )
+    assert env.prompt_order == "sequential" and env.tokenizer is tokenizer
+    single = gym.make(task, per_token_form="dense", center_potential=True, device="cpu")
+    assert single.unwrapped.vector_env.per_token_form == "dense"
+
+
+def test_dense_and_potential_forms_give_the_hand_computed_rewards():
+    # Target "hi": R(prefix) = fraction of target positions right so far.
+    for form, expected in (("potential", [0.5, 0.5]), ("dense", [0.5, 1.0])):
+        env = gym.make(
+            "lmgym/TargetString-v0",
+            target="hi",
+            prompt="say hi:",
+            reward_mode="per_token",
+            per_token_form=form,
+        )
+        env.reset(seed=0)
+        tok = env.unwrapped.vector_env.tokenizer
+        rewards = [env.step(tok.convert_tokens_to_ids(c))[1] for c in "hi"]
+        assert rewards == expected, form
+
+
+def test_a_custom_env_takes_every_option_in_make_vec():
+    tokenizer = make_char_tokenizer()
+    env_id = register_reward_env("CountA", FunctionReward(count_a), ["ab", "xyz"])
+    dot = tokenizer.convert_tokens_to_ids(".")
+    env = gym.make_vec(
+        env_id,
+        num_envs=4,
+        group_size=2,
+        max_new_tokens=5,
+        max_prompt_length=6,
+        reward_mode="per_token",
+        per_token_form="dense",
+        center_potential=True,
+        unfinished="mask",
+        unfinished_penalty=-2.0,
+        stop_token_ids=[tokenizer.eos_token_id, dot],
+        allowed_special_tokens=["<pad>"],
+        autoreset=True,
+        prompt_order="sequential",
+        shard=(1, 2),
+        render_mode="ansi",
+        tokenizer=tokenizer,
+        device="cpu",
+    )
+    assert isinstance(env, TokenVectorEnv) and env.tokenizer is tokenizer
+    assert (env.num_envs, env.group_size, env.max_new_tokens, env.prompt_width) == (4, 2, 5, 6)
+    assert (env.reward_mode, env.per_token_form, env.center_potential) == (
+        "per_token",
+        "dense",
+        True,
+    )
+    assert (env.unfinished, env.unfinished_penalty, env.autoreset) == ("mask", -2.0, True)
+    assert env.stop_token_ids.tolist() == [tokenizer.eos_token_id, dot]
+    assert tokenizer.pad_token_id in env.legal_token_ids.tolist()
+    assert (env.prompt_order, env.shard, env.render_mode) == ("sequential", (1, 2), "ansi")
+
+
+def test_a_custom_single_env_takes_device_autoreset_and_render_mode():
+    env_id = register_reward_env("CountA", FunctionReward(count_a), ["ab"], max_new_tokens=2)
+    env = gym.make(env_id, device="cpu", autoreset=True, render_mode="ansi")
+    assert isinstance(env.unwrapped, TokenEnv)
+    assert any(isinstance(w, Autoreset) for w in _wrappers(env))
+    tok = env.unwrapped.vector_env.tokenizer
+    a = tok.convert_tokens_to_ids("a")
+    env.reset(seed=0)
+    env.step(a)
+    _, reward, terminated, truncated, _ = env.step(a)
+    assert (reward, terminated, truncated) == (2.0, False, True)
+    assert env.render() == "abaa"
+    # Next-step autoreset: the step after the end starts a new episode, reward 0.
+    obs, reward, terminated, truncated, _ = env.step(a)
+    assert (reward, terminated, truncated) == (0.0, False, False)
+    assert env.render() == "ab" and obs["attention_mask"].sum() == 2
+
+
+def _wrappers(env: gym.Env) -> list[gym.Env]:
+    out = []
+    while isinstance(env, gym.Wrapper):
+        out.append(env)
+        env = env.env
+    return out
+
+
+def test_a_custom_env_has_defaults_that_calls_override():
+    env_id = register_reward_env(
+        "CountA", FunctionReward(count_a), ["ab"], max_new_tokens=3, reward_mode="per_token"
+    )
+    assert TASKS[env_id].modes == ("per_token",)
+    env = gym.make_vec(env_id, num_envs=2)
+    assert (env.max_new_tokens, env.reward_mode) == (3, "per_token")
+    env = gym.make_vec(env_id, num_envs=2, max_new_tokens=4, reward_mode="bandit")
+    assert (env.max_new_tokens, env.reward_mode) == (4, "bandit")
+    assert (
+        gym.make_vec(register_reward_env("Plain", FunctionReward(count_a), ["ab"])).max_new_tokens
+        == 16
+    )
+
+
+def test_unknown_options_are_refused_with_the_valid_ones():
+    with pytest.raises(
+        TypeError, match=r"unknown env option\(s\) \['colour'\]; .*EnvOptions: num_envs"
+    ):
+        register_reward_env("CountA", FunctionReward(count_a), ["ab"], colour="red")
+    env_id = register_reward_env("CountA", FunctionReward(count_a), ["ab"])
+    with pytest.raises(TypeError, match=r"got an unexpected keyword argument 'colour'; valid: "):
+        gym.make_vec(env_id, num_envs=1, colour="red")
+    with pytest.raises(TypeError, match=r"unknown argument\(s\) \['colour'\]"):
+        gym.make(env_id, colour="red")
+
+
+def test_a_user_registers_a_reward_env_factory_with_gymnasium():
+    factory = reward_env_factory(FunctionReward(count_a), ["ab"], max_new_tokens=2)
+    gym.register(
+        "mine/CountA-v1", entry_point=single_env_factory(factory), vector_entry_point=factory
+    )
+    tokenizer = make_char_tokenizer()
+    env = gym.make_vec("mine/CountA-v1", num_envs=2, tokenizer=tokenizer, autoreset=True)
+    assert env.tokenizer is tokenizer and env.autoreset and env.max_new_tokens == 2
+    assert "per_token_form" in env_option_names("mine/CountA-v1")
+    single = gym.make("mine/CountA-v1", device="cpu")
+    single.reset(seed=0)
+    assert single.step(np.int64(tokenizer.convert_tokens_to_ids("a")))[1] == 0.0
+
+
+def test_task_factory_builds_a_task_from_a_body():
+    @task_factory(max_new_tokens=2, reward_mode="per_token")
+    def make_echo_vector(options: EnvOptions, word: str = "hi") -> TokenVectorEnv:
+        """Echo ``word``."""
+        ids = torch.tensor([options.tokenizer.convert_tokens_to_ids(c) for c in word])
+        reward = PositionMatchReward(ids[None], torch.tensor([len(word)]), "echo")
+        return options.build([f"say {word}:"], reward, max_new_tokens=99)
+
+    assert list(inspect.signature(make_echo_vector).parameters)[:3] == [
+        "num_envs",
+        "group_size",
+        "word",
+    ]
+    assert "Echo ``word``." in make_echo_vector.__doc__
+    env = make_echo_vector(2, 2, word="ok")  # num_envs and group_size may be positional
+    assert (env.num_envs, env.max_new_tokens, env.reward_mode) == (2, 2, "per_token")
+    assert env.prompt_table.texts == ["say ok:"]
+    assert make_echo_vector(max_new_tokens=None).max_new_tokens == 99  # the body's default
+    with pytest.raises(TypeError, match=r"unknown env option\(s\) \['colour'\]"):
+        task_factory(colour="red")
+    with pytest.raises(TypeError, match=r"parameters \['device'\] are EnvOptions fields"):
+
+        @task_factory()
+        def make_bad_vector(options: EnvOptions, device: str = "cpu") -> TokenVectorEnv:
+            raise AssertionError
+
+
+def test_env_options_check_the_batch_split():
+    assert EnvOptions(num_envs=8, group_size=4).num_prompts == 2
+    with pytest.raises(ValueError, match="num_envs=6 is not a multiple of group_size=4"):
+        EnvOptions(num_envs=6, group_size=4).num_prompts  # noqa: B018
