@@ -30,7 +30,7 @@ def _make_generator(seed: int | None, device: torch.device) -> torch.Generator |
     return generator
 
 
-def _episodes(
+def finished_episodes(
     env: TokenVectorEnv,
     obs: dict[str, Tensor],
     info: dict[str, Tensor],
@@ -106,7 +106,7 @@ def collect(
         actions, logprobs, state = policy.act(obs, state, generator=generator)
         obs, reward, terminated, truncated, info = env.step(actions.to(env.device))
         # Rows finished before this step ignored their action; their column t lies past
-        # their length, so _episodes' completion_mask zeroes it (and the env gave 0).
+        # their length, so finished_episodes' completion_mask zeroes it (and the env gave 0).
         sampler_logprobs[:, t] = logprobs.to(env.device)
         rewards[:, t] = reward
         if state.special_mass is not None:
@@ -115,7 +115,7 @@ def collect(
         if bool(done.all()):
             break
     rows = torch.arange(n, device=env.device)
-    return _episodes(
+    return finished_episodes(
         env, obs, info, rows, sampler_logprobs, rewards, special_mass, terminated, truncated
     )
 
@@ -209,7 +209,7 @@ class ContinuousCollector:
             rows = finished.nonzero().squeeze(1)
             if rows.numel() > 0:
                 self._pool.append(
-                    _episodes(
+                    finished_episodes(
                         env,
                         obs,
                         info,

@@ -27,7 +27,7 @@ from lmgym.asynchronous.transport import VersionedRollout, concat_rollouts
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.policy.causal_lm import CausalLMPolicy, PolicyState
 from lmgym.profiling import COLLECT, labelled
-from lmgym.rollout import _episodes
+from lmgym.rollout import finished_episodes
 
 
 class AdmissionCollector:
@@ -64,6 +64,7 @@ class AdmissionCollector:
         self.tokens_generated = 0
         self._logprobs = torch.zeros(n, length, device=device)
         self._rewards = torch.zeros(n, length, device=device)
+        self._special_mass = torch.zeros(n, length, device=device)
         self._versions = torch.full((n, length), -1, dtype=torch.long, device=device)
         self._columns = torch.arange(length, device=device)
         self._obs: dict[str, Tensor] | None = None
@@ -111,6 +112,7 @@ class AdmissionCollector:
         self.live[rows] = True
         self._logprobs[rows] = 0.0
         self._rewards[rows] = 0.0
+        self._special_mass[rows] = 0.0
         self._versions[rows] = -1
         return count
 
@@ -136,14 +138,25 @@ class AdmissionCollector:
         write = (self._columns == column[:, None]) & self.live[:, None]
         self._logprobs = torch.where(write, logprobs.to(env.device)[:, None], self._logprobs)
         self._rewards = torch.where(write, reward[:, None], self._rewards)
+        if self._state.special_mass is not None:
+            mass = self._state.special_mass.to(env.device)[:, None]
+            self._special_mass = torch.where(write, mass, self._special_mass)
         self._versions = torch.where(write, version, self._versions)
         self.tokens_generated += self.num_live
         # The env's flags are sticky until a row restarts: new ends are the live ones.
         finished = (terminated | truncated) & self.live
         if bool(finished.any()):
             rows = finished.nonzero().squeeze(1)
-            batch = _episodes(
-                env, obs, info, rows, self._logprobs, self._rewards, terminated, truncated
+            batch = finished_episodes(
+                env,
+                obs,
+                info,
+                rows,
+                self._logprobs,
+                self._rewards,
+                self._special_mass,
+                terminated,
+                truncated,
             )
             versions = self._versions[rows].masked_fill(~batch.completion_mask, -1)
             self._pool.append(VersionedRollout(batch, versions, self.slots[rows]))

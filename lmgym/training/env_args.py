@@ -26,6 +26,8 @@ RESERVED = {
     "group_size": "--group-size",
     "tokenizer": "the policy's tokenizer",
     "device": "--device",
+    "shard": "the data-parallel rank (torchrun)",
+    "render_mode": "the run (it renders nothing)",
 }
 _TRUE = ("true", "yes", "1")
 _FALSE = ("false", "no", "0")

@@ -108,9 +108,9 @@ def check_schedule_length(agent: Agent, iterations: int) -> None:
     """
     from lmgym.agents.optim import NEEDS_LENGTH, steps_per_iteration
 
-    steps = getattr(agent, "_schedule_steps", None)
+    steps = agent.lr_schedule.total_steps
     kind = agent.config.lr_scheduler_type
-    if agent.lr_scheduler is None or steps is None or kind not in NEEDS_LENGTH:
+    if agent.lr_schedule.scheduler is None or steps is None or kind not in NEEDS_LENGTH:
         return
     span = steps // steps_per_iteration(agent.config)
     if iterations > span:
