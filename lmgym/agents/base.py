@@ -243,13 +243,19 @@ class Agent(Generic[ConfigT]):
         batch, dropped = self.collect()
         metrics = self.train_on_batch(batch)
         self.iteration += 1
-        metrics["iteration"] = float(self.iteration)
-        metrics["tokens_generated"] = float(self.tokens_generated)
-        metrics["learning_rate"] = float(self.optimizer.param_groups[0]["lr"])
+        metrics.update(self.counters())
         if self.config.dynamic_sampling:
             metrics["groups_dropped"] = float(dropped)
         metrics.update(reward_component_means(self.env))  # CombinedReward's parts, if any
         return metrics
+
+    def counters(self) -> dict[str, float]:
+        """``iteration``, ``tokens_generated`` and the ``learning_rate`` after the update."""
+        return {
+            "iteration": float(self.iteration),
+            "tokens_generated": float(self.tokens_generated),
+            "learning_rate": float(self.optimizer.param_groups[0]["lr"]),
+        }
 
     # ---------------------------------------------------------------- rollout
     def collect(self) -> tuple[RolloutBatch, int]:

@@ -299,8 +299,7 @@ def _one_update(
     metrics = agent.train_on_batch(mine.batch)
     agent.iteration += 1
     agent.tokens_generated = tokens
-    metrics["iteration"] = float(agent.iteration)
-    metrics["tokens_generated"] = float(tokens)
+    metrics.update(agent.counters())
     metrics.update(probe.stats())
     metrics.update(staleness_stats(rollout, update))
     metrics["stale_rows_dropped"] = float(rows_dropped)

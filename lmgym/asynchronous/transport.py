@@ -33,6 +33,7 @@ BATCH_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("terminated", "bool", "1"),
     ("truncated", "bool", "1"),
     ("valid", "bool", "1"),
+    ("special_mass", "float", "1"),
 )
 
 
@@ -84,7 +85,7 @@ def concat_rollouts(parts: list[VersionedRollout]) -> VersionedRollout:
 
 
 def pack(rollout: VersionedRollout) -> tuple[Tensor, Tensor]:
-    """``(ints [B, 2 Lp + 4 L + 7] int64, floats [B, 2 L] float32)`` on the batch's device."""
+    """``(ints [B, 2 Lp + 4 L + 7] int64, floats [B, 2 L + 1] float32)`` on the batch's device."""
     batch = rollout.batch
     ints, floats = [], []
     for name, kind, _ in BATCH_FIELDS:
@@ -102,7 +103,7 @@ def pack(rollout: VersionedRollout) -> tuple[Tensor, Tensor]:
 
 def unpack(ints: Tensor, floats: Tensor, prompt_width: int) -> VersionedRollout:
     """The inverse of ``pack``, given the prompt width ``Lp``."""
-    length = floats.shape[1] // 2
+    length = (floats.shape[1] - 1) // 2
     widths = {"Lp": prompt_width, "L": length, "1": 1}
     expected = sum(widths[w] for _, kind, w in BATCH_FIELDS if kind != "float") + length + 1
     if ints.shape[1] != expected:

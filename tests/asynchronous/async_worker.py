@@ -133,7 +133,7 @@ def learn(out: Path) -> None:
         return not (len(recent) >= 5 and sum(recent[-5:]) / 5 >= 0.95)
 
     make = partial(
-        factory, "grpo", LEARN_OVERRIDES, num_prompts=4, group_size=8, max_new_tokens=None
+        factory, "grpo", LEARN_OVERRIDES, num_prompts=4, group_size=16, max_new_tokens=None
     )
     result = run_async(make, LEARN_BUDGET, AsyncConfig(max_staleness=2), callback=solved)
     if result.role.is_learner:

@@ -31,6 +31,7 @@ def groups(local_ids: list[int], versions: list[list[int]], lengths: list[int] |
         terminated=torch.ones(n, dtype=torch.bool),
         truncated=torch.zeros(n, dtype=torch.bool),
         valid=torch.ones(n, dtype=torch.bool),
+        special_mass=torch.zeros(n),
     )
     v = torch.tensor(versions).masked_fill(~mask, -1)
     slots = torch.tensor(local_ids).repeat_interleave(G) * G + torch.arange(n) % G
