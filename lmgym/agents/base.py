@@ -36,6 +36,7 @@ from torch import Tensor
 
 from lmgym.agents.advantages import whiten
 from lmgym.agents.aggregation import aggregate
+from lmgym.agents.callbacks import ProgressBar, check_callback
 from lmgym.agents.config import (
     AgentConfig,
     build_config,
@@ -55,7 +56,6 @@ from lmgym.agents.numerics import (
     total_grad_norm,
 )
 from lmgym.agents.optim import LearningRateSchedule, make_optimizer
-from lmgym.agents.progress import ProgressBar
 from lmgym.agents.ratios import tis_weights
 from lmgym.agents.records import Counts, MicroBatchLoss, PolicyOutput, PreparedBatch
 from lmgym.agents.report import update_metrics
@@ -217,7 +217,10 @@ class Agent(Generic[ConfigT]):
         if iterations < 0:
             raise ValueError(f"iterations={iterations}: must be >= 0")
         self.lr_schedule.cover(self.iteration + iterations)  # unsized: spans this call
-        callbacks = [] if callback is None else [callback] if callable(callback) else list(callback)
+        is_one = callback is None or callable(callback) or not isinstance(callback, Sequence)
+        callbacks = [] if callback is None else [callback] if is_one else list(callback)
+        for cb in callbacks:
+            check_callback(cb, "callback")
         bar = ProgressBar(iterations, self.name) if progress_bar else None
         callbacks = [bar, *callbacks] if bar is not None else callbacks
         history: list[dict[str, float]] = []

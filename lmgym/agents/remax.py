@@ -64,12 +64,13 @@ class ReMaxConfig(AgentConfig):
 def greedy_env_like(env: TokenVectorEnv) -> TokenVectorEnv:
     """An env over ``env``'s prompts, reward and budget with one episode-synchronous row per prompt.
 
-    The prompt source is ``env``'s tokenised texts in their order, so ``prompt_index``
-    (and any per-prompt data a reward reads through it) means the same in both.
+    The prompt source is ``env``'s own (texts or chat messages, and their reward
+    columns), so ``prompt_index`` and any per-prompt data a reward reads mean the same
+    in both.
     """
     return TokenVectorEnv(
         env.tokenizer,
-        env.prompt_table.texts,
+        env.prompt_source,
         env.reward_model,
         num_prompts=env.num_prompts,
         group_size=1,
@@ -81,6 +82,7 @@ def greedy_env_like(env: TokenVectorEnv) -> TokenVectorEnv:
         unfinished=env.unfinished,
         unfinished_penalty=env.unfinished_penalty,
         stop_token_ids=env.stop_token_ids.tolist(),
+        allowed_special_tokens=env.allowed_special_tokens,
         device=env.device,
     )
 

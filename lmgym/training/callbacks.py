@@ -25,6 +25,7 @@ from typing import Any
 from stable_baselines3.common.logger import Logger
 
 from lmgym.agents.base import Agent
+from lmgym.agents.callbacks import CALLBACK_PROTOCOL, check_callback  # noqa: F401 (re-exported)
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.rollout import collect
 from lmgym.training.checkpoint import CheckpointManager
@@ -33,35 +34,6 @@ from lmgym.training.logger import record_metrics
 from lmgym.training.run import RunDirectory
 
 Printer = Callable[[str], None]
-
-
-CALLBACK_PROTOCOL = (
-    "lmgym calls callback(agent, metrics) after every iteration (return False to stop) and, "
-    "when the object has them, on_learn_start(agent) and on_learn_end(agent, history): pass a "
-    "function or a lmgym.training.TrainingCallback subclass"
-)
-
-
-def check_callback(callback: object, where: str) -> None:
-    """Raise ``TypeError`` for something ``Agent.learn`` cannot call as a callback.
-
-    A Stable-Baselines3 ``BaseCallback`` (class or object) gets a message stating
-    lmgym's protocol: SB3 drives its callbacks through an SB3 model (``init_callback``,
-    ``on_step`` with the rollout's locals), which an lmgym agent is not.
-    """
-    from stable_baselines3.common.callbacks import BaseCallback
-
-    sb3 = isinstance(callback, BaseCallback) or (
-        isinstance(callback, type) and issubclass(callback, BaseCallback)
-    )
-    if sb3:
-        name = callback.__name__ if isinstance(callback, type) else type(callback).__name__
-        raise TypeError(
-            f"{where}: {name} is a Stable-Baselines3 BaseCallback, which drives an SB3 model "
-            f"(on_step, rollout buffers), not an lmgym agent; {CALLBACK_PROTOCOL}"
-        )
-    if not callable(callback):
-        raise TypeError(f"{where}: {type(callback).__name__} is not callable; {CALLBACK_PROTOCOL}")
 
 
 def tqdm_print(text: str) -> None:

@@ -159,3 +159,28 @@ def test_save_and_load_resume_exactly(make_env, tokenizer, tmp_path):
         assert a["reward_mean"] == b["reward_mean"]
         assert a["greedy_reward_mean"] == b["greedy_reward_mean"]
         assert a["tokens_generated"] == b["tokens_generated"]
+
+
+def test_remax_greedy_baseline_sees_the_prompt_sources_reward_columns():
+    """The greedy env shares the training env's prompt source, so a reward that reads
+    a column (here ``answer``) scores the greedy completion too."""
+    from lmgym.agents import ReMax
+    from lmgym.envs import FunctionReward, RecordPrompts, TokenVectorEnv
+    from lmgym.policy import CausalLMPolicy, make_char_tokenizer, make_tiny_model
+
+    def starts_right(prompts, completions, answer):
+        return [float(c[:1] == a[:1]) for c, a in zip(completions, answer, strict=True)]
+
+    tokenizer = make_char_tokenizer()
+    policy = CausalLMPolicy(make_tiny_model(len(tokenizer)), tokenizer)
+    records = [{"prompt": "a:", "answer": "x"}, {"prompt": "b:", "answer": "y"}]
+    env = TokenVectorEnv(
+        tokenizer,
+        RecordPrompts(records),
+        FunctionReward(starts_right),
+        num_prompts=2,
+        group_size=2,
+        max_new_tokens=3,
+    )
+    metrics = ReMax(policy, env).learn(1)[0]
+    assert 0.0 <= metrics["greedy_reward_mean"] <= 1.0

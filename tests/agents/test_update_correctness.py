@@ -387,3 +387,14 @@ def test_special_token_mass_and_learning_rate_are_logged():
     metrics = agent.train_on_batch(batch)
     assert metrics["special_token_mass"] == pytest.approx(batch.special_mass.mean().item())
     assert agent.step()["learning_rate"] == 3e-3
+
+
+def test_a_stable_baselines3_callback_is_refused_naming_lmgyms_protocol():
+    from stable_baselines3.common.callbacks import CheckpointCallback
+
+    agent, _ = setup(GRPO)
+    with pytest.raises(
+        TypeError, match=r"Stable-Baselines3 BaseCallback.*callback\(agent, metrics\)"
+    ):
+        agent.learn(1, callback=CheckpointCallback(1, "unused"))
+    assert agent.iteration == 0
