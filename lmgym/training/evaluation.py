@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -30,6 +29,7 @@ import gymnasium as gym
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from lmgym.envs.registration import vector_entry_point
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.policy.causal_lm import CausalLMPolicy
 from lmgym.rollout import collect
@@ -40,6 +40,7 @@ VERIFIED_TASKS: dict[str, str] = {
     "lmgym/Sort-v0": "every answer position is right",
     "lmgym/CopyRule-v0": "every answer position is right",
     "lmgym/Arithmetic-v0": "the exact answer, then EOS",
+    "lmgym/WordProblem-v0": "the exact answer from the task's answer column",
     "lmgym/ArithmeticProcess-v0": "the exact answer, then EOS",
 }
 """Tasks whose maximal reward means an exactly right answer: pass@k is defined there."""
@@ -48,19 +49,8 @@ EVAL_BATCH_PROMPTS = 32
 """Prompts per evaluation rollout (the env's ``num_prompts``)."""
 
 
-def vector_factory(task: str) -> Callable[..., Any]:
-    """The callable behind ``gymnasium.make_vec(task, ...)`` (its ``vector_entry_point``)."""
-    spec = gym.spec(task)
-    entry = spec.vector_entry_point
-    if entry is None:
-        raise ValueError(
-            f"task {task!r} has no vector_entry_point; lmgym needs a native vector env"
-        )
-    if isinstance(entry, str):
-        from gymnasium.envs.registration import load_env_creator
-
-        return load_env_creator(entry)
-    return entry
+vector_factory = vector_entry_point
+"""The callable behind ``gymnasium.make_vec(task, ...)`` (``lmgym.envs.registration``)."""
 
 
 def factory_accepts(task: str, name: str) -> bool:
