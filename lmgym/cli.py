@@ -179,14 +179,79 @@ def _stopped_hint(run_dir: str | None) -> str:
     return f"; its last complete checkpoint is {latest} (continue: lmgym train --resume {run_dir})"
 
 
+def _pop_nproc(argv: list[str]) -> tuple[int | None, list[str]]:
+    """``(--nproc-per-node N or None, argv without it)``."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=None)
+    known, _ = pre.parse_known_args(argv)
+    if known.nproc_per_node is None:
+        return None, argv
+    rest, skip = [], False
+    for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in ("--nproc-per-node", "--nproc_per_node"):
+            skip = "=" not in arg and i + 1 < len(argv)
+            continue
+        rest.append(arg)
+    return known.nproc_per_node, rest
+
+
+def _launch(nproc: int, argv: list[str]) -> int:
+    """Start ``nproc`` processes of ``lmgym train ARGV`` on this machine through torch's own
+    launcher (``torchrun --standalone --nproc-per-node N -m lmgym train ARGV``).
+
+    Returns:
+        0, or the exit status of the first process that failed (2: bad input).
+    """
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    args = get_args_parser().parse_args(
+        ["--standalone", "--nproc-per-node", str(nproc), "-m", "lmgym", "train", *argv]
+    )
+    try:
+        run(args)
+    except ChildFailedError as exc:
+        codes = [f.exitcode for _, f in sorted(exc.failures.items()) if f.exitcode]
+        return next((c for c in codes if c > 0), 1)
+    return 0
+
+
 def train(argv: Sequence[str]) -> int:
     """``lmgym train``: see the module docstring and docs/cli.md."""
+    import torch.distributed as dist
+
+    try:
+        return _train(argv)
+    finally:
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _train(argv: Sequence[str]) -> int:
     from lmgym.agents import ALGORITHMS
     from lmgym.persistence import CheckpointError, DirectoryLockedError
     from lmgym.training.config_file import ConfigFileError, flatten_config, read_config_file
+    from lmgym.training.ranks import launched_ranks
     from lmgym.training.trainer import FixedOnResumeError, Trainer
 
     argv = list(argv)
+    nproc, argv = _pop_nproc(argv)
+    if nproc is not None:
+        if launched_ranks() > 1:
+            return _error(
+                "train",
+                "--nproc-per-node: this process was already started by torchrun (WORLD_SIZE="
+                f"{launched_ranks()}); give --nproc-per-node to torchrun or to lmgym train, "
+                "not both",
+            )
+        if nproc < 1:
+            return _error("train", f"--nproc-per-node {nproc}: must be >= 1")
+        if nproc > 1 and not {"-h", "--help"} & set(argv):
+            return _launch(nproc, argv)
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--algo", default=None)
     pre.add_argument("--config", default=None)
@@ -288,6 +353,8 @@ def train(argv: Sequence[str]) -> int:
         print(f"\nlmgym train: interrupted{hint if run_dir else ''}", file=sys.stderr)
         return 130
 
+    if result.before is None or result.after is None:
+        return 0  # a data-parallel rank other than 0: rank 0 reports
     print(
         f"reward before: {result.before.reward_mean:.3f}   after: {result.after.reward_mean:.3f}"
         f"   ({len(result.history)} iterations in {result.seconds:.1f} s, "
