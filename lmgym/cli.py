@@ -95,7 +95,85 @@ def _train_parser(algo: str) -> tuple[argparse.ArgumentParser, list[str], list[s
         help="a custom callback(agent, metrics), imported from 'package.module:name' (a class "
         "is instantiated); repeatable",
     )
+    _add_launch_flags(parser)
     return parser, field_names(run_flags) + list(_SPECIAL_FIELDS), field_names(agent_flags)
+
+
+# Flags of the launch (not TrainConfig fields; not in a config file).
+_LAUNCH_FLAGS = (
+    "nproc_per_node",
+    "actors",
+    "learners",
+    "max_staleness",
+    "stale_policy",
+    "weight_sync",
+    "keep_kv_cache",
+    "async_timeout_s",
+)
+
+
+def _add_launch_flags(parser: argparse.ArgumentParser) -> None:
+    """``--nproc-per-node`` (data parallel) and the asynchronous actor-learner's flags."""
+    from lmgym.agents.config import field_help
+    from lmgym.asynchronous import AsyncConfig
+
+    helps = field_help(AsyncConfig)  # type: ignore[arg-type]
+    group = parser.add_argument_group(
+        "processes", "data parallel (docs/distributed.md) and asynchronous (docs/async.md)"
+    )
+    group.add_argument(
+        "--nproc-per-node",
+        type=int,
+        default=None,
+        metavar="N",
+        help="start N data-parallel processes on this machine through torch's launcher "
+        "(torchrun); --num-prompts is per process. Several machines: run torchrun "
+        "--nnodes ... -m lmgym train yourself (docs/distributed.md)",
+    )
+    for name, kind in (("actors", int), ("learners", int), ("max_staleness", int)):
+        group.add_argument(
+            _flag(name), type=kind, default=None, help=f"async: {helps[name]} (default: 1)"
+        )
+    group.add_argument(
+        "--stale-policy", choices=["wait", "drop"], default=None, help=helps["stale_policy"]
+    )
+    group.add_argument(
+        "--weight-sync",
+        choices=["in_flight", "row_boundary"],
+        default=None,
+        help=helps["weight_sync"],
+    )
+    group.add_argument(
+        "--keep-kv-cache",
+        type=lambda text: text.lower() in ("1", "true", "yes", "y", "t"),
+        default=None,
+        metavar="BOOL",
+        help=helps["keep_kv_cache"],
+    )
+    group.add_argument(
+        "--async-timeout-s",
+        type=float,
+        default=None,
+        help="async: " + helps["timeout_s"],
+    )
+
+
+def _async_config(args: argparse.Namespace) -> Any:
+    """The ``AsyncConfig`` the flags ask for, or ``None`` for a synchronous run."""
+    from lmgym.asynchronous import AsyncConfig
+
+    values = {
+        name: getattr(args, name)
+        for name in _LAUNCH_FLAGS
+        if name != "nproc_per_node" and getattr(args, name) is not None
+    }
+    if not values:
+        return None
+    if "async_timeout_s" in values:
+        values["timeout_s"] = values.pop("async_timeout_s")
+    config = AsyncConfig(**values)
+    config.check()
+    return config
 
 
 def _apply_file_values(
@@ -107,7 +185,7 @@ def _apply_file_values(
 
     where = f"--config {source}"
     actions = actions_by_dest(parser)
-    fields = sorted(set(actions) - {"help", "config", "resume", "overwrite"})
+    fields = sorted(set(actions) - {"help", "config", "resume", "overwrite", *_LAUNCH_FLAGS})
     unknown = sorted(set(values) - set(fields))
     if unknown:
         raise ValueError(
@@ -250,13 +328,19 @@ def _train(argv: Sequence[str]) -> int:
             )
         if nproc < 1:
             return _error("train", f"--nproc-per-node {nproc}: must be >= 1")
-        if nproc > 1 and not {"-h", "--help"} & set(argv):
-            return _launch(nproc, argv)
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--algo", default=None)
     pre.add_argument("--config", default=None)
     pre.add_argument("--resume", default=None)
+    pre.add_argument("--actors", default=None)
+    pre.add_argument("--learners", default=None)
     known, _ = pre.parse_known_args(argv)
+    if known.resume is not None and (known.actors or known.learners) is not None:
+        return _error(
+            "train",
+            "--resume cannot be combined with --actors/--learners: asynchronous runs "
+            "cannot be resumed (docs/async.md); start a new run",
+        )
     if known.algo is not None and known.algo not in ALGORITHMS:
         return _error(
             "train", f"unknown --algo {known.algo!r}; valid: {', '.join(sorted(ALGORITHMS))}"
@@ -297,6 +381,28 @@ def _train(argv: Sequence[str]) -> int:
         return _error("train", str(exc))
     args = parser.parse_args(argv)
     run_values, agent_values = _split_namespace(args, run_fields, agent_fields)
+    try:
+        async_config = _async_config(args)
+    except (TypeError, ValueError) as exc:
+        return _error("train", str(exc))
+    if async_config is not None:
+        if known.resume is not None:
+            return _error(
+                "train",
+                "--resume cannot be combined with --actors/--learners: asynchronous runs "
+                "cannot be resumed (docs/async.md); start a new run",
+            )
+        world = async_config.world_size
+        if nproc is not None and nproc != world:
+            return _error(
+                "train",
+                f"--nproc-per-node {nproc} differs from --actors {async_config.actors} + "
+                f"--learners {async_config.learners} = {world}; drop --nproc-per-node",
+            )
+        if launched_ranks() <= 1:
+            return _launch(world, argv)
+    elif nproc is not None and nproc > 1:
+        return _launch(nproc, argv)
 
     trainer: Trainer | None = None
     try:
@@ -333,7 +439,9 @@ def _train(argv: Sequence[str]) -> int:
             except TypeError as exc:
                 return _error("train", str(exc))
             _quiet_transformers()
-            trainer = Trainer(config, agent_config, overwrite=args.overwrite)
+            trainer = Trainer(
+                config, agent_config, overwrite=args.overwrite, async_config=async_config
+            )
         result = trainer.run()
     except (CheckpointError, DirectoryLockedError, OSError, ValueError) as exc:
         # OSError includes a full disk (ENOSPC): checkpoints are all-or-nothing, so the

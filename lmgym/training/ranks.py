@@ -46,10 +46,13 @@ class Ranks:
 
     Args:
         group: the process group (``None``: the default group, when initialised).
+        alone: act as a group of one (every step is this process's alone).
     """
 
-    def __init__(self, group: dist.ProcessGroup | None = None) -> None:
+    def __init__(self, group: dist.ProcessGroup | None = None, *, alone: bool = False) -> None:
         self.dp = DataParallelGroup(group)
+        if alone:  # this process by itself, whatever group it is in (an async learner 0)
+            self.dp.active, self.dp.rank, self.dp.size = False, 0, 1
         self.group = group
         self.rank, self.size = self.dp.rank, self.dp.size
         self.is_main = self.rank == 0

@@ -299,6 +299,9 @@ class Trainer:
             ``state_dict`` is saved with each checkpoint (under ``state_key``).
         overwrite: replace ``config.run_dir`` if it exists (only an lmgym run).
         out: where progress lines go (default: ``print`` through tqdm).
+        async_config: an ``lmgym.asynchronous.AsyncConfig``: train with actor and
+            learner processes (``run_async``, docs/async.md) in the processes torchrun
+            started (``actors + learners``); such a run cannot be resumed.
     """
 
     def __init__(
@@ -309,6 +312,7 @@ class Trainer:
         callbacks: Sequence[Callback] = (),
         overwrite: bool = False,
         out: Printer = tqdm_print,
+        async_config: Any = None,
     ) -> None:
         from lmgym.agents import ALGORITHMS
 
@@ -327,8 +331,11 @@ class Trainer:
                 f"agent_config: {config.algo} takes {agent_class.config_class.__name__}, "
                 f"got {type(agent_config).__name__}"
             )
+        if async_config is not None:
+            async_config.check()
         self.config = config
         self.agent_config = agent_config
+        self.async_config = async_config
         self.user_callbacks = list(callbacks)
         self.overwrite = overwrite
         self.out = out
@@ -419,6 +426,13 @@ class Trainer:
         path = Path(path)
         run = cls.find_run(path)
         saved = run.read_config()
+        if "async" in saved.get("launch", {}):
+            raise ValueError(
+                f"{run.path} is an asynchronous actor-learner run, and async runs cannot be "
+                "resumed (its checkpoint lacks the actors' prompt streams and rows in flight; "
+                "docs/async.md); start a new run, e.g. from its final model with --model "
+                f"{run.checkpoints}/<iter_NNNNNN>/agent/policy"
+            )
         changed = check_prompt_file(saved.get("imports"), "resume")
         if changed is not None:
             raise ValueError(
@@ -624,6 +638,8 @@ class Trainer:
 
                 self._model = str(save_tiny(f"{tmp}/tiny-gpt2"))
             try:
+                if self.async_config is not None:
+                    return self._run_async()
                 self._start_ranks()
                 return self._run()
             finally:
@@ -687,6 +703,154 @@ class Trainer:
         finally:
             if ranks.is_main:
                 run.release_lock()
+
+    def _run_async(self) -> TrainResult:
+        """Actors and learners (``run_async``): learner 0 (rank 0) does what rank 0 of a
+        data-parallel run does (run directory, logs, samples, evaluations, the final
+        checkpoint, printing); every other process writes nothing."""
+        from lmgym.agents import ALGORITHMS
+        from lmgym.asynchronous import Role, run_async
+
+        cfg, acfg = self.config, self.async_config
+        if launched_ranks() != acfg.world_size:
+            raise ValueError(
+                f"actors={acfg.actors} + learners={acfg.learners} need {acfg.world_size} "
+                f"processes, this run has {launched_ranks()}: launch with lmgym train --actors "
+                f"{acfg.actors} --learners {acfg.learners} (which starts them), or torchrun "
+                f"--nproc-per-node {acfg.world_size} -m lmgym train ..."
+            )
+        self.ranks = Ranks.start(cfg.device, acfg.timeout_s)
+        self.device = local_device(cfg.device)
+        values = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "run_dir"}
+        self.ranks.check_same("TrainConfig", values)
+        ranks = self.ranks
+        if not ranks.is_main:
+            self.out = _silent
+        created: list[RunDirectory] = []
+
+        def create() -> str:
+            run = RunDirectory.create(
+                cfg.run_dir or default_run_dir(cfg.algo, cfg.task), overwrite=self.overwrite
+            )
+            try:
+                cfg.run_dir = str(run.path)
+                run.write_config(
+                    cfg, self.agent_config, run_imports(cfg), {"async": acfg.as_dict()}
+                )
+            except BaseException:
+                run.release_lock()
+                raise
+            created.append(run)
+            return str(run.path)
+
+        cfg.run_dir = ranks.on_main(create)
+        run = created[0] if created else RunDirectory(cfg.run_dir)
+        try:
+            return self._train_async(run, ALGORITHMS[cfg.algo], Role, run_async)
+        finally:
+            if ranks.is_main:
+                run.release_lock()
+
+    def _train_async(
+        self, run: RunDirectory, agent_class: Any, role_class: Any, run_async: Any
+    ) -> TrainResult:
+        cfg, acfg = self.config, self.async_config
+        main = self.ranks.is_main
+        evals: dict[str, Any] = {}
+
+        def make_agent(role: Any) -> Agent:
+            torch.manual_seed(self.agent_config.seed)
+            policy = policy_for(cfg, str(role.device), self._model)
+            env = make_train_env(cfg, policy.tokenizer, self.env_id, device=str(role.device))
+            torch.manual_seed(self.agent_config.seed)
+            agent = agent_class(
+                policy,
+                env,
+                self._reference(policy),
+                config=self.agent_config,
+                process_group=role.process_group,
+            )
+            if main:
+                eval_env, split = self._eval_env(agent)
+                evals.update(env=eval_env, split=split, before=evaluate(agent, eval_env, split))
+            return agent
+
+        threshold = correct_threshold_for(self.env_id)
+
+        def evaluate(agent: Agent, eval_env: TokenVectorEnv, split: str) -> EvalResult:
+            return evaluate_policy(
+                agent.policy,
+                eval_env,
+                cfg.eval_prompts,
+                seed=derived_seed(self.agent_config.seed, agent.iteration, 0),
+                correct_threshold=threshold,
+                split=split,
+            )
+
+        callbacks: list[Callback] = []
+        logger = stdout = None
+        checkpoint: CheckpointCallback | None = None
+        if main:
+            self.out(
+                f"{cfg.algo} on {cfg.task}, asynchronous: {acfg.actors} actor(s) x "
+                f"{cfg.num_prompts} prompts x {cfg.group_size}, {acfg.learners} learner(s), "
+                f"max_staleness={acfg.max_staleness}, {cfg.iterations} updates"
+            )
+            self.out(f"run directory: {run.path}")
+            logger = make_logger(run.path)
+            stdout = make_stdout_logger() if cfg.log_interval else None
+            callbacks.append(MetricsLogger(logger, stdout, cfg.log_interval))
+            if cfg.early_stop:
+                from lmgym.envs.registration import TASKS
+
+                info = TASKS.get(self.env_id)
+                stop_at = cfg.stop_threshold
+                if stop_at is None and info is not None:
+                    stop_at = info.solved_threshold
+                if stop_at is not None:
+                    callbacks.append(EarlyStopAtThreshold(stop_at, cfg.stop_window, out=self.out))
+            callbacks += self._config_callbacks() + self.user_callbacks
+            # One checkpoint at the end (for lmgym eval and --model); no resume.
+            checkpoint = CheckpointCallback(
+                CheckpointManager(run.checkpoints, cfg.keep_checkpoints),
+                0,
+                None,
+                ranks=Ranks(alone=True),
+            )
+            callbacks.append(checkpoint)
+        start = time.perf_counter()
+        try:
+            result = run_async(
+                make_agent, cfg.iterations, acfg, callback=callbacks, device=cfg.device
+            )
+        finally:
+            if logger is not None:
+                logger.close()
+            if stdout is not None:
+                stdout.close()
+        seconds = time.perf_counter() - start
+        agent = result.agent
+        before = after = None
+        if main:
+            before = evals["before"]
+            after = evaluate(agent, evals["env"], evals["split"])
+            assert checkpoint is not None
+            self.out(f"checkpoint: {checkpoint.last}")
+            self.out(f"eval before: {before.summary()}")
+            self.out(f"eval after:  {after.summary()}")
+        tokens = int(result.history[-1].get("tokens_generated", 0)) if result.history else 0
+        return TrainResult(
+            run_dir=run.path,
+            history=result.history,
+            before=before,
+            after=after,
+            seconds=seconds,
+            iteration=agent.iteration,
+            tokens_generated=tokens,
+            checkpoint=checkpoint.last if checkpoint is not None else None,
+            stopped_early=False,
+            agent=agent,
+        )
 
     def _start_ranks(self) -> None:
         """Join torchrun's process group, if launched by it: this process's ``ranks`` and
