@@ -13,7 +13,9 @@ with pyyaml) sets any of them, flags override the file. Your own task is
 ``--dtype``, ``--gradient-checkpointing``). A run writes a run directory
 (``runs/<algo>-<task>-<time>`` unless ``--run-dir``): ``config.json``,
 ``progress.csv``, TensorBoard events, ``samples.jsonl``, ``checkpoints/``.
-``--resume RUN_DIR`` continues a run; ``lmgym eval --run RUN_DIR`` evaluates it;
+``--resume RUN_DIR`` continues a run; ``--nproc-per-node N`` (or ``torchrun ... -m
+lmgym train``) trains data-parallel, ``--actors A --learners L`` asynchronously
+(docs/distributed.md, docs/async.md); ``lmgym eval --run RUN_DIR`` evaluates it;
 ``lmgym bench`` compares agents. See docs/cli.md.
 """
 
