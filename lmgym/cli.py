@@ -13,7 +13,9 @@ with pyyaml) sets any of them, flags override the file. Your own task is
 ``--dtype``, ``--gradient-checkpointing``). A run writes a run directory
 (``runs/<algo>-<task>-<time>`` unless ``--run-dir``): ``config.json``,
 ``progress.csv``, TensorBoard events, ``samples.jsonl``, ``checkpoints/``.
-``--resume RUN_DIR`` continues a run; ``lmgym eval --run RUN_DIR`` evaluates it;
+``--resume RUN_DIR`` continues a run; ``--nproc-per-node N`` (or ``torchrun ... -m
+lmgym train``) trains data-parallel, ``--actors A --learners L`` asynchronously
+(docs/distributed.md, docs/async.md); ``lmgym eval --run RUN_DIR`` evaluates it;
 ``lmgym bench`` compares agents. See docs/cli.md.
 """
 
@@ -95,7 +97,85 @@ def _train_parser(algo: str) -> tuple[argparse.ArgumentParser, list[str], list[s
         help="a custom callback(agent, metrics), imported from 'package.module:name' (a class "
         "is instantiated); repeatable",
     )
+    _add_launch_flags(parser)
     return parser, field_names(run_flags) + list(_SPECIAL_FIELDS), field_names(agent_flags)
+
+
+# Flags of the launch (not TrainConfig fields; not in a config file).
+_LAUNCH_FLAGS = (
+    "nproc_per_node",
+    "actors",
+    "learners",
+    "max_staleness",
+    "stale_policy",
+    "weight_sync",
+    "keep_kv_cache",
+    "async_timeout_s",
+)
+
+
+def _add_launch_flags(parser: argparse.ArgumentParser) -> None:
+    """``--nproc-per-node`` (data parallel) and the asynchronous actor-learner's flags."""
+    from lmgym.agents.config import field_help
+    from lmgym.asynchronous import AsyncConfig
+
+    helps = field_help(AsyncConfig)  # type: ignore[arg-type]
+    group = parser.add_argument_group(
+        "processes", "data parallel (docs/distributed.md) and asynchronous (docs/async.md)"
+    )
+    group.add_argument(
+        "--nproc-per-node",
+        type=int,
+        default=None,
+        metavar="N",
+        help="start N data-parallel processes on this machine through torch's launcher "
+        "(torchrun); --num-prompts is per process. Several machines: run torchrun "
+        "--nnodes ... -m lmgym train yourself (docs/distributed.md)",
+    )
+    for name, kind in (("actors", int), ("learners", int), ("max_staleness", int)):
+        group.add_argument(
+            _flag(name), type=kind, default=None, help=f"async: {helps[name]} (default: 1)"
+        )
+    group.add_argument(
+        "--stale-policy", choices=["wait", "drop"], default=None, help=helps["stale_policy"]
+    )
+    group.add_argument(
+        "--weight-sync",
+        choices=["in_flight", "row_boundary"],
+        default=None,
+        help=helps["weight_sync"],
+    )
+    group.add_argument(
+        "--keep-kv-cache",
+        type=lambda text: text.lower() in ("1", "true", "yes", "y", "t"),
+        default=None,
+        metavar="BOOL",
+        help=helps["keep_kv_cache"],
+    )
+    group.add_argument(
+        "--async-timeout-s",
+        type=float,
+        default=None,
+        help="async: " + helps["timeout_s"],
+    )
+
+
+def _async_config(args: argparse.Namespace) -> Any:
+    """The ``AsyncConfig`` the flags ask for, or ``None`` for a synchronous run."""
+    from lmgym.asynchronous import AsyncConfig
+
+    values = {
+        name: getattr(args, name)
+        for name in _LAUNCH_FLAGS
+        if name != "nproc_per_node" and getattr(args, name) is not None
+    }
+    if not values:
+        return None
+    if "async_timeout_s" in values:
+        values["timeout_s"] = values.pop("async_timeout_s")
+    config = AsyncConfig(**values)
+    config.check()
+    return config
 
 
 def _apply_file_values(
@@ -107,7 +187,7 @@ def _apply_file_values(
 
     where = f"--config {source}"
     actions = actions_by_dest(parser)
-    fields = sorted(set(actions) - {"help", "config", "resume", "overwrite"})
+    fields = sorted(set(actions) - {"help", "config", "resume", "overwrite", *_LAUNCH_FLAGS})
     unknown = sorted(set(values) - set(fields))
     if unknown:
         raise ValueError(
@@ -179,19 +259,90 @@ def _stopped_hint(run_dir: str | None) -> str:
     return f"; its last complete checkpoint is {latest} (continue: lmgym train --resume {run_dir})"
 
 
+def _pop_nproc(argv: list[str]) -> tuple[int | None, list[str]]:
+    """``(--nproc-per-node N or None, argv without it)``."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=None)
+    known, _ = pre.parse_known_args(argv)
+    if known.nproc_per_node is None:
+        return None, argv
+    rest, skip = [], False
+    for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in ("--nproc-per-node", "--nproc_per_node"):
+            skip = "=" not in arg and i + 1 < len(argv)
+            continue
+        rest.append(arg)
+    return known.nproc_per_node, rest
+
+
+def _launch(nproc: int, argv: list[str]) -> int:
+    """Start ``nproc`` processes of ``lmgym train ARGV`` on this machine through torch's own
+    launcher (``torchrun --standalone --nproc-per-node N -m lmgym train ARGV``).
+
+    Returns:
+        0, or the exit status of the first process that failed (2: bad input).
+    """
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    args = get_args_parser().parse_args(
+        ["--standalone", "--nproc-per-node", str(nproc), "-m", "lmgym", "train", *argv]
+    )
+    try:
+        run(args)
+    except ChildFailedError as exc:
+        codes = [f.exitcode for _, f in sorted(exc.failures.items()) if f.exitcode]
+        return next((c for c in codes if c > 0), 1)
+    return 0
+
+
 def train(argv: Sequence[str]) -> int:
     """``lmgym train``: see the module docstring and docs/cli.md."""
+    import torch.distributed as dist
+
+    try:
+        return _train(argv)
+    finally:
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _train(argv: Sequence[str]) -> int:
     from lmgym.agents import ALGORITHMS
     from lmgym.persistence import CheckpointError, DirectoryLockedError
     from lmgym.training.config_file import ConfigFileError, flatten_config, read_config_file
+    from lmgym.training.ranks import launched_ranks
     from lmgym.training.trainer import FixedOnResumeError, Trainer
 
     argv = list(argv)
+    nproc, argv = _pop_nproc(argv)
+    if nproc is not None:
+        if launched_ranks() > 1:
+            return _error(
+                "train",
+                "--nproc-per-node: this process was already started by torchrun (WORLD_SIZE="
+                f"{launched_ranks()}); give --nproc-per-node to torchrun or to lmgym train, "
+                "not both",
+            )
+        if nproc < 1:
+            return _error("train", f"--nproc-per-node {nproc}: must be >= 1")
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--algo", default=None)
     pre.add_argument("--config", default=None)
     pre.add_argument("--resume", default=None)
+    pre.add_argument("--actors", default=None)
+    pre.add_argument("--learners", default=None)
     known, _ = pre.parse_known_args(argv)
+    if known.resume is not None and (known.actors or known.learners) is not None:
+        return _error(
+            "train",
+            "--resume cannot be combined with --actors/--learners: asynchronous runs "
+            "cannot be resumed (docs/async.md); start a new run",
+        )
     if known.algo is not None and known.algo not in ALGORITHMS:
         return _error(
             "train", f"unknown --algo {known.algo!r}; valid: {', '.join(sorted(ALGORITHMS))}"
@@ -232,6 +383,28 @@ def train(argv: Sequence[str]) -> int:
         return _error("train", str(exc))
     args = parser.parse_args(argv)
     run_values, agent_values = _split_namespace(args, run_fields, agent_fields)
+    try:
+        async_config = _async_config(args)
+    except (TypeError, ValueError) as exc:
+        return _error("train", str(exc))
+    if async_config is not None:
+        if known.resume is not None:
+            return _error(
+                "train",
+                "--resume cannot be combined with --actors/--learners: asynchronous runs "
+                "cannot be resumed (docs/async.md); start a new run",
+            )
+        world = async_config.world_size
+        if nproc is not None and nproc != world:
+            return _error(
+                "train",
+                f"--nproc-per-node {nproc} differs from --actors {async_config.actors} + "
+                f"--learners {async_config.learners} = {world}; drop --nproc-per-node",
+            )
+        if launched_ranks() <= 1:
+            return _launch(world, argv)
+    elif nproc is not None and nproc > 1:
+        return _launch(nproc, argv)
 
     trainer: Trainer | None = None
     try:
@@ -268,7 +441,9 @@ def train(argv: Sequence[str]) -> int:
             except TypeError as exc:
                 return _error("train", str(exc))
             _quiet_transformers()
-            trainer = Trainer(config, agent_config, overwrite=args.overwrite)
+            trainer = Trainer(
+                config, agent_config, overwrite=args.overwrite, async_config=async_config
+            )
         result = trainer.run()
     except (CheckpointError, DirectoryLockedError, OSError, ValueError) as exc:
         # OSError includes a full disk (ENOSPC): checkpoints are all-or-nothing, so the
@@ -288,6 +463,8 @@ def train(argv: Sequence[str]) -> int:
         print(f"\nlmgym train: interrupted{hint if run_dir else ''}", file=sys.stderr)
         return 130
 
+    if result.before is None or result.after is None:
+        return 0  # a data-parallel rank other than 0: rank 0 reports
     print(
         f"reward before: {result.before.reward_mean:.3f}   after: {result.after.reward_mean:.3f}"
         f"   ({len(result.history)} iterations in {result.seconds:.1f} s, "

@@ -72,6 +72,24 @@ def agent_state(agent: Agent) -> dict[str, Any]:
     }
 
 
+def rank_state(agent: Agent) -> dict[str, Any]:
+    """What differs between data-parallel ranks: the sampler and shuffle RNG, the env's
+    prompt stream (its shard), the process's global RNG and the token counter.
+
+    A checkpoint of an N-process run holds one per rank (``trainer_state["ranks"]``);
+    ``load_agent(rank_state=...)`` restores a rank's own. Plain data and CPU tensors.
+    """
+    from lmgym.persistence.state import global_rng_state
+
+    return {
+        "generator": agent.generator.get_state().cpu(),
+        "shuffle": agent._shuffle.get_state(),
+        "env": agent.env.get_state() if agent._env_seeded else None,
+        "rng": global_rng_state(),
+        "tokens_generated": agent.tokens_generated,
+    }
+
+
 def write_agent(agent: Agent, directory: Path) -> None:
     """Write the agent's files and their ``manifest.json`` into the empty ``directory``
     (part of an ``atomic_directory``: it is not renamed into place here)."""
@@ -131,6 +149,7 @@ def load_agent(
     device: torch.device | str = "cpu",
     *,
     verified: bool = False,
+    rank_state: dict[str, Any] | None = None,
 ) -> AgentT:
     """``Agent.load``: rebuild an agent written by ``save_agent``.
 
@@ -141,6 +160,8 @@ def load_agent(
         ref_policy: the frozen reference, when the agent's ``beta > 0``.
         device: where to load the policy.
         verified: ``check_agent_dir(path)`` was just called (skip hashing again).
+        rank_state: a data-parallel rank's own sampler, shuffle, prompt-stream and
+            counter state (``rank_state``), used instead of the saved agent's (rank 0's).
 
     Raises:
         FileNotFoundError: ``path`` is not a saved agent.
@@ -161,6 +182,10 @@ def load_agent(
     if "adam_betas" in saved:
         saved["adam_betas"] = tuple(saved["adam_betas"])
     state = load_state(path / STATE_FILE, map_location=device)
+    if rank_state is not None:
+        state.update(
+            {k: rank_state[k] for k in ("generator", "shuffle", "env", "tokens_generated")}
+        )
     policy = CausalLMPolicy.from_pretrained(path / POLICY_DIR, device=device, **state["sampling"])
     if ref_policy is None and policy.is_peft and saved.get("beta", 0) > 0:
         ref_policy = frozen_copy(policy)  # the base under the adapter: exact, no copy

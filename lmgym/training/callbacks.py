@@ -27,10 +27,12 @@ from stable_baselines3.common.logger import Logger
 from lmgym.agents.base import Agent
 from lmgym.agents.callbacks import CALLBACK_PROTOCOL, check_callback  # noqa: F401 (re-exported)
 from lmgym.envs.token_env import TokenVectorEnv
+from lmgym.persistence.agent import rank_state
 from lmgym.rollout import collect
 from lmgym.training.checkpoint import CheckpointManager
 from lmgym.training.evaluation import EvalResult, evaluate_policy
 from lmgym.training.logger import record_metrics
+from lmgym.training.ranks import Ranks
 from lmgym.training.run import RunDirectory
 
 Printer = Callable[[str], None]
@@ -329,23 +331,35 @@ class CheckpointCallback(TrainingCallback):
         every: int = 0,
         trainer_state: Callable[[], dict[str, Any]] | None = None,
         out: Printer | None = None,
+        ranks: Ranks | None = None,
     ) -> None:
         self.manager, self.every, self.trainer_state, self.out = manager, every, trainer_state, out
+        self.ranks = ranks if ranks is not None else Ranks()
         self.last = None
         self._saved_at: int | None = None
 
     def save(self, agent: Agent) -> None:
-        """Write a checkpoint of the agent now."""
+        """Write a checkpoint of the agent now.
+
+        Data parallel: called on every rank; every rank's ``rank_state`` is gathered
+        and rank 0 writes one checkpoint holding them all. A failed write (a full
+        disk) raises on rank 0 and ``RankFailedError`` on the others.
+        """
+        ranks = self.ranks
         state = self.trainer_state() if self.trainer_state is not None else {}
-        self.last = self.manager.save(agent, state)
+        if ranks.size > 1:
+            state = {**state, "world_size": ranks.size, "ranks": ranks.gather(rank_state(agent))}
+        self.last = ranks.on_main(lambda: self.manager.save(agent, state))
         self._saved_at = agent.iteration
         if self.out is not None:
             self.out(f"checkpoint: {self.last}")
 
     def on_learn_start(self, agent: Agent) -> None:
-        latest = self.manager.latest()
-        current = latest is not None and latest.name == f"iter_{agent.iteration:06d}"
-        self._saved_at = agent.iteration if current else None
+        def current() -> bool:
+            latest = self.manager.latest()
+            return latest is not None and latest.name == f"iter_{agent.iteration:06d}"
+
+        self._saved_at = agent.iteration if self.ranks.on_main(current) else None
 
     def __call__(self, agent: Agent, metrics: dict[str, float]) -> bool | None:
         if self.every and agent.iteration % self.every == 0:
@@ -355,3 +369,37 @@ class CheckpointCallback(TrainingCallback):
     def on_learn_end(self, agent: Agent, history: list[dict[str, float]]) -> None:
         if self._saved_at != agent.iteration:
             self.save(agent)
+
+
+class RankCallbacks(TrainingCallback):
+    """Every rank's one callback in a data-parallel run: this rank's callbacks, then a
+    shared stop decision.
+
+    Rank 0 runs the writing and printing callbacks, every rank the checkpoint (a
+    collective). Before they run, ``tokens_generated`` in ``metrics`` becomes the
+    sum over ranks, so the logged metrics are global. A ``False`` from any callback
+    on any rank stops every rank after this iteration.
+
+    Args:
+        callbacks: this rank's callbacks, in order.
+        ranks: the run's ranks.
+    """
+
+    def __init__(self, callbacks: list[Any], ranks: Ranks) -> None:
+        self.callbacks, self.ranks = callbacks, ranks
+
+    def on_learn_start(self, agent: Agent) -> None:
+        for cb in self.callbacks:
+            if hasattr(cb, "on_learn_start"):
+                cb.on_learn_start(agent)
+
+    def __call__(self, agent: Agent, metrics: dict[str, float]) -> bool | None:
+        if self.ranks.size > 1:
+            metrics["tokens_generated"] = float(self.ranks.sum(agent.tokens_generated))
+        stop = any([cb(agent, metrics) is False for cb in self.callbacks])
+        return False if self.ranks.any(stop) else None
+
+    def on_learn_end(self, agent: Agent, history: list[dict[str, float]]) -> None:
+        for cb in self.callbacks:
+            if hasattr(cb, "on_learn_end"):
+                cb.on_learn_end(agent, history)

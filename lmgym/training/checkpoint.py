@@ -6,7 +6,9 @@ One checkpoint is a directory ``checkpoints/iter_000050/``::
                          (safetensors via save_pretrained, tokenizer), agent_state.pt
                          (optimizer, sampler/shuffle RNG, env prompt stream, counters),
                          agent_config.json, manifest.json
-    trainer_state.pt     torch/numpy/python global RNG, callback state (early-stop window, ...)
+    trainer_state.pt     torch/numpy/python global RNG, callback state (early-stop window, ...);
+                         of an N-process run also ``world_size`` and ``ranks``: every
+                         rank's sampler/shuffle/global RNG and prompt stream (rank_state)
     manifest.json        size + SHA-256 of trainer_state.pt and agent/manifest.json
 
 It is written with ``atomic_directory`` (under ``.iter_000050.tmp-<pid>``, renamed
@@ -186,6 +188,27 @@ class CheckpointManager:
         check_agent_dir(path / AGENT_DIR)
 
     @staticmethod
+    def world_size(path: str | Path) -> int:
+        """The number of data-parallel processes that wrote the checkpoint (1: one process)."""
+        return int(load_state(Path(path) / TRAINER_STATE).get("world_size", 1))
+
+    @staticmethod
+    def check_world_size(path: str | Path, world_size: int) -> None:
+        """Refuse to resume ``path`` with another number of processes than wrote it.
+
+        Raises:
+            CheckpointError: one line naming both sizes and how to launch.
+        """
+        saved = CheckpointManager.world_size(path)
+        if saved != world_size:
+            raise CheckpointError(
+                f"checkpoint {path} was written by a run of {saved} process(es) (world size "
+                f"{saved}) and this run has {world_size}; each rank restores its own prompt "
+                f"stream and RNG, so resume with the same world size: lmgym train "
+                f"--nproc-per-node {saved} --resume ... (or torchrun --nproc-per-node {saved})"
+            )
+
+    @staticmethod
     def load(
         path: str | Path,
         env: TokenVectorEnv,
@@ -193,6 +216,8 @@ class CheckpointManager:
         device: torch.device | str = "cpu",
         *,
         verified: bool = False,
+        rank: int = 0,
+        world_size: int = 1,
     ) -> tuple[Agent, dict[str, Any]]:
         """Verify and load a checkpoint written by ``save``.
 
@@ -202,6 +227,8 @@ class CheckpointManager:
             ref_policy: the frozen reference, when the agent's ``beta > 0``.
             device: where to load the policy.
             verified: ``verify(path)`` was just called (skip hashing again).
+            rank, world_size: this process in a data-parallel run: it restores its
+                own rank's state (``env`` must be that rank's shard).
 
         Returns:
             ``(agent, trainer_state)``; the global RNG states are restored already.
@@ -217,9 +244,17 @@ class CheckpointManager:
         name = CheckpointManager.algorithm(path)
         if name not in ALGORITHMS:
             raise CheckpointError(f"checkpoint {path} holds an unknown algorithm {name!r}")
-        agent = load_agent(
-            ALGORITHMS[name], path / AGENT_DIR, env, ref_policy, device, verified=True
-        )
+        CheckpointManager.check_world_size(path, world_size)
         state = load_state(path / TRAINER_STATE)
-        set_global_rng_state(state["rng"])
+        own = state["ranks"][rank] if world_size > 1 else None
+        agent = load_agent(
+            ALGORITHMS[name],
+            path / AGENT_DIR,
+            env,
+            ref_policy,
+            device,
+            verified=True,
+            rank_state=own,
+        )
+        set_global_rng_state(own["rng"] if own is not None else state["rng"])
         return agent, state

@@ -79,8 +79,8 @@ def flatten_config(data: dict[str, Any], source: str = "config") -> dict[str, An
     flat: dict[str, Any] = {}
     sections = {"run", "agent"}
     for key, value in data.items():
-        if key == RUN_MARKER or (key == "imports" and RUN_MARKER in data):
-            continue  # a run's "imports" is a record, recomputed by every run
+        if key == RUN_MARKER or (key in ("imports", "launch") and RUN_MARKER in data):
+            continue  # a run's "imports" and "launch" are records of how it ran
         if key in sections:
             if not isinstance(value, dict):
                 raise ConfigFileError(f"--config {source}: section {key!r} must be a mapping")

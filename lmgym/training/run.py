@@ -3,7 +3,8 @@
 Layout of a run directory::
 
     config.json          what was run: {"lmgym_run": 1, "algo", "run": TrainConfig, "agent": config,
-                         "imports": the user's modules and prompt file (path, SHA-256)}
+                         "imports": the user's modules and prompt file (path, SHA-256),
+                         "launch": {"world_size": N} or {"async": ...} when not one process}
     merged/              the final model as a plain transformers model (save_merged)
     progress.csv         one row of metrics per iteration
     events.out.tfevents* the same metrics for TensorBoard (when tensorboard is installed)
@@ -383,11 +384,14 @@ class RunDirectory:
         config: TrainConfig,
         agent_config: AgentConfig,
         imports: dict[str, Any] | None = None,
+        launch: dict[str, Any] | None = None,
     ) -> None:
         """Write ``config.json`` (atomically: a temporary file, then a rename).
 
         Args:
             imports: what the run imports besides lmgym (``user_code.run_imports``).
+            launch: how it was launched, when not as one process:
+                ``{"world_size": N}`` (data parallel) or ``{"async": AsyncConfig fields}``.
         """
         data = {
             RUN_MARKER: 1,
@@ -397,6 +401,8 @@ class RunDirectory:
         }
         if imports is not None:
             data["imports"] = imports
+        if launch is not None:
+            data["launch"] = launch
         atomic_write_text(self.config_path, json.dumps(data, indent=2) + "\n")
 
     def read_config(self) -> dict[str, Any]:

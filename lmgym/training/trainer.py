@@ -22,6 +22,7 @@ such a run resumes with fresh rows.)
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 import time
 from collections.abc import Sequence
@@ -45,6 +46,7 @@ from lmgym.training.callbacks import (
     MetricsLogger,
     PeriodicEval,
     Printer,
+    RankCallbacks,
     SamplePrinter,
     check_callback,
     derived_seed,
@@ -60,6 +62,7 @@ from lmgym.training.evaluation import (
 )
 from lmgym.training.logger import make_logger, make_stdout_logger
 from lmgym.training.model_source import resolve_model
+from lmgym.training.ranks import Ranks, launched_ranks, local_device
 from lmgym.training.run import (
     FIXED_ON_RESUME,
     RunDirectory,
@@ -76,6 +79,10 @@ from lmgym.training.user_code import (
     run_imports,
     user_code_specs,
 )
+
+
+def _silent(text: str) -> None:
+    """The printer of ranks other than 0: they print nothing."""
 
 
 class FixedOnResumeError(ValueError):
@@ -175,12 +182,21 @@ def load_policy(
         return CausalLMPolicy.from_pretrained(path, **settings)
 
 
-def policy_for(config: TrainConfig) -> CausalLMPolicy:
-    """The run's initial policy: ``config.model`` with its LoRA, dtype and checkpointing."""
+def policy_for(
+    config: TrainConfig, device: str | None = None, model: str | None = None
+) -> CausalLMPolicy:
+    """The run's initial policy: ``config.model`` with its LoRA, dtype and checkpointing.
+
+    Args:
+        device: where (default ``config.device``; a data-parallel rank's own GPU).
+        model: load this directory instead of ``config.model`` (the tiny GPT-2 saved
+            before the process group started: ``save_pretrained`` writes nothing on
+            ranks other than 0 once one has).
+    """
     return load_policy(
-        config.model,
+        model or config.model,
         config.temperature,
-        config.device,
+        device or config.device,
         peft_config=config.peft_config(),
         autocast_dtype=config.autocast_dtype,
         gradient_checkpointing=config.gradient_checkpointing,
@@ -188,20 +204,31 @@ def policy_for(config: TrainConfig) -> CausalLMPolicy:
 
 
 def make_train_env(
-    config: TrainConfig, tokenizer: PreTrainedTokenizerBase, env_id: str | None = None
+    config: TrainConfig,
+    tokenizer: PreTrainedTokenizerBase,
+    env_id: str | None = None,
+    *,
+    device: str | None = None,
+    shard: tuple[int, int] = (0, 1),
 ) -> TokenVectorEnv:
     """The run's training env: ``gymnasium.make_vec(task, ...)`` with the policy's tokenizer.
 
     Args:
         env_id: the task's registered id (``prepare_task``); default ``config.task``.
+        device: where (default ``config.device``).
+        shard: ``(rank, world_size)`` of a data-parallel run: this rank's share of the
+            prompt stream, ``config.num_prompts`` prompts per reset.
     """
+    kwargs = dict(config.env_kwargs)
+    if shard != (0, 1):
+        kwargs["shard"] = shard
     env = gym.make_vec(
         env_id or config.task,
         num_envs=config.num_prompts * config.group_size,
         group_size=config.group_size,
         tokenizer=tokenizer,
-        device=config.device,
-        **config.env_kwargs,
+        device=device or config.device,
+        **kwargs,
     )
     if not isinstance(env, TokenVectorEnv):
         raise TypeError(
@@ -236,10 +263,11 @@ class TrainResult:
     Attributes:
         run_dir: its directory.
         history: one metrics dict per iteration trained in this session.
-        before, after: evaluations at the start and the end of this session.
+        before, after: evaluations at the start and the end of this session (``None``
+            on data-parallel ranks other than 0: rank 0 evaluates).
         seconds: wall time of ``learn``.
         iteration: the agent's iteration count at the end (all sessions).
-        tokens_generated: completion tokens sampled (all sessions).
+        tokens_generated: completion tokens sampled (all sessions, all ranks).
         checkpoint: the final checkpoint.
         stopped_early: whether early stopping ended it.
         agent: the trained agent.
@@ -248,8 +276,8 @@ class TrainResult:
 
     run_dir: Path
     history: list[dict[str, float]]
-    before: EvalResult
-    after: EvalResult
+    before: EvalResult | None
+    after: EvalResult | None
     seconds: float
     iteration: int
     tokens_generated: int
@@ -271,6 +299,9 @@ class Trainer:
             ``state_dict`` is saved with each checkpoint (under ``state_key``).
         overwrite: replace ``config.run_dir`` if it exists (only an lmgym run).
         out: where progress lines go (default: ``print`` through tqdm).
+        async_config: an ``lmgym.asynchronous.AsyncConfig``: train with actor and
+            learner processes (``run_async``, docs/async.md) in the processes torchrun
+            started (``actors + learners``); such a run cannot be resumed.
     """
 
     def __init__(
@@ -281,6 +312,7 @@ class Trainer:
         callbacks: Sequence[Callback] = (),
         overwrite: bool = False,
         out: Printer = tqdm_print,
+        async_config: Any = None,
     ) -> None:
         from lmgym.agents import ALGORITHMS
 
@@ -299,8 +331,11 @@ class Trainer:
                 f"agent_config: {config.algo} takes {agent_class.config_class.__name__}, "
                 f"got {type(agent_config).__name__}"
             )
+        if async_config is not None:
+            async_config.check()
         self.config = config
         self.agent_config = agent_config
+        self.async_config = async_config
         self.user_callbacks = list(callbacks)
         self.overwrite = overwrite
         self.out = out
@@ -308,6 +343,9 @@ class Trainer:
         self._resume_run: RunDirectory | None = None
         self._resume_latest = False
         self._saved_threads: int | None = None
+        self.ranks = Ranks()  # joined in run() (torchrun's process group, if any)
+        self.device = config.device
+        self._model: str | None = None  # a directory to load instead of config.model
 
     # -------------------------------------------------------------- resume
     @staticmethod
@@ -388,6 +426,13 @@ class Trainer:
         path = Path(path)
         run = cls.find_run(path)
         saved = run.read_config()
+        if "async" in saved.get("launch", {}):
+            raise ValueError(
+                f"{run.path} is an asynchronous actor-learner run, and async runs cannot be "
+                "resumed (its checkpoint lacks the actors' prompt streams and rows in flight; "
+                "docs/async.md); start a new run, e.g. from its final model with --model "
+                f"{run.checkpoints}/<iter_NNNNNN>/agent/policy"
+            )
         changed = check_prompt_file(saved.get("imports"), "resume")
         if changed is not None:
             raise ValueError(
@@ -450,7 +495,12 @@ class Trainer:
         # The reference is the initial model, not the checkpoint's: rebuild it.
         cfg = self.config
         return frozen_copy(
-            load_policy(cfg.model, cfg.temperature, cfg.device, autocast_dtype=cfg.autocast_dtype)
+            load_policy(
+                self._model or cfg.model,
+                cfg.temperature,
+                self.device,
+                autocast_dtype=cfg.autocast_dtype,
+            )
         )
 
     def _build_fresh(self) -> Agent:
@@ -459,10 +509,14 @@ class Trainer:
 
         cfg = self.config
         torch.manual_seed(self.agent_config.seed)  # a new adapter's initial weights
-        policy = policy_for(cfg)
-        env = make_train_env(cfg, policy.tokenizer, self.env_id)
+        policy = policy_for(cfg, self.device, self._model)
+        env = make_train_env(cfg, policy.tokenizer, self.env_id, **self._env_place())
         torch.manual_seed(self.agent_config.seed)
         return ALGORITHMS[cfg.algo](policy, env, self._reference(policy), config=self.agent_config)
+
+    def _env_place(self) -> dict[str, Any]:
+        """``make_train_env``'s device and this rank's shard."""
+        return {"device": self.device, "shard": (self.ranks.rank, self.ranks.size)}
 
     def _checkpoint_error(self, run: RunDirectory, checkpoint: Path, exc: Exception) -> Exception:
         """``exc`` with the run's other checkpoints named as a way out."""
@@ -476,60 +530,86 @@ class Trainer:
         )
         return CheckpointError(f"{exc}{hint}")
 
-    def _build_resumed(self, run: RunDirectory) -> tuple[Agent, dict[str, Any]]:
-        """Choose, verify and load the checkpoint, then set the abandoned history aside.
-
-        Called with the run's lock held.
-        """
-        cfg = self.config
-        manager = CheckpointManager(run.checkpoints, cfg.keep_checkpoints)
+    def _choose_checkpoint(self, run: RunDirectory) -> Path:
+        """The checkpoint to resume from, verified (rank 0, with the run's lock held)."""
+        manager = CheckpointManager(run.checkpoints, self.config.keep_checkpoints)
         checkpoint = manager.latest() if self._resume_latest else self.resume_from
         if checkpoint is None:
             raise FileNotFoundError(
                 f"run directory {run.path} has no checkpoint to resume from (it stopped before "
                 f"its first one); start it again with --run-dir {run.path} --overwrite"
             )
-        self.resume_from = checkpoint
         try:
             CheckpointManager.verify(checkpoint)
         except CheckpointError as exc:
             raise self._checkpoint_error(run, checkpoint, exc) from None
-        # The env needs the tokenizer: read it from the (verified) checkpoint's policy.
-        tokenizer = AutoTokenizer.from_pretrained(checkpoint / "agent" / "policy")
-        env = make_train_env(cfg, tokenizer, self.env_id)
-        ref = self._reference(checkpoint=checkpoint)
-        try:
-            agent, state = CheckpointManager.load(
-                checkpoint, env, ref, device=cfg.device, verified=True
-            )
-        except CheckpointError as exc:
-            raise self._checkpoint_error(run, checkpoint, exc) from None
-        check_schedule_length(agent, cfg.iterations)
-        later = [
-            p
-            for p in manager.checkpoints()
-            if (checkpoint_iteration(p.name) or 0) > agent.iteration
-        ]
-        branch = run.rewind(agent.iteration, later)
-        if branch is not None:
-            self.out(
-                f"the history after iteration {agent.iteration} (rows, samples, evaluations"
-                f"{', checkpoints ' + ', '.join(p.name for p in later) if later else ''}) was "
-                f"moved to {branch}; nothing was deleted"
-            )
-        manager.point_latest_at(checkpoint)
-        run.write_config(cfg, self.agent_config, run_imports(cfg))
+        CheckpointManager.check_world_size(checkpoint, self.ranks.size)
+        return checkpoint
+
+    def _build_resumed(self, run: RunDirectory, checkpoint: Path) -> tuple[Agent, dict[str, Any]]:
+        """Load the checkpoint ``_choose_checkpoint`` chose (every rank: its own state),
+        then set the abandoned history aside (rank 0, with the run's lock held)."""
+        cfg = self.config
+        self.resume_from = checkpoint
+
+        def load() -> tuple[Agent, dict[str, Any]]:
+            # The env needs the tokenizer: read it from the (verified) checkpoint's policy.
+            tokenizer = AutoTokenizer.from_pretrained(checkpoint / "agent" / "policy")
+            env = make_train_env(cfg, tokenizer, self.env_id, **self._env_place())
+            ref = self._reference(checkpoint=checkpoint)
+            try:
+                agent, state = CheckpointManager.load(
+                    checkpoint,
+                    env,
+                    ref,
+                    device=self.device,
+                    verified=True,
+                    rank=self.ranks.rank,
+                    world_size=self.ranks.size,
+                )
+            except CheckpointError as exc:
+                raise self._checkpoint_error(run, checkpoint, exc) from None
+            check_schedule_length(agent, cfg.iterations)
+            return agent, state
+
+        agent, state = self.ranks.on_every(load)
+
+        def rewind() -> None:
+            manager = CheckpointManager(run.checkpoints, cfg.keep_checkpoints)
+            later = [
+                p
+                for p in manager.checkpoints()
+                if (checkpoint_iteration(p.name) or 0) > agent.iteration
+            ]
+            branch = run.rewind(agent.iteration, later)
+            if branch is not None:
+                self.out(
+                    f"the history after iteration {agent.iteration} (rows, samples, evaluations"
+                    f"{', checkpoints ' + ', '.join(p.name for p in later) if later else ''}) "
+                    f"was moved to {branch}; nothing was deleted"
+                )
+            manager.point_latest_at(checkpoint)
+            run.write_config(cfg, self.agent_config, run_imports(cfg), self._launch_record())
+
+        self.ranks.on_main(rewind)
         return agent, state
 
-    def _eval_env(self, agent: Agent) -> tuple[TokenVectorEnv, str]:
+    def _launch_record(self) -> dict[str, Any] | None:
+        """What ``config.json`` records of the launch: the world size of a data-parallel run."""
+        return {"world_size": self.ranks.size} if self.ranks.size > 1 else None
+
+    def _eval_env(self, agent: Agent) -> tuple[TokenVectorEnv | None, str]:
+        """The evaluation env (rank 0 only: ``(None, "")`` on the others)."""
         cfg = self.config
+        if not self.ranks.is_main:
+            return None, ""
         return make_eval_env(
             self.env_id,
             agent.policy.tokenizer,
             cfg.eval_prompts,
             cfg.eval_samples,
             env_kwargs=cfg.env_kwargs,
-            device=cfg.device,
+            device=self.device,
         )
 
     def _config_callbacks(self) -> list[Callback]:
@@ -550,41 +630,247 @@ class Trainer:
         """
         cfg = self.config
         torch.set_num_threads(cfg.threads)
+        with tempfile.TemporaryDirectory() as tmp:
+            if cfg.model is None and launched_ranks() > 1:
+                # Before the process group: transformers' save_pretrained then writes
+                # on every rank (afterwards only on rank 0).
+                from lmgym.policy import save_tiny
+
+                self._model = str(save_tiny(f"{tmp}/tiny-gpt2"))
+            try:
+                if self.async_config is not None:
+                    return self._run_async()
+                self._start_ranks()
+                return self._run()
+            finally:
+                self._model = None
+
+    def _run(self) -> TrainResult:
+        cfg = self.config
+        ranks = self.ranks
         if self._resume_run is None:
-            agent, state = self._build_fresh(), {}
-            eval_env, split = self._eval_env(agent)
-            extra = self._config_callbacks()
+
+            def build() -> tuple[Agent, TokenVectorEnv | None, str, list[Callback]]:
+                agent = self._build_fresh()
+                eval_env, split = self._eval_env(agent)
+                return agent, eval_env, split, self._config_callbacks()
+
+            agent, eval_env, split, extra = ranks.on_every(build)
+            state: dict[str, Any] = {}
+
+            created: list[RunDirectory] = []
+
+            def create() -> str:
+                run = RunDirectory.create(
+                    cfg.run_dir or default_run_dir(cfg.algo, cfg.task), overwrite=self.overwrite
+                )
+                try:
+                    cfg.run_dir = str(run.path)
+                    run.write_config(
+                        cfg, self.agent_config, run_imports(cfg), self._launch_record()
+                    )
+                except BaseException:
+                    run.release_lock()
+                    raise
+                created.append(run)
+                return str(run.path)
+
+            cfg.run_dir = ranks.on_main(create)  # rank 0 creates and locks it
+            run = created[0] if created else RunDirectory(cfg.run_dir)
+        else:
+            run = self._resume_run
+
+            def lock_and_choose() -> str:
+                for line in run.acquire_lock():
+                    self.out(f"cleaned up after a crashed writer: {line}")
+                try:
+                    return str(self._choose_checkpoint(run))
+                except BaseException:
+                    run.release_lock()
+                    raise
+
+            checkpoint = Path(ranks.on_main(lock_and_choose))
+            try:
+                agent, state = self._build_resumed(run, checkpoint)
+                eval_env, split = self._eval_env(agent)
+                extra = ranks.on_every(self._config_callbacks)
+            except BaseException:
+                if ranks.is_main:
+                    run.release_lock()
+                raise
+        try:
+            return self._train(run, agent, state, eval_env, split, extra)
+        finally:
+            if ranks.is_main:
+                run.release_lock()
+
+    def _run_async(self) -> TrainResult:
+        """Actors and learners (``run_async``): learner 0 (rank 0) does what rank 0 of a
+        data-parallel run does (run directory, logs, samples, evaluations, the final
+        checkpoint, printing); every other process writes nothing."""
+        from lmgym.agents import ALGORITHMS
+        from lmgym.asynchronous import Role, run_async
+
+        cfg, acfg = self.config, self.async_config
+        if launched_ranks() != acfg.world_size:
+            raise ValueError(
+                f"actors={acfg.actors} + learners={acfg.learners} need {acfg.world_size} "
+                f"processes, this run has {launched_ranks()}: launch with lmgym train --actors "
+                f"{acfg.actors} --learners {acfg.learners} (which starts them), or torchrun "
+                f"--nproc-per-node {acfg.world_size} -m lmgym train ..."
+            )
+        self.ranks = Ranks.start(cfg.device, acfg.timeout_s)
+        self.device = local_device(cfg.device)
+        values = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "run_dir"}
+        self.ranks.check_same("TrainConfig", values)
+        ranks = self.ranks
+        if not ranks.is_main:
+            self.out = _silent
+        created: list[RunDirectory] = []
+
+        def create() -> str:
             run = RunDirectory.create(
                 cfg.run_dir or default_run_dir(cfg.algo, cfg.task), overwrite=self.overwrite
             )
             try:
                 cfg.run_dir = str(run.path)
-                run.write_config(cfg, self.agent_config, run_imports(cfg))
+                run.write_config(
+                    cfg, self.agent_config, run_imports(cfg), {"async": acfg.as_dict()}
+                )
             except BaseException:
                 run.release_lock()
                 raise
-        else:
-            run = self._resume_run
-            for line in run.acquire_lock():
-                self.out(f"cleaned up after a crashed writer: {line}")
-            try:
-                agent, state = self._build_resumed(run)
-                eval_env, split = self._eval_env(agent)
-                extra = self._config_callbacks()
-            except BaseException:
-                run.release_lock()
-                raise
+            created.append(run)
+            return str(run.path)
+
+        cfg.run_dir = ranks.on_main(create)
+        run = created[0] if created else RunDirectory(cfg.run_dir)
         try:
-            return self._train(run, agent, state, eval_env, split, extra)
+            return self._train_async(run, ALGORITHMS[cfg.algo], Role, run_async)
         finally:
-            run.release_lock()
+            if ranks.is_main:
+                run.release_lock()
+
+    def _train_async(
+        self, run: RunDirectory, agent_class: Any, role_class: Any, run_async: Any
+    ) -> TrainResult:
+        cfg, acfg = self.config, self.async_config
+        main = self.ranks.is_main
+        evals: dict[str, Any] = {}
+
+        def make_agent(role: Any) -> Agent:
+            torch.manual_seed(self.agent_config.seed)
+            policy = policy_for(cfg, str(role.device), self._model)
+            env = make_train_env(cfg, policy.tokenizer, self.env_id, device=str(role.device))
+            torch.manual_seed(self.agent_config.seed)
+            agent = agent_class(
+                policy,
+                env,
+                self._reference(policy),
+                config=self.agent_config,
+                process_group=role.process_group,
+            )
+            if main:
+                eval_env, split = self._eval_env(agent)
+                evals.update(env=eval_env, split=split, before=evaluate(agent, eval_env, split))
+            return agent
+
+        threshold = correct_threshold_for(self.env_id)
+
+        def evaluate(agent: Agent, eval_env: TokenVectorEnv, split: str) -> EvalResult:
+            return evaluate_policy(
+                agent.policy,
+                eval_env,
+                cfg.eval_prompts,
+                seed=derived_seed(self.agent_config.seed, agent.iteration, 0),
+                correct_threshold=threshold,
+                split=split,
+            )
+
+        callbacks: list[Callback] = []
+        logger = stdout = None
+        checkpoint: CheckpointCallback | None = None
+        if main:
+            self.out(
+                f"{cfg.algo} on {cfg.task}, asynchronous: {acfg.actors} actor(s) x "
+                f"{cfg.num_prompts} prompts x {cfg.group_size}, {acfg.learners} learner(s), "
+                f"max_staleness={acfg.max_staleness}, {cfg.iterations} updates"
+            )
+            self.out(f"run directory: {run.path}")
+            logger = make_logger(run.path)
+            stdout = make_stdout_logger() if cfg.log_interval else None
+            callbacks.append(MetricsLogger(logger, stdout, cfg.log_interval))
+            if cfg.early_stop:
+                from lmgym.envs.registration import TASKS
+
+                info = TASKS.get(self.env_id)
+                stop_at = cfg.stop_threshold
+                if stop_at is None and info is not None:
+                    stop_at = info.solved_threshold
+                if stop_at is not None:
+                    callbacks.append(EarlyStopAtThreshold(stop_at, cfg.stop_window, out=self.out))
+            callbacks += self._config_callbacks() + self.user_callbacks
+            # One checkpoint at the end (for lmgym eval and --model); no resume.
+            checkpoint = CheckpointCallback(
+                CheckpointManager(run.checkpoints, cfg.keep_checkpoints),
+                0,
+                None,
+                ranks=Ranks(alone=True),
+            )
+            callbacks.append(checkpoint)
+        start = time.perf_counter()
+        try:
+            result = run_async(
+                make_agent, cfg.iterations, acfg, callback=callbacks, device=cfg.device
+            )
+        finally:
+            if logger is not None:
+                logger.close()
+            if stdout is not None:
+                stdout.close()
+        seconds = time.perf_counter() - start
+        agent = result.agent
+        before = after = None
+        if main:
+            before = evals["before"]
+            after = evaluate(agent, evals["env"], evals["split"])
+            assert checkpoint is not None
+            self.out(f"checkpoint: {checkpoint.last}")
+            self.out(f"eval before: {before.summary()}")
+            self.out(f"eval after:  {after.summary()}")
+        tokens = int(result.history[-1].get("tokens_generated", 0)) if result.history else 0
+        return TrainResult(
+            run_dir=run.path,
+            history=result.history,
+            before=before,
+            after=after,
+            seconds=seconds,
+            iteration=agent.iteration,
+            tokens_generated=tokens,
+            checkpoint=checkpoint.last if checkpoint is not None else None,
+            stopped_early=False,
+            agent=agent,
+        )
+
+    def _start_ranks(self) -> None:
+        """Join torchrun's process group, if launched by it: this process's ``ranks`` and
+        ``device`` (``cuda:LOCAL_RANK``); the ranks' TrainConfigs must agree (``ValueError``
+        on every rank naming the fields that differ). Ranks other than 0 print nothing."""
+        cfg = self.config
+        self.ranks = Ranks.start(cfg.device)
+        self.device = local_device(cfg.device)
+        # run_dir: a default one holds the time, which may differ between ranks (rank 0's counts).
+        values = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "run_dir"}
+        self.ranks.check_same("TrainConfig", values)
+        if not self.ranks.is_main:
+            self.out = _silent
 
     def _train(
         self,
         run: RunDirectory,
         agent: Agent,
         state: dict[str, Any],
-        eval_env: TokenVectorEnv,
+        eval_env: TokenVectorEnv | None,
         split: str,
         extra: list[Callback],
     ) -> TrainResult:
@@ -596,6 +882,7 @@ class Trainer:
         resumed = self._resume_run is not None
 
         def evaluate() -> EvalResult:
+            assert eval_env is not None  # rank 0
             return evaluate_policy(
                 agent.policy,
                 eval_env,
@@ -605,21 +892,8 @@ class Trainer:
                 split=split,
             )
 
-        callbacks: list[Callback] = []
-        if cfg.eval_every:
-            callbacks.append(
-                PeriodicEval(
-                    eval_env,
-                    cfg.eval_every,
-                    cfg.eval_prompts,
-                    seed,
-                    threshold,
-                    split,
-                    run,
-                    self.out,
-                )
-            )
-        early: EarlyStopAtThreshold | None = None
+        ranks = self.ranks
+        stop_at: float | None = None
         if cfg.early_stop:
             stop_at = cfg.stop_threshold
             if stop_at is None:
@@ -629,17 +903,38 @@ class Trainer:
                 raise ValueError(
                     f"early_stop: task {cfg.task!r} states no solved threshold; set stop_threshold"
                 )
-            early = EarlyStopAtThreshold(stop_at, cfg.stop_window, out=self.out)
-            callbacks.append(early)
-        logger = make_logger(run.path, resume_at=agent.iteration if resumed else None)
-        stdout = make_stdout_logger() if cfg.log_interval else None
-        callbacks.append(MetricsLogger(logger, stdout, cfg.log_interval))
-        if cfg.sample_every and cfg.samples:
-            callbacks.append(
-                SamplePrinter(eval_env, cfg.sample_every, cfg.samples, seed, run, self.out)
-            )
-        callbacks += extra
-        callbacks += self.user_callbacks
+        # Rank 0 evaluates, logs, samples and runs the user's callbacks; every rank takes
+        # part in the checkpoints (RankCallbacks shares a stop between ranks).
+        callbacks: list[Callback] = []
+        early: EarlyStopAtThreshold | None = None
+        logger = stdout = None
+        if ranks.is_main:
+            assert eval_env is not None
+            if cfg.eval_every:
+                callbacks.append(
+                    PeriodicEval(
+                        eval_env,
+                        cfg.eval_every,
+                        cfg.eval_prompts,
+                        seed,
+                        threshold,
+                        split,
+                        run,
+                        self.out,
+                    )
+                )
+            if stop_at is not None:
+                early = EarlyStopAtThreshold(stop_at, cfg.stop_window, out=self.out)
+                callbacks.append(early)
+            logger = make_logger(run.path, resume_at=agent.iteration if resumed else None)
+            stdout = make_stdout_logger() if cfg.log_interval else None
+            callbacks.append(MetricsLogger(logger, stdout, cfg.log_interval))
+            if cfg.sample_every and cfg.samples:
+                callbacks.append(
+                    SamplePrinter(eval_env, cfg.sample_every, cfg.samples, seed, run, self.out)
+                )
+            callbacks += extra
+            callbacks += self.user_callbacks
         for cb in callbacks:
             key = getattr(cb, "state_key", None)
             if key is not None and key in state.get("callbacks", {}):
@@ -655,9 +950,14 @@ class Trainer:
             }
 
         checkpoint = CheckpointCallback(
-            CheckpointManager(run.checkpoints, cfg.keep_checkpoints), cfg.save_every, trainer_state
+            CheckpointManager(run.checkpoints, cfg.keep_checkpoints),
+            cfg.save_every,
+            trainer_state,
+            ranks=ranks,
         )
         callbacks.append(checkpoint)
+        if ranks.size > 1:
+            callbacks = [RankCallbacks(callbacks, ranks)]
 
         rows = cfg.num_prompts * cfg.group_size
         if not resumed:
@@ -677,24 +977,49 @@ class Trainer:
                     "the metrics may then differ in the last digits from a run that kept "
                     "its thread count (float sums in another order)"
                 )
+        if ranks.size > 1:
+            self.out(
+                f"data parallel: {ranks.size} processes x {cfg.num_prompts} prompts = "
+                f"{ranks.size * cfg.num_prompts} prompts per iteration"
+            )
         self.out(f"run directory: {run.path}")
-        before = evaluate()
+        before = evaluate() if ranks.is_main else None
         remaining = max(0, cfg.iterations - agent.iteration)
         start = time.perf_counter()
         try:
-            history = agent.learn(remaining, callback=callbacks, progress_bar=not cfg.no_progress)
+            history = agent.learn(
+                remaining,
+                callback=callbacks,
+                progress_bar=not cfg.no_progress and ranks.is_main,
+            )
         finally:
-            logger.close()
+            if logger is not None:
+                logger.close()
             if stdout is not None:
                 stdout.close()
         seconds = time.perf_counter() - start
+        tokens = ranks.sum(agent.tokens_generated)
         merged = None
+        if not ranks.is_main:
+            return TrainResult(
+                run_dir=run.path,
+                history=history,
+                before=None,
+                after=None,
+                seconds=seconds,
+                iteration=agent.iteration,
+                tokens_generated=tokens,
+                checkpoint=checkpoint.last,
+                stopped_early=False,
+                agent=agent,
+            )
         if cfg.save_merged:
             with atomic_directory(run.path / RunDirectory.MERGED) as tmp:
                 agent.policy.save_pretrained(tmp, merged=True)
             merged = run.path / RunDirectory.MERGED
             self.out(f"merged model: {merged}")
         after = evaluate()
+        assert before is not None
         self.out(f"checkpoint: {checkpoint.last or CheckpointManager(run.checkpoints).latest()}")
         self.out(f"eval before: {before.summary()}")
         self.out(f"eval after:  {after.summary()}")
@@ -705,7 +1030,7 @@ class Trainer:
             after=after,
             seconds=seconds,
             iteration=agent.iteration,
-            tokens_generated=agent.tokens_generated,
+            tokens_generated=tokens,
             checkpoint=checkpoint.last or CheckpointManager(run.checkpoints).latest(),
             stopped_early=early is not None and early.solved_at is not None,
             agent=agent,

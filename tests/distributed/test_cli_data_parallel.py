@@ -1,0 +1,119 @@
+"""``lmgym train`` on 2 processes (gloo): one run directory, global metrics, resume, errors."""
+
+from __future__ import annotations
+
+import csv
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from lmgym.persistence.state import load_state
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+FAST = ["--no-progress", "--eval-prompts", "2", "--eval-samples", "2", "--samples", "1"]
+
+
+def lmgym(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    command = [sys.executable, "-m", "lmgym", "train", *args]
+    return subprocess.run(
+        command, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT
+    )
+
+
+def rows(run: Path) -> list[dict[str, str]]:
+    with open(run / "progress.csv") as file:
+        return list(csv.DictReader(file))
+
+
+def without_time(row: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in row.items() if not k.startswith("time/")}
+
+
+@pytest.fixture(scope="module")
+def two_process_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    run = tmp_path_factory.mktemp("dp") / "run"
+    done = lmgym(
+        "--nproc-per-node", "2", "--iterations", "4", "--save-every", "2",
+        "--keep-checkpoints", "0", "--run-dir", str(run), *FAST,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return run, done
+
+
+def test_two_processes_write_one_run_directory_with_global_metrics(two_process_run):
+    run, done = two_process_run
+    assert done.stdout.count("reward before:") == 1  # rank 0 alone prints
+    assert "data parallel: 2 processes x 4 prompts = 8 prompts per iteration" in done.stdout
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
+        "iter_000002",
+        "iter_000004",
+        "latest",
+    ]
+    saved = (run / "config.json").read_text()
+    assert '"launch": {\n    "world_size": 2\n  }' in saved
+    table = rows(run)
+    assert [float(r["iteration"]) for r in table] == [1, 2, 3, 4]
+    # Global: both ranks' tokens (each rank counts only its own 32 rows).
+    state = load_state(run / "checkpoints" / "iter_000004" / "trainer_state.pt")
+    assert state["world_size"] == 2 and len(state["ranks"]) == 2
+    per_rank = [r["tokens_generated"] for r in state["ranks"]]
+    assert float(table[-1]["tokens_generated"]) == sum(per_rank)
+    assert state["ranks"][0]["env"]["shard"] == (0, 2)
+    assert state["ranks"][1]["env"]["shard"] == (1, 2)
+    assert not torch.equal(state["ranks"][0]["generator"], state["ranks"][1]["generator"])
+
+
+def test_two_process_resume_reproduces_the_uninterrupted_run(two_process_run, tmp_path):
+    run, _ = two_process_run
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    done = lmgym(
+        "--nproc-per-node", "2", "--resume", str(copy / "checkpoints" / "iter_000002"),
+        "--iterations", "4", *FAST,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    resumed, straight = rows(copy), rows(run)
+    assert [float(r["iteration"]) for r in resumed] == [1, 2, 3, 4]
+    assert [without_time(r) for r in resumed[2:]] == [without_time(r) for r in straight[2:]]
+
+
+def test_resume_with_another_world_size_is_refused(two_process_run):
+    run, _ = two_process_run
+    done = lmgym("--resume", str(run), "--iterations", "5", *FAST)
+    assert done.returncode == 2
+    assert "was written by a run of 2 process(es) (world size 2) and this run has 1" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert len(rows(run)) == 4  # nothing written
+
+
+def test_a_train_config_that_differs_between_ranks_fails_on_every_rank(tmp_path):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += ["--nproc-per-node", "2", str(HERE / "cli_rank_argv.py"), str(tmp_path)]
+    command += ["--num-prompts 4", "--num-prompts 2", "--", "--run-dir", str(tmp_path / "run")]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [(tmp_path / f"rc{r}").read_text() for r in range(2)] == ["2", "2"]
+    assert done.stderr.count("TrainConfig differs between ranks in ['num_prompts']") == 2
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.learning
+def test_two_process_grpo_solves_target_string(tmp_path):
+    run = tmp_path / "run"
+    done = lmgym(
+        "--nproc-per-node", "2", "--algo", "grpo", "--group-size", "16", "--iterations", "150",
+        "--early-stop", "--save-every", "0", "--log-interval", "0", "--sample-every", "0",
+        "--run-dir", str(run), *FAST, timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "early stop at iteration" in done.stdout
