@@ -85,8 +85,8 @@ class TrainConfig:
     """Total rollout batches to train on (on --resume: the new total)."""
     num_prompts: int = 4
     """Prompts per batch (P)."""
-    group_size: int = 8
-    """Completions per prompt (G); a batch has P * G rows."""
+    group_size: int = 16
+    """Completions per prompt (G); a batch has P * G rows. 16 rather than 8: with 8, whether the demo escapes a plateau where every completion of a group is the same (zero spread, no GRPO signal) depends on the seed."""
     temperature: float = 1.0
     """Sampling temperature."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)

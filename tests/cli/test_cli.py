@@ -122,7 +122,7 @@ def test_resume_refuses_to_change_what_defines_the_run(tmp_path, capsys):
         "resumed run keeps its agent config (start a new run to change it)"
     )
     assert train("--resume", str(run), "--group-size", "4") == 2
-    assert "--group-size 4 differs from the run's 8" in capsys.readouterr().err
+    assert "--group-size 4 differs from the run's 16" in capsys.readouterr().err
 
 
 def test_early_stop_at_threshold(tmp_path, capsys):
