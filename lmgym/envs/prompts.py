@@ -161,6 +161,10 @@ class RecordPrompts:
         return f"RecordPrompts(field={self.field!r}, columns={list(self.columns)}, n={len(self)})"
 
 
+MAX_LINE_BYTES = 1 << 20
+"""JsonlPrompts' default bound on one line (1 MiB, far above any real prompt)."""
+
+
 class JsonlPrompts(RecordPrompts):
     """Prompts read from a JSON Lines file, one object per line; the other fields are
     columns (``columns``, ``RewardInput.columns``).
@@ -168,29 +172,50 @@ class JsonlPrompts(RecordPrompts):
     Args:
         path: the ``.jsonl`` file. Blank lines are skipped.
         field: the key holding the prompt (a string or a list of chat messages).
+        max_line_bytes: a longer line is refused before it is parsed or tokenised
+            (a hostile or corrupt file cannot cost minutes and gigabytes first).
 
     Attributes:
         records: every line's object, in file order (prompt ``i`` is ``records[i][field]``).
         columns: ``{name: [value per prompt]}`` for every key but ``field``.
 
     Raises:
-        ValueError: a line that is not a JSON object, lacks ``field``, holds no usable
-            prompt there, or has other keys than the first line; the message gives the
-            file and line number.
+        ValueError: a line longer than ``max_line_bytes``, not UTF-8, not JSON, nested
+            too deeply to parse, not a JSON object, without ``field``, holding no
+            usable prompt there, or with other keys than the first line; the message
+            gives the file and line number.
     """
 
-    def __init__(self, path: str | Path, field: str = "prompt") -> None:
+    def __init__(
+        self, path: str | Path, field: str = "prompt", max_line_bytes: int = MAX_LINE_BYTES
+    ) -> None:
         self.path = Path(path)
         records: list[Any] = []
         line_numbers: list[int] = []
-        with self.path.open(encoding="utf-8") as f:
-            for line_number, line in enumerate(f, start=1):
+        with self.path.open("rb") as f:
+            line_number = 0
+            while raw := f.readline(max_line_bytes + 1):
+                line_number += 1
+                where = f"{self.path}:{line_number}"
+                if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
+                    raise ValueError(
+                        f"{where}: line longer than max_line_bytes={max_line_bytes}; refused "
+                        "before parsing (raise max_line_bytes if such prompts are intended)"
+                    )
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as err:
+                    raise ValueError(
+                        f"{where}: not UTF-8 ({err.reason} at byte {err.start})"
+                    ) from None
                 if not line.strip():
                     continue
                 try:
                     records.append(json.loads(line))
                 except json.JSONDecodeError as err:
-                    raise ValueError(f"{self.path}:{line_number}: not valid JSON ({err})") from err
+                    raise ValueError(f"{where}: not valid JSON ({err})") from err
+                except RecursionError:
+                    raise ValueError(f"{where}: JSON nested too deeply to parse") from None
                 line_numbers.append(line_number)
         super().__init__(records, field, where=lambda i: f"{self.path}:{line_numbers[i]}")
 
