@@ -122,7 +122,7 @@ def report(args: argparse.Namespace, single: dict, double: dict, argv: list[str]
 
 Ratio (1-process time / 2-process time): **{ratio:.2f}x**.
 
-Communication per optimizer step: one flat all-reduce of the gradients
+Communication per optimizer step: the gradients all-reduced in 25 MiB buckets
 ({mb:.1f} MiB in float32), plus small all-gathers of the advantage inputs and
 metrics (`[B, L]` floats, a few KiB) and two counts.
 

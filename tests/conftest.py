@@ -56,7 +56,9 @@ def ids(tokenizer) -> Callable[[str], list[int]]:
     return lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def eos_biased_policy(tokenizer, eos_bias: float = 3.0, seed: int = 0) -> CausalLMPolicy:
+def eos_biased_policy(
+    tokenizer, eos_bias: float = 3.0, seed: int = 0, compile_decode: bool = False
+) -> CausalLMPolicy:
     """A tiny policy whose LM head favours EOS, so episodes end at varied lengths."""
     model = make_tiny_model(len(tokenizer), seed=seed)
     old = model.get_output_embeddings()
@@ -66,7 +68,7 @@ def eos_biased_policy(tokenizer, eos_bias: float = 3.0, seed: int = 0) -> Causal
         head.bias.zero_()
         head.bias[tokenizer.eos_token_id] = eos_bias
     model.set_output_embeddings(head)
-    return CausalLMPolicy(model, tokenizer)
+    return CausalLMPolicy(model, tokenizer, compile_decode=compile_decode)
 
 
 @pytest.fixture

@@ -48,6 +48,7 @@ from lmgym.policy.adapters import (
     save_merged_model,
     transformer_of,
 )
+from lmgym.policy.compiled_decode import CompiledDecode
 from lmgym.policy.kv_engine import KVCacheRollout, PolicyState, distinct_rows
 from lmgym.policy.logprobs import token_logprobs
 from lmgym.policy.sampling import check_sampling_settings, logprob_temperature
@@ -182,6 +183,14 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
             pass instead of storing them (transformers' activation checkpointing,
             non-reentrant): less memory, about one more forward pass of compute.
             The model stays in eval mode (no dropout).
+        compile_decode: Run the rollout's one-token decode step as one graph compiled
+            with ``torch.compile`` (inductor; CUDA graphs on a GPU) over a
+            fixed-shape KV cache (``lmgym.policy.compiled_decode``). It pays a compile
+            of tens of seconds on a CPU per process and per (rows, cache width)
+            shape, then runs each step with much less per-op overhead: worth it for
+            long trainings of small models, not for a short script. Only KV caches
+            lmgym moves into slots use it; where compiling fails, a warning says so
+            once and the policy decodes eagerly.
     """
 
     def __init__(
@@ -197,6 +206,7 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
         peft_config: Any = None,
         autocast_dtype: torch.dtype | str | None = None,
         gradient_checkpointing: bool = False,
+        compile_decode: bool = False,
     ) -> None:
         super().__init__()
         check_sampling_settings(temperature, top_k, top_p)
@@ -254,6 +264,7 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
         self._mask_always = getattr(lm.config, "pad_token_id", None) is not None
         params = inspect.signature(lm.base_model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self._compiled_decode = CompiledDecode(compile_decode)
 
     # -------------------------------------------------------------- loading
     @classmethod
@@ -271,6 +282,7 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
         peft_config: Any = None,
         autocast_dtype: torch.dtype | str | None = None,
         gradient_checkpointing: bool = False,
+        compile_decode: bool = False,
     ) -> CausalLMPolicy:
         """Load model and tokenizer from a hub name or a local directory.
 
@@ -309,6 +321,7 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
             peft_config=peft_config,
             autocast_dtype=autocast_dtype,
             gradient_checkpointing=gradient_checkpointing,
+            compile_decode=compile_decode,
         )
 
     @classmethod
@@ -355,13 +368,19 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
         return is_peft_model(self.model)
 
     @property
+    def compile_decode(self) -> bool:
+        """Whether the rollout decodes with the compiled step (``False`` after a
+        compile failure)."""
+        return self._compiled_decode.enabled
+
+    @property
     def gradient_checkpointing(self) -> bool:
         """Whether activation checkpointing is on."""
         return _checkpointing(self.model)
 
     def settings(self) -> dict[str, Any]:
         """The constructor settings that ``from_pretrained`` takes back, beyond the
-        weights: sampling, weight dtype, mixed precision, checkpointing."""
+        weights: sampling, weight dtype, mixed precision, checkpointing, compiled decode."""
         return {
             "temperature": self.temperature,
             "top_k": self.top_k,
@@ -372,6 +391,7 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
             if self.autocast_dtype is None
             else str(self.autocast_dtype).removeprefix("torch."),
             "gradient_checkpointing": self.gradient_checkpointing,
+            "compile_decode": self.compile_decode,
             "allowed_special_tokens": self.allowed_special_tokens,
         }
 
@@ -478,6 +498,21 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
                 **kwargs,
             )
         return out.last_hidden_state
+
+    @labelled(TRUNK)
+    def _compiled_trunk(
+        self, input_ids: Tensor, cache_mask: Tensor, position_ids: Tensor, cache: DynamicCache
+    ) -> Tensor | None:
+        """``hidden_states`` of a one-token step through the compiled step:
+        ``[N, H]``, or ``None`` when compiling failed (``compiled_decode``).
+
+        ``cache_mask`` is ``[N, C] bool`` over every slot column.
+        """
+        trunk = transformer_of(self.model).base_model
+        with self.autocast(), self._trunk_context():
+            return self._compiled_decode(
+                trunk, input_ids, cache_mask, position_ids, cache, self._cache_kwarg
+            )
 
     @labelled(LM_HEAD)
     def next_token_logits(self, hidden: Tensor) -> Tensor:

@@ -9,7 +9,9 @@ text.
 - ``_prefill``: a fresh cache from every row's text; a group's shared prompt runs
   once and its cache is copied to the group (``distinct_rows``); a plain cache
   then moves into in-place slots (``kv_slots``).
-- ``_decode``: the common step, one new token per advanced row.
+- ``_decode``: the common step, one new token per advanced row; with
+  ``compile_decode`` a fixed-shape compiled step over every slot column
+  (``compiled_decode``), rows writing their own columns from the prefill on.
 - ``_restart``: rows that started a new episode (continuous batching) are
   prefilled alone into their own first slots while the others take a decode step.
 
@@ -42,6 +44,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from transformers import PreTrainedModel
+
+    from lmgym.policy.compiled_decode import CompiledDecode
 
 
 @dataclass
@@ -130,7 +134,9 @@ class KVCacheRollout:
         top_p: float | None
         _refused: Tensor | None
         _mask_always: bool
+        _compiled_decode: CompiledDecode
         hidden_states: Callable[..., Tensor]
+        _compiled_trunk: Callable[..., Tensor | None]
         next_token_logits: Callable[[Tensor], Tensor]
 
     def _trunk_mask(self, mask: Tensor, padded: bool) -> Tensor | None:
@@ -191,12 +197,14 @@ class KVCacheRollout:
                 ids[first], self._trunk_mask(mask[first], padded), positions[first], cache
             )[inverse]
             cache.batch_select_indices(inverse)
-        cache_mask = mask
+        cache_mask, cols = mask, None
         if _plain_cache(cache):
             capacity = max(capacity, width + 1)
             to_slots(cache, capacity)
             cache_mask = _widen(mask, capacity)
-        state = PolicyState(cache, cache_mask, mask.sum(1), last_col, padded)
+            if self._compiled_decode.enabled:  # its one step shape writes per-row columns
+                cols, padded = torch.full_like(last_col, width), True
+        state = PolicyState(cache, cache_mask, mask.sum(1), last_col, padded, cols)
         return hidden[:, -1], state
 
     @labelled(DECODE)
@@ -240,14 +248,20 @@ class KVCacheRollout:
                 if filled > slots_capacity(cache):
                     filled = int(cols.max()) + 1
             cache_mask = _widen(state.cache_mask, reserve(cache, filled)).clone()
-            set_step(cache, cols, filled)
             cache_mask[self._constant("arange", cols.shape[0], cols.device), cols] = advanced[:, 0]
             attention_mask = cache_mask[:, :filled]
             padded = True
         advanced = advanced[:, 0]
-        hidden = self.hidden_states(
-            tokens, self._trunk_mask(attention_mask, padded), state.positions[:, None], cache
-        )
+        hidden = None
+        if cols is not None and self._compiled_decode.enabled:
+            set_step(cache, cols, filled, read_all=True)
+            hidden = self._compiled_trunk(tokens, cache_mask, state.positions[:, None], cache)
+        if hidden is None:  # eager (or the compiled step just failed)
+            if cols is not None:
+                set_step(cache, cols, filled)
+            hidden = self.hidden_states(
+                tokens, self._trunk_mask(attention_mask, padded), state.positions[:, None], cache
+            )[:, 0]
         if padded:
             positions = state.positions + advanced
             last_col = torch.maximum(last_col, state.last_col)
@@ -255,7 +269,7 @@ class KVCacheRollout:
         else:
             positions = state.positions + 1
         new_state = PolicyState(cache, cache_mask, positions, last_col, padded, cols)
-        return hidden[:, 0], new_state
+        return hidden, new_state
 
     @labelled(RESTART)
     def _restart(

@@ -15,6 +15,10 @@ Two ways to write a step:
   in-flight row. No column is ever moved or compacted. The caller sets
   ``cols`` and ``filled`` before the forward (``set_step``); the attention mask
   hides the columns of other rows' lengths and of stopped rows.
+
+The compiled decode step (``compiled_decode``) writes per-row columns too, but
+attention reads every column, ``[0, capacity)`` (``set_step(..., read_all=True)``),
+so that its shapes never change.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ class SlotLayer(DynamicLayer):
         self.value_slots[:, :, :width] = values
         self.filled = width
         self.cols: Tensor | None = None
+        self.read_all = False
         self._rows = torch.arange(n, device=keys.device)
         self.device = keys.device
         self.is_initialized = True
@@ -77,11 +82,13 @@ class SlotLayer(DynamicLayer):
             self.key_slots[:, :, start:end] = key_states
             self.value_slots[:, :, start:end] = value_states
             self.filled = end
+            self._expose()
         else:
-            # [N, heads, dim] goes to column cols[i] of row i.
+            # [N, heads, dim] goes to column cols[i] of row i (set_step exposed the views).
             self.key_slots[self._rows, :, self.cols] = key_states[:, :, 0]
             self.value_slots[self._rows, :, self.cols] = value_states[:, :, 0]
-        self._expose()
+            if self.read_all:
+                return self.key_slots, self.value_slots
         return self.keys, self.values
 
     def write_rows(self, rows: Tensor, keys: Tensor, values: Tensor) -> None:
@@ -134,12 +141,17 @@ def reserve(cache: DynamicCache, columns: int) -> int:
     return capacity
 
 
-def set_step(cache: DynamicCache, cols: Tensor, filled: int) -> None:
+def set_step(cache: DynamicCache, cols: Tensor, filled: int, read_all: bool = False) -> None:
     """Plan a one-token step with per-row columns: row ``i`` writes column ``cols[i]``
-    and attention reads ``[0, filled)`` (``cols.max() < filled <= capacity``)."""
+    and attention reads ``[0, filled)`` (``cols.max() < filled <= capacity``), or
+    every column with ``read_all`` (the compiled step's fixed shape; ``filled`` stays
+    the bound on the columns in use)."""
     for layer in cache.layers:
         layer.cols = cols
-        layer.filled = filled
+        layer.read_all = read_all
+        if layer.filled != filled:
+            layer.filled = filled
+            layer._expose()
 
 
 def to_slots(cache: DynamicCache, capacity: int) -> None:

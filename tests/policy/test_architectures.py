@@ -17,7 +17,9 @@ from lmgym.policy.kv_slots import is_slot_cache
 from lmgym.rollout import ContinuousCollector, collect
 
 
-def mistral_policy(tokenizer, sliding_window: int | None) -> CausalLMPolicy:
+def mistral_policy(
+    tokenizer, sliding_window: int | None, compile_decode: bool = False
+) -> CausalLMPolicy:
     config = MistralConfig(
         vocab_size=len(tokenizer),
         hidden_size=32,
@@ -39,7 +41,7 @@ def mistral_policy(tokenizer, sliding_window: int | None) -> CausalLMPolicy:
         head.bias.zero_()
         head.bias[tokenizer.eos_token_id] = 2.5
     model.lm_head = head
-    return CausalLMPolicy(model, tokenizer)
+    return CausalLMPolicy(model, tokenizer, compile_decode=compile_decode)
 
 
 def max_logprob_gap(policy: CausalLMPolicy, batch) -> float:
@@ -51,8 +53,11 @@ def max_logprob_gap(policy: CausalLMPolicy, batch) -> float:
 
 
 @pytest.mark.parametrize("sliding_window", [None, 4])
-def test_rollouts_match_teacher_forcing_on_a_rotary_gqa_model(make_env, tokenizer, sliding_window):
-    policy = mistral_policy(tokenizer, sliding_window)
+def test_rollouts_match_teacher_forcing_on_a_rotary_gqa_model(
+    make_env, tokenizer, sliding_window, decode
+):
+    # Grouped KV heads: the compiled step's attention reads them without copying.
+    policy = mistral_policy(tokenizer, sliding_window, decode)
     prompts = ["ab", "hello there", "x"]
     env = make_env(prompts=prompts, num_prompts=3, group_size=2, max_new_tokens=10)
     batch = collect(env, policy, seed=0)

@@ -27,8 +27,8 @@ def teacher_forced(policy, batch):
     return lp * batch.completion_mask
 
 
-def test_cached_sampler_logprobs_equal_teacher_forced(make_env, make_eos_policy, tokenizer):
-    policy = make_eos_policy(tokenizer)
+def test_cached_sampler_logprobs_equal_teacher_forced(make_env, make_eos_policy, tokenizer, decode):
+    policy = make_eos_policy(tokenizer, compile_decode=decode)
     env = make_env(
         prompts=["ab", "hello there", "x"], num_prompts=3, group_size=4, max_new_tokens=12
     )
@@ -36,6 +36,7 @@ def test_cached_sampler_logprobs_equal_teacher_forced(make_env, make_eos_policy,
     assert batch.lengths.min() < batch.lengths.max()  # ragged: rows stopped at different steps
     diff = (teacher_forced(policy, batch) - batch.sampler_logprobs).abs().max().item()
     assert diff < 1e-4
+    assert policy.compile_decode == decode  # no fallback to eager
 
 
 def test_unpadded_prompts_run_maskless_until_a_row_finishes(make_env, make_eos_policy, tokenizer):
@@ -106,8 +107,10 @@ def test_eos_keeps_logprob_and_mask_when_pad_equals_eos(make_env, make_eos_polic
     assert diff < 1e-4
 
 
-def test_continuous_batching_logprobs_equal_teacher_forced(make_env, make_eos_policy, tokenizer):
-    policy = make_eos_policy(tokenizer)
+def test_continuous_batching_logprobs_equal_teacher_forced(
+    make_env, make_eos_policy, tokenizer, decode
+):
+    policy = make_eos_policy(tokenizer, compile_decode=decode)
     env = make_env(
         prompts=["ab", "xyz", "q"], num_prompts=2, group_size=3, max_new_tokens=8, autoreset=True
     )
@@ -119,6 +122,7 @@ def test_continuous_batching_logprobs_equal_teacher_forced(make_env, make_eos_po
         assert (counts == 3).all()
         diff = (teacher_forced(policy, batch) - batch.sampler_logprobs).abs().max().item()
         assert diff < 1e-4
+    assert policy.compile_decode == decode
 
 
 def test_continuous_collector_keeps_its_cache_until_the_weights_change(

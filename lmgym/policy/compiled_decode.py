@@ -1,0 +1,198 @@
+"""A fixed-shape decode step over the KV slots, compiled once with ``torch.compile``.
+
+The eager decode step (``kv_engine``) feeds ``[N, 1]`` tokens whose attention reads
+the slot columns in use, ``[0, filled)``: a width that changes every step, which a
+compiled graph would have to follow with a recompile (or dynamic shapes) per width.
+The compiled step reads *every* slot column instead, ``[0, capacity)``, and hides
+the unwritten ones with a boolean ``[N, 1, 1, capacity]`` mask, so all its shapes
+are fixed by ``N`` and the slot capacity: one graph serves every step of every
+rollout over the same env shape. Row ``i`` writes its new key/value at column
+``cols[i]`` in place (``SlotLayer``), so the step mutates its inputs and allocates
+no cache memory.
+
+Attention is ``slot_attention``, registered with transformers' ``AttentionInterface``
+as ``"lmgym_slots"`` and switched on only around the compiled call: a plain
+``softmax(q k^T * scale) v`` that inductor fuses with the mask (on CPU it beats the
+compiled SDPA kernel, which is built for long queries, not one token), and that
+reads grouped key/value heads without copying them (``repeat_kv``).
+
+Where ``torch.compile`` is unavailable or fails (no C++ compiler, an op dynamo
+cannot trace, an attention function that needs more than a mask), the first
+failure is reported once as a warning and the policy decodes eagerly from then on.
+
+On CUDA the step compiles with ``mode="reduce-overhead"`` (CUDA graphs; the slot
+buffers are marked as static addresses); on CPU with the default mode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Callable, Iterator
+
+import torch
+from torch import Tensor, nn
+from transformers import AttentionInterface, DynamicCache
+
+ATTENTION_NAME = "lmgym_slots"
+
+# Attention arguments that change what attention computes; slot_attention refuses them.
+_UNSUPPORTED = ("sliding_window", "softcap", "s_aux", "sinks")
+
+
+def slot_attention(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: object,
+) -> tuple[Tensor, None]:
+    """Masked scaled dot-product attention over the slot columns (transformers'
+    attention-function signature).
+
+    Args:
+        module: the attention module (unused; part of the interface).
+        query: ``[N, Hq, S, D]``.
+        key, value: ``[N, Hkv, C, D]``; ``Hq`` is a multiple of ``Hkv`` (grouped
+            heads: query head ``h`` reads key/value head ``h // (Hq // Hkv)``).
+        attention_mask: ``[N, 1, S, C] bool``, True where a column may be read
+            (``None``: all may).
+        scaling: the score scale (default ``D ** -0.5``).
+        dropout: must be 0 (the policy runs in eval mode).
+
+    Returns:
+        ``(out [N, S, Hq, D], None)``.
+
+    Raises:
+        NotImplementedError: a sliding window, logit soft-capping or attention
+            sinks, which this function does not apply.
+    """
+    for name in _UNSUPPORTED:
+        if kwargs.get(name) is not None:
+            raise NotImplementedError(f"{ATTENTION_NAME} attention does not apply {name}")
+    if dropout:
+        raise NotImplementedError(f"{ATTENTION_NAME} attention does not apply dropout")
+    n, heads, s, dim = query.shape
+    kv_heads = key.shape[1]
+    group = heads // kv_heads
+    # [N, Hkv, group * S, D]: a group's query heads share their key/value head.
+    grouped = query.reshape(n, kv_heads, group * s, dim)
+    scores = torch.matmul(grouped, key.transpose(-1, -2)) * (scaling or dim**-0.5)
+    if attention_mask is not None:
+        allowed = attention_mask.view(n, 1, 1, s, -1).expand(n, 1, group, s, -1)
+        allowed = allowed.reshape(n, 1, group * s, -1)
+        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    probs = scores.float().softmax(dim=-1).to(value.dtype)
+    out = torch.matmul(probs, value).reshape(n, heads, s, dim)
+    return out.transpose(1, 2), None
+
+
+AttentionInterface.register(ATTENTION_NAME, slot_attention)
+
+
+@contextlib.contextmanager
+def slot_attention_on(config: object) -> Iterator[None]:
+    """Make the model of ``config`` use ``slot_attention`` inside the block."""
+    previous = config._attn_implementation  # type: ignore[attr-defined]
+    config._attn_implementation = ATTENTION_NAME  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        config._attn_implementation = previous  # type: ignore[attr-defined]
+
+
+def _step(
+    trunk: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    position_ids: Tensor,
+    cache: DynamicCache,
+    cache_kwarg: str,
+) -> Tensor:
+    """The traced function: the trunk on one token per row, ``[N, H]`` last hidden states.
+
+    A module-level function of its inputs (no ``self``): a deep copy of the policy
+    (a frozen reference) shares no state with it through the compiled code.
+    """
+    out = trunk(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        use_cache=True,
+        **{cache_kwarg: cache},
+    )
+    return out.last_hidden_state[:, 0]
+
+
+_compiled: dict[str, Callable[..., Tensor]] = {}
+
+
+def compile_step(mode: str | None) -> Callable[..., Tensor]:
+    """``torch.compile(_step)``, made once per mode (dynamo keeps one graph per model
+    and shape under it). Tests replace this function to run the step uncompiled."""
+    key = mode or "default"
+    if key not in _compiled:
+        _compiled[key] = torch.compile(_step, mode=mode, dynamic=False, fullgraph=True)
+    return _compiled[key]
+
+
+class CompiledDecode:
+    """The compiled decode step of one policy, with its fallback to eager.
+
+    Attributes:
+        enabled: compile the decode step (the policy's ``compile_decode``); cleared
+            after the first failure, which is reported once as a warning.
+    """
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+
+    def __call__(
+        self,
+        trunk: nn.Module,
+        input_ids: Tensor,
+        cache_mask: Tensor,
+        position_ids: Tensor,
+        cache: DynamicCache,
+        cache_kwarg: str,
+    ) -> Tensor | None:
+        """Run the compiled step; ``None`` when compiling failed (decode eagerly).
+
+        Args:
+            trunk: the transformers base model (``model.base_model``).
+            input_ids: ``[N, 1] int64``.
+            cache_mask: ``[N, C] bool`` over every slot column, the new ones included.
+            position_ids: ``[N, 1] int64``.
+            cache: slots planned by ``set_step(..., read_all=True)``.
+            cache_kwarg: the trunk's name for the cache argument.
+
+        Returns:
+            ``[N, H]`` last hidden states, or ``None``.
+        """
+        cuda = input_ids.device.type == "cuda"
+        try:
+            step = compile_step("reduce-overhead" if cuda else None)
+            if cuda:
+                for layer in cache.layers:
+                    torch._dynamo.mark_static_address(layer.key_slots)
+                    torch._dynamo.mark_static_address(layer.value_slots)
+                torch.compiler.cudagraph_mark_step_begin()
+            with slot_attention_on(trunk.config):
+                hidden = step(
+                    trunk, input_ids, cache_mask[:, None, None, :], position_ids, cache, cache_kwarg
+                )
+            # A CUDA graph's output is overwritten by its next replay.
+            return hidden.clone() if cuda else hidden
+        except Exception as error:  # noqa: BLE001  # any compile failure: decode eagerly
+            self.enabled = False
+            first_line = (str(error).strip().splitlines() or [""])[0][:300]
+            warnings.warn(
+                f"compile_decode: torch.compile of the decode step failed "
+                f"({type(error).__name__}: {first_line}); decoding eagerly from now on",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return None

@@ -1,0 +1,24 @@
+"""The decode modes a rollout test can run under (``decode`` fixture)."""
+
+from __future__ import annotations
+
+import pytest
+
+from lmgym.policy import compiled_decode
+
+DECODE_MODES = [
+    "eager",
+    # The compiled step's fixed-shape path (every slot column read, the
+    # lmgym_slots attention), run uncompiled: its logic, without a compile.
+    "fixed_shape",
+    pytest.param("compiled", marks=pytest.mark.slow),
+]
+
+
+@pytest.fixture(params=DECODE_MODES)
+def decode(request, monkeypatch) -> bool:
+    """``compile_decode`` for the policy under test; in ``fixed_shape`` mode the step
+    that ``torch.compile`` would compile runs as plain Python."""
+    if request.param == "fixed_shape":
+        monkeypatch.setattr(compiled_decode, "compile_step", lambda mode: compiled_decode._step)
+    return request.param != "eager"

@@ -1,0 +1,157 @@
+"""The compiled decode step: its attention, its one fixed shape, its fallback to eager.
+
+The rollout equality tests (sampler log-probs equal teacher forcing) run in every
+decode mode through the ``decode`` fixture (tests/policy/conftest.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lmgym.policy import CausalLMPolicy, compiled_decode, save_tiny
+from lmgym.policy.compiled_decode import slot_attention
+from lmgym.rollout import ContinuousCollector, collect
+
+
+def teacher_forced_gap(policy, batch) -> float:
+    ids, mask = batch.input_ids()
+    with torch.no_grad():
+        lp, _ = policy.logprobs(ids, mask, batch.max_new_tokens)
+    return ((lp - batch.sampler_logprobs) * batch.completion_mask).abs().max().item()
+
+
+@pytest.fixture
+def step_calls(monkeypatch) -> list[tuple[torch.Size, ...]]:
+    """Run the step uncompiled and record the shapes of every call."""
+    calls: list[tuple[torch.Size, ...]] = []
+
+    def recording(mode):
+        def step(trunk, input_ids, attention_mask, position_ids, cache, cache_kwarg):
+            widths = {layer.key_slots.shape for layer in cache.layers}
+            calls.append((input_ids.shape, attention_mask.shape, position_ids.shape, *widths))
+            return compiled_decode._step(
+                trunk, input_ids, attention_mask, position_ids, cache, cache_kwarg
+            )
+
+        return step
+
+    monkeypatch.setattr(compiled_decode, "compile_step", recording)
+    return calls
+
+
+@pytest.mark.parametrize("seq_len", [1, 3])
+def test_slot_attention_equals_sdpa_with_grouped_heads_and_a_mask(seq_len):
+    gen = torch.Generator().manual_seed(0)
+    n, heads, kv_heads, cols, dim = 3, 4, 2, 7, 8
+    query = torch.randn(n, heads, seq_len, dim, generator=gen)
+    key = torch.randn(n, kv_heads, cols, dim, generator=gen)
+    value = torch.randn(n, kv_heads, cols, dim, generator=gen)
+    mask = torch.rand(n, 1, seq_len, cols, generator=gen) > 0.4
+    mask[..., 0] = True  # every query reads at least one column
+    out, weights = slot_attention(None, query, key, value, mask, scaling=0.3)
+    # Query head h reads key/value head h // 2 (transformers' repeat_kv order).
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        query,
+        key.repeat_interleave(2, dim=1),
+        value.repeat_interleave(2, dim=1),
+        attn_mask=mask,
+        scale=0.3,
+    )
+    assert weights is None
+    assert out.shape == (n, seq_len, heads, dim)
+    torch.testing.assert_close(out, expected.transpose(1, 2), atol=1e-6, rtol=1e-5)
+
+
+def test_slot_attention_refuses_what_it_does_not_apply():
+    q, k = torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 3, 4)
+    with pytest.raises(NotImplementedError, match="lmgym_slots attention does not apply"):
+        slot_attention(None, q, k, k, None, sliding_window=2)
+    with pytest.raises(NotImplementedError, match="does not apply dropout"):
+        slot_attention(None, q, k, k, None, dropout=0.1)
+
+
+def test_every_decode_step_has_one_shape(make_env, make_eos_policy, tokenizer, step_calls):
+    # Rows stop at different steps (synchronous) and restart at different steps
+    # (continuous): the step still reads all slot columns with the same shapes, so
+    # one compiled graph serves every step.
+    policy = make_eos_policy(tokenizer, compile_decode=True)
+    env = make_env(prompts=["ab", "hello there", "x"], num_prompts=3, group_size=2)
+    batch = collect(env, policy, seed=0)
+    assert batch.lengths.min() < batch.lengths.max()
+    assert len(step_calls) == int(batch.lengths.max()) - 1  # every step after the prefill
+    width = env.prompt_width + env.max_new_tokens
+    n = env.num_envs
+    assert set(step_calls) == {((n, 1), (n, 1, 1, width), (n, 1), (n, 4, width, 16))}
+    step_calls.clear()
+    env = make_env(
+        prompts=["ab", "hello there", "x"],
+        num_prompts=3,
+        group_size=2,
+        max_new_tokens=8,
+        autoreset=True,
+    )
+    collector = ContinuousCollector(env, policy, seed=0)
+    for _ in range(3):
+        assert teacher_forced_gap(policy, collector.collect(num_groups=3)) < 1e-4
+    assert len(step_calls) > 10 and len(set(step_calls)) == 1
+    assert len(set(collector._state.cols.tolist())) > 1  # rows restarted at different steps
+
+
+def test_a_failed_compile_warns_once_and_decodes_eagerly(
+    make_env, make_eos_policy, tokenizer, monkeypatch
+):
+    attempts = []
+
+    def failing(mode):
+        attempts.append(mode)
+        raise RuntimeError("no C++ compiler\nsecond line")
+
+    monkeypatch.setattr(compiled_decode, "compile_step", failing)
+    policy = make_eos_policy(tokenizer, compile_decode=True)
+    env = make_env(prompts=["ab", "hello there", "x"], num_prompts=3, group_size=2)
+    message = (
+        r"compile_decode: torch.compile of the decode step failed \(RuntimeError: no C\+\+ "
+        r"compiler\); decoding eagerly from now on"
+    )
+    with pytest.warns(RuntimeWarning, match=message):
+        batch = collect(env, policy, seed=0)
+    assert attempts == [None]  # tried once, on the CPU's default mode
+    assert not policy.compile_decode
+    assert teacher_forced_gap(policy, batch) < 1e-4
+    assert policy.model.config._attn_implementation != "lmgym_slots"  # restored
+    collect(env, policy, seed=1)
+    assert len(attempts) == 1
+
+
+def test_compiled_decode_is_off_by_default_and_kept_by_from_pretrained(
+    make_env, policy, tmp_path, step_calls
+):
+    assert not policy.compile_decode
+    collect(make_env(), policy, seed=0)
+    assert step_calls == []
+    path = save_tiny(tmp_path / "tiny", n_layer=1)
+    loaded = CausalLMPolicy.from_pretrained(path, compile_decode=True)
+    assert loaded.compile_decode and loaded.settings()["compile_decode"] is True
+    assert not CausalLMPolicy.from_pretrained(path).settings()["compile_decode"]
+
+
+@pytest.mark.slow
+def test_one_graph_serves_every_step_of_synchronous_and_continuous_rollouts(
+    make_env, make_eos_policy, tokenizer
+):
+    from torch._dynamo.utils import counters
+
+    # 5 rows: a shape no other test compiles, so this test's compile is the first.
+    prompts = ["ab", "hello there", "x", "q", "xyz"]
+    policy = make_eos_policy(tokenizer, compile_decode=True)
+    graphs = counters["stats"]["unique_graphs"]
+    batch = collect(make_env(prompts=prompts, num_prompts=5, max_new_tokens=10), policy, seed=0)
+    assert batch.lengths.min() < batch.lengths.max()
+    assert teacher_forced_gap(policy, batch) < 1e-4
+    env = make_env(prompts=prompts, num_prompts=5, max_new_tokens=10, autoreset=True)
+    collector = ContinuousCollector(env, policy, seed=0)
+    for _ in range(3):
+        assert teacher_forced_gap(policy, collector.collect(num_groups=5)) < 1e-4
+    assert counters["stats"]["unique_graphs"] - graphs == 1
+    assert policy.compile_decode
