@@ -646,7 +646,6 @@ class Trainer:
                 self._model = None
 
     def _run(self) -> TrainResult:
-        cfg = self.config
         ranks = self.ranks
         if self._resume_run is None:
 
@@ -658,25 +657,7 @@ class Trainer:
             agent, eval_env, split, extra = ranks.on_every(build)
             state: dict[str, Any] = {}
 
-            created: list[RunDirectory] = []
-
-            def create() -> str:
-                run = RunDirectory.create(
-                    cfg.run_dir or default_run_dir(cfg.algo, cfg.task), overwrite=self.overwrite
-                )
-                try:
-                    cfg.run_dir = str(run.path)
-                    run.write_config(
-                        cfg, self.agent_config, run_imports(cfg), self._launch_record()
-                    )
-                except BaseException:
-                    run.release_lock()
-                    raise
-                created.append(run)
-                return str(run.path)
-
-            cfg.run_dir = ranks.on_main(create)  # rank 0 creates and locks it
-            run = created[0] if created else RunDirectory(cfg.run_dir)
+            run = self._create_run(self._launch_record())  # rank 0 creates and locks it
         else:
             run = self._resume_run
 
@@ -726,6 +707,16 @@ class Trainer:
         ranks = self.ranks
         if not ranks.is_main:
             self.out = _silent
+        run = self._create_run({"async": acfg.as_dict()})
+        try:
+            return self._train_async(run, ALGORITHMS[cfg.algo], Role, run_async)
+        finally:
+            if ranks.is_main:
+                run.release_lock()
+
+    def _create_run(self, launch: dict[str, Any]) -> RunDirectory:
+        """Rank 0 creates, locks and describes the run directory; every rank gets it."""
+        cfg = self.config
         created: list[RunDirectory] = []
 
         def create() -> str:
@@ -734,22 +725,15 @@ class Trainer:
             )
             try:
                 cfg.run_dir = str(run.path)
-                run.write_config(
-                    cfg, self.agent_config, run_imports(cfg), {"async": acfg.as_dict()}
-                )
+                run.write_config(cfg, self.agent_config, run_imports(cfg), launch)
             except BaseException:
                 run.release_lock()
                 raise
             created.append(run)
             return str(run.path)
 
-        cfg.run_dir = ranks.on_main(create)
-        run = created[0] if created else RunDirectory(cfg.run_dir)
-        try:
-            return self._train_async(run, ALGORITHMS[cfg.algo], Role, run_async)
-        finally:
-            if ranks.is_main:
-                run.release_lock()
+        cfg.run_dir = self.ranks.on_main(create)
+        return created[0] if created else RunDirectory(cfg.run_dir)
 
     def _train_async(
         self, run: RunDirectory, agent_class: Any, role_class: Any, run_async: Any
