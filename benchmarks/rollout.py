@@ -19,7 +19,7 @@ reports the median of each side and the ratio of medians.
 
 2. Native ``TokenVectorEnv`` vs ``gymnasium.vector.SyncVectorEnv`` over the single
    env, ``lmgym/TargetString-v0`` with ``max_new_tokens=64``: env steps/s with
-   pre-generated uniform random token ids (EOS among them, so episodes end at random).
+   pre-generated uniform random legal token ids (EOS among them, so episodes end at random).
 
    Equal work. The native env is built with ``autoreset=True``, the same next-step
    autoreset as ``SyncVectorEnv``; both get the same actions, and the script checks
@@ -104,7 +104,8 @@ def make_sync(n: int) -> gym.vector.SyncVectorEnv:
 def check_same_episodes(n: int, steps: int) -> None:
     """Untimed: with the same actions both envs end the same episodes on the same steps."""
     native, sync = make_native(n), make_sync(n)
-    actions = np.random.default_rng(1).integers(0, native.single_action_space.n, size=(steps, n))
+    legal = native.legal_token_ids.numpy()  # the env refuses <pad>/<unk> actions
+    actions = legal[np.random.default_rng(1).integers(0, legal.size, size=(steps, n))]
     native.reset(seed=0)
     sync.reset(seed=0)
     ended = 0
@@ -123,9 +124,8 @@ def bench_env(n: int, steps: int, warmup: int, repeats: int, _: int = 0) -> h.Co
     native, sync = make_native(n), make_sync(n)
     rng = np.random.default_rng(0)
     # Fresh random actions for each call, pre-generated; both sides see the same stream.
-    calls = [
-        rng.integers(0, native.single_action_space.n, (steps, n)) for _ in range(warmup + repeats)
-    ]
+    legal = native.legal_token_ids.numpy()  # the env refuses <pad>/<unk> actions
+    calls = [legal[rng.integers(0, legal.size, (steps, n))] for _ in range(warmup + repeats)]
     native.reset(seed=0)
     sync.reset(seed=0)
     i_native, i_sync = iter([torch.as_tensor(a) for a in calls]), iter(calls)
