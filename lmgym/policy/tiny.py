@@ -12,7 +12,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedModel, PreTrainedTokenizerFast
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+)
 
 from lmgym.char_tokenizer import DEFAULT_CHARS, make_char_tokenizer
 
@@ -53,6 +60,38 @@ def make_tiny_model(
         torch.manual_seed(seed)
         model = GPT2LMHeadModel(config)
     return model.eval()
+
+
+def make_tiny_llama(
+    vocab_size: int,
+    num_layers: int = 2,
+    seed: int = 0,
+    eos_token_id: int | list[int] | None = None,
+    pad_token_id: int | None = None,
+    bos_token_id: int | None = None,
+    max_position_embeddings: int = 64,
+) -> PreTrainedModel:
+    """A small Llama (rotary positions, grouped KV heads, untied head) from a config,
+    float32, eval mode, deterministic under ``seed`` without moving the global RNG.
+
+    For tests and examples that need a modern architecture (LoRA target modules
+    ``q_proj``/``v_proj``, chat models' several stop ids)."""
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=False,
+        bos_token_id=bos_token_id,
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return LlamaForCausalLM(config).eval()
 
 
 def make_tiny_lm(

@@ -285,25 +285,13 @@ def test_prompt_task_mistakes_are_one_line(user_dir, monkeypatch, capsys, args, 
 # ------------------------------------------------------------------- LoRA
 def tiny_llama_dir(path: Path) -> Path:
     """A Llama-architecture model built from a config, with the character tokenizer."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from lmgym.policy import make_char_tokenizer
+    from lmgym.policy import make_char_tokenizer, make_tiny_llama
 
     tokenizer = make_char_tokenizer()
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=False,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
+    model = make_tiny_llama(
+        len(tokenizer), eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
     )
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(path)
+    model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
 

@@ -77,23 +77,14 @@ def bpe_tokenizer():
 def tiny_llama(bpe_tokenizer):
     """A one-layer Llama built from a config for ``bpe_tokenizer``; its
     ``generation_config`` stops on ``</s>`` and ``<|im_end|>``, as chat models do."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from lmgym.policy import make_tiny_llama
 
     tok = bpe_tokenizer
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
-    config = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
+    return make_tiny_llama(
+        len(tok),
+        num_layers=1,
         bos_token_id=tok.bos_token_id,
         eos_token_id=[tok.eos_token_id, im_end],
+        max_position_embeddings=128,
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = LlamaForCausalLM(config)
-    return model.eval()

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 from lmgym.agents import GRPO
-from lmgym.policy import CausalLMPolicy
+from lmgym.policy import CausalLMPolicy, make_tiny_llama
 from lmgym.policy.value import AdapterDisabledReference, frozen_copy
 from lmgym.rollout import ContinuousCollector, collect
 
@@ -28,20 +28,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def tiny_llama(tokenizer, seed: int = 0) -> LlamaForCausalLM:
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=False,
+    return make_tiny_llama(
+        len(tokenizer),
+        seed=seed,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(config).eval()
 
 
 def lora(init: bool = True) -> peft.LoraConfig:
