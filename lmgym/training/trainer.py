@@ -983,40 +983,29 @@ class Trainer:
                 stdout.close()
         seconds = time.perf_counter() - start
         tokens = ranks.sum(agent.tokens_generated)
-        merged = None
-        if not ranks.is_main:
-            return TrainResult(
-                run_dir=run.path,
-                history=history,
-                before=None,
-                after=None,
-                seconds=seconds,
-                iteration=agent.iteration,
-                tokens_generated=tokens,
-                checkpoint=checkpoint.last,
-                stopped_early=False,
-                agent=agent,
-            )
-        if cfg.save_merged:
-            with atomic_directory(run.path / RunDirectory.MERGED) as tmp:
-                agent.policy.save_pretrained(tmp, merged=True)
-            merged = run.path / RunDirectory.MERGED
-            self.out(f"merged model: {merged}")
-        after = evaluate()
-        assert before is not None
-        self.out(f"checkpoint: {checkpoint.last or CheckpointManager(run.checkpoints).latest()}")
-        self.out(f"eval before: {before.summary()}")
-        self.out(f"eval after:  {after.summary()}")
+        last, after, merged = checkpoint.last, None, None
+        if ranks.is_main:  # the other ranks write and print nothing
+            if cfg.save_merged:
+                with atomic_directory(run.path / RunDirectory.MERGED) as tmp:
+                    agent.policy.save_pretrained(tmp, merged=True)
+                merged = run.path / RunDirectory.MERGED
+                self.out(f"merged model: {merged}")
+            after = evaluate()
+            assert before is not None
+            last = last or CheckpointManager(run.checkpoints).latest()
+            self.out(f"checkpoint: {last}")
+            self.out(f"eval before: {before.summary()}")
+            self.out(f"eval after:  {after.summary()}")
         return TrainResult(
             run_dir=run.path,
             history=history,
-            before=before,
+            before=before if ranks.is_main else None,
             after=after,
             seconds=seconds,
             iteration=agent.iteration,
             tokens_generated=tokens,
-            checkpoint=checkpoint.last or CheckpointManager(run.checkpoints).latest(),
-            stopped_early=early is not None and early.solved_at is not None,
+            checkpoint=last,
+            stopped_early=ranks.is_main and early is not None and early.solved_at is not None,
             agent=agent,
             merged=merged,
         )
