@@ -54,16 +54,15 @@ def build_agent(args: argparse.Namespace, process_group=None):
 
 
 def run_sync(args: argparse.Namespace, out: Path) -> None:
-    """The synchronous loop, timing generation and training separately."""
+    """The synchronous loop at ``--threads`` threads, timing generation and training."""
     import torch
     import transformers
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     transformers.logging.set_verbosity_error()
     agent = build_agent(args)
     for _ in range(args.warmup):
         agent.step()
-    meter = h.CpuMeter()
     generate = train = 0.0
     tokens = 0
     start = time.perf_counter()
@@ -81,7 +80,6 @@ def run_sync(args: argparse.Namespace, out: Path) -> None:
         "tokens": tokens,
         "generate_s": generate,
         "train_s": train,
-        "other_load": meter.other_load(),
     }
     out.write_text(json.dumps(result))
 
@@ -96,7 +94,6 @@ def run_async_side(args: argparse.Namespace, out: Path) -> None:
     torch.set_num_threads(1)
     transformers.logging.set_verbosity_error()
     marks: list[tuple[float, dict[str, float]]] = []
-    meter = h.CpuMeter()
 
     def mark(agent, metrics):
         marks.append((time.perf_counter(), dict(metrics)))
@@ -121,7 +118,6 @@ def run_async_side(args: argparse.Namespace, out: Path) -> None:
         "actor_idle_s": m1["actor_idle_s"] - m0["actor_idle_s"],
         "staleness_mean": sum(m["staleness_mean"] for _, m in window) / len(window),
         "mixed_version_fraction": sum(m["mixed_version_fraction"] for _, m in window) / len(window),
-        "other_load": meter.other_load(),
     }
     out.write_text(json.dumps(result))
 
@@ -132,20 +128,46 @@ def forwarded(args: argparse.Namespace) -> list[str]:
     return flags + [f"--max-staleness={args.max_staleness}"]
 
 
-def launch(args: argparse.Namespace, sync_out: Path, async_out: Path) -> None:
-    """Run both sides, each in fresh processes (after waiting for idle CPUs, if asked)."""
+class TreeMeter(h.CpuMeter):
+    """``CpuMeter`` that counts this process's finished children (and theirs) as its
+    own: measured around a worker run, ``other_load`` is then the load of processes
+    outside the benchmark (inside a worker, the async side's sibling would count)."""
+
+    @staticmethod
+    def _snapshot() -> tuple[float, float, float] | None:
+        snap = h.CpuMeter._snapshot()
+        if snap is None:
+            return None
+        own = os.times()
+        return snap[0], snap[1], snap[2] + own.children_user + own.children_system
+
+
+def launch(args: argparse.Namespace, sync_out: Path, one_thread_out: Path, async_out: Path) -> None:
+    """Run the synchronous loop at 2 and at 1 thread, then the async side, each in
+    fresh processes (after waiting for idle CPUs, if asked); add to each result the
+    load of processes outside the run, measured around it."""
     deadline = h.deadline_from(args.wait_idle, time.perf_counter())
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent), env.get("PYTHONPATH", "")])
-    if deadline is not None:
-        h.wait_until_idle(deadline)
-    command = [sys.executable, __file__, "--worker-sync", str(sync_out), *forwarded(args)]
-    subprocess.run(command, env=dict(env, OMP_NUM_THREADS="2"), check=True)
-    if deadline is not None:
-        h.wait_until_idle(deadline)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
-    command += ["2", __file__, "--worker-async", str(async_out), *forwarded(args)]
-    subprocess.run(command, env=env, check=True)
+    sync_worker = [sys.executable, __file__, *forwarded(args), "--worker-sync"]
+    runs = [
+        (sync_worker + [str(sync_out), "--threads=2"], "2", sync_out),
+        (sync_worker + [str(one_thread_out), "--threads=1"], "1", one_thread_out),
+        (
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+            + [__file__, "--worker-async", str(async_out), *forwarded(args)],
+            "1",
+            async_out,
+        ),
+    ]
+    for command, threads, out in runs:
+        if deadline is not None:
+            h.wait_until_idle(deadline)
+        meter = TreeMeter()
+        subprocess.run(command, env=dict(env, OMP_NUM_THREADS=threads), check=True)
+        result = json.loads(out.read_text())
+        result["other_load"] = meter.other_load()
+        out.write_text(json.dumps(result))
 
 
 def gpu_scaling(sync: dict) -> str:
@@ -161,7 +183,31 @@ def gpu_scaling(sync: dict) -> str:
     return "\n".join(rows)
 
 
-def report(args: argparse.Namespace, sync: dict, asyn: dict, argv: list[str]) -> str:
+def overlap_bound(sync: dict, one: dict) -> str:
+    """What one actor and one learner of 1 thread each can reach on 2 cores.
+
+    They overlap perfectly at best, so an update costs at least
+    ``max(generation_1, training_1)`` (1-thread times) against
+    ``generation_2 + training_2`` synchronously at 2 threads: the async side gains only
+    where 2 threads speed a phase up by less than 2x.
+    """
+    g2, t2, g1, t1 = sync["generate_s"], sync["train_s"], one["generate_s"], one["train_s"]
+    bound = (g2 + t2) / max(g1, t1)
+    balanced = g2 / g1 + t2 / t1  # the bound when the workload makes g1 == t1
+    return f"""## What this machine allows
+
+The synchronous loop at 1 thread: generation {g1:.2f} s, training {t1:.2f} s over
+the same updates, so 2 threads speed generation up {g1 / g2:.2f}x and training
+{t1 / t2:.2f}x. One actor and one learner of 1 thread each overlap perfectly at
+best: an update costs at least max(generation, training) at 1 thread, so the async
+side can reach at most **{bound:.2f}x** here ({"learner" if t1 >= g1 else "actor"}-bound),
+and {balanced:.2f}x for any workload that balances the two (1 / speed-up of
+generation + 1 / speed-up of training). On 2 cores the async design gains only
+what the second thread fails to give each phase; on GPUs, where actor and learner
+each own a device, the bound is the one below."""
+
+
+def report(args: argparse.Namespace, sync: dict, one: dict, asyn: dict, argv: list[str]) -> str:
     tps = [r["tokens"] / r["seconds"] for r in (sync, asyn)]
     gen_share = sync["generate_s"] / (sync["generate_s"] + sync["train_s"])
     threads = "sync: 1 process x 2 threads; async: 1 actor + 1 learner process x 1 thread"
@@ -174,8 +220,9 @@ def report(args: argparse.Namespace, sync: dict, asyn: dict, argv: list[str]) ->
   completions x {args.new_tokens} tokens per update (EOS unsampleable: equal work);
   {args.iters} updates timed after {args.warmup} warm-up; async at
   max_staleness={args.max_staleness}, stale_policy=wait, in-flight weights, KV cache kept.
-- other processes' CPU load during the runs: sync {sync["other_load"]:.0%},
-  async {asyn["other_load"]:.0%} (above 10% the numbers are disturbed).
+- CPU load of processes outside the runs: sync {sync["other_load"]:.0%} (2 threads),
+  {one["other_load"]:.0%} (1 thread), async {asyn["other_load"]:.0%} (above 10% the
+  numbers are disturbed).
 
 | side | tokens / s | s / update |
 |---|---|---|
@@ -194,6 +241,8 @@ the actor waited for weights {asyn["actor_idle_s"]:.2f} s
 ({asyn["actor_idle_s"] / asyn["seconds"]:.0%}). Mean version lag of trained tokens
 {asyn["staleness_mean"]:.2f}; rows sampled across a weight change
 {asyn["mixed_version_fraction"]:.0%}.
+
+{overlap_bound(sync, one)}
 
 ## Expected scaling with actors on GPUs
 
@@ -226,6 +275,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--iters", type=int, default=8)
     parser.add_argument("--max-staleness", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=2, help=argparse.SUPPRESS)
     parser.add_argument("--quick", action="store_true", help="2 layers x 96, 3 updates")
     parser.add_argument("--out", type=Path)
     h.add_wait_idle(parser)
@@ -239,10 +289,10 @@ def main() -> None:
         run_async_side(args, args.worker_async)
         return
     with tempfile.TemporaryDirectory() as tmp:
-        sync_out, async_out = Path(tmp, "sync.json"), Path(tmp, "async.json")
-        launch(args, sync_out, async_out)
-        sync, asyn = (json.loads(p.read_text()) for p in (sync_out, async_out))
-    text = report(args, sync, asyn, sys.argv[1:])
+        outs = [Path(tmp, f"{side}.json") for side in ("sync", "one_thread", "async")]
+        launch(args, *outs)
+        sync, one, asyn = (json.loads(p.read_text()) for p in outs)
+    text = report(args, sync, one, asyn, sys.argv[1:])
     print(text)
     h.write_report(text, args.out)
 
