@@ -2,7 +2,9 @@
 
 The task: write the target string "decade" after the prompt "bad", one character
 per step, with an 8-token vocabulary (``<pad>``, ``<eos>``, ``<unk>``, a..e) and a
-reward of 1/6 for every character in place. A random policy scores about 0.09 per
+reward of 1/6 for every character in place. The adapter's actions are the env's 6
+legal token ids (a..e and ``<eos>``; the env refuses ``<pad>``/``<unk>`` and SB3
+cannot mask a ``Discrete`` space), so a random policy scores about 0.11 per
 episode; the task counts as solved at a rolling mean of 0.9 over 100 episodes.
 
 Three lines do the integration:
