@@ -95,6 +95,14 @@ def write_agent(agent: Agent, directory: Path) -> None:
     (part of an ``atomic_directory``: it is not renamed into place here)."""
     directory.mkdir(parents=True, exist_ok=True)
     agent.policy.save_pretrained(directory / POLICY_DIR)
+    if not any((directory / POLICY_DIR).glob("*.safetensors")):
+        # transformers' save_pretrained writes nothing on ranks other than 0 once a
+        # torch.distributed group exists: a checkpoint without weights must not land.
+        raise RuntimeError(
+            "Agent.save: the policy's save_pretrained wrote no weights (under "
+            "torch.distributed, transformers writes on rank 0 only). Save on rank 0: the "
+            "weights are the same on every data-parallel rank"
+        )
     save_state(agent_state(agent), directory / STATE_FILE, name="agent state")
     (directory / CONFIG_FILE).write_text(
         json.dumps({"algorithm": agent.name, **dataclasses.asdict(agent.config)}, indent=2)
