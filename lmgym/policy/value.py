@@ -129,6 +129,7 @@ class AdapterDisabledReference(CausalLMPolicy):
             policy.top_k,
             policy.top_p,
             fused_activations=False,
+            allowed_special_tokens=policy.allowed_special_tokens,
             autocast_dtype=policy.autocast_dtype,
         )
 
