@@ -9,6 +9,13 @@
   log-probs record the policy that actually sampled them, so the ratio/TIS
   corrections see the staleness. The policy's KV cache also carries over while
   its weights are unchanged; after an update it is rebuilt once from the text.
+- ``EpisodeRecorder``: the per-step records (sampler log-probs, rewards, special
+  mass) both collectors and the async sampler keep, and the ``RolloutBatch`` of the
+  episodes that end.
+
+Both pass the env's group ids to ``act``, so a group's rows share one prefill of
+their prompt; a cache rebuilt mid-episode gets none (its rows hold their own
+completions).
 """
 
 from __future__ import annotations
