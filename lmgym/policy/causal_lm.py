@@ -605,10 +605,10 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
             hidden = self.hidden_states(input_ids, mask, positions)
             return hidden[:, p - 1 : s - 1]
         cache = DynamicCache(config=self.model.config)
-        prompt_hidden, row = self._shared_pass(
+        prompt_hidden, source = self._shared_pass(
             input_ids[:, :p], mask[:, :p], positions[:, :p], cache, shared
         )
-        last_prompt = prompt_hidden[row, p - 1 :]  # [B, 1, H]
+        last_prompt = prompt_hidden[source, p - 1 :]  # [B, 1, H]
         if num_targets == 1:
             return last_prompt
         completion_hidden = self.hidden_states(

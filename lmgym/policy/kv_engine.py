@@ -155,9 +155,9 @@ class KVCacheRollout:
             shared: ``shared_rows``'s ``(first, inverse)``, or ``None``: every row runs.
 
         Returns:
-            ``(hidden [U, W, H], row [N] int64)``: row ``i``'s hidden states are
-            ``hidden[row[i]]`` (``U = N`` without sharing); ``cache`` then holds all
-            ``N`` rows.
+            ``(hidden [U, W, H], source [N] int64)``: row ``i``'s hidden states are
+            ``hidden[source[i]]`` (``U = N`` without sharing); ``cache`` then holds
+            all ``N`` rows.
         """
         if shared is None:
             hidden = self.hidden_states(ids, attention_mask, positions, cache)
@@ -194,9 +194,9 @@ class KVCacheRollout:
         positions = (mask.long().cumsum(1) - 1).clamp(min=0)
         cache = DynamicCache(config=self.model.config)
         padded = not bool(mask.all())
-        shared = shared_rows(group_ids, ids, mask)
-        hidden, row = self._shared_pass(
-            ids, self._trunk_mask(mask, padded), positions, cache, shared
+        groups = shared_rows(group_ids, ids, mask)
+        hidden, source = self._shared_pass(
+            ids, self._trunk_mask(mask, padded), positions, cache, groups
         )
         cache_mask, cols = mask, None
         if _plain_cache(cache):
@@ -206,7 +206,7 @@ class KVCacheRollout:
             if self._compiled_decode.enabled:  # its one step shape writes per-row columns
                 cols, padded = torch.full_like(last_col, width), True
         state = PolicyState(cache, cache_mask, mask.sum(1), last_col, padded, cols)
-        return hidden[row, -1], state
+        return hidden[source, -1], state
 
     @labelled(DECODE)
     def _decode(
@@ -299,9 +299,9 @@ class KVCacheRollout:
         new_ids, new_mask = ids[rows, :width], mask[rows, :width]
         new_positions = (new_mask.long().cumsum(1) - 1).clamp(min=0)
         fresh = DynamicCache(config=self.model.config)
-        shared = shared_rows(None if group_ids is None else group_ids[rows], new_ids, new_mask)
-        new_hidden, row = self._shared_pass(new_ids, new_mask, new_positions, fresh, shared)
-        newest = new_hidden[row, last_col[rows]]
+        groups = shared_rows(None if group_ids is None else group_ids[rows], new_ids, new_mask)
+        new_hidden, source = self._shared_pass(new_ids, new_mask, new_positions, fresh, groups)
+        newest = new_hidden[source, last_col[rows]]
         cache_mask = _widen(state.cache_mask, reserve(cache, width))
         for shared, own in zip(cache.layers, fresh.layers, strict=True):
             shared.write_rows(rows, own.keys, own.values)
