@@ -9,6 +9,13 @@
   log-probs record the policy that actually sampled them, so the ratio/TIS
   corrections see the staleness. The policy's KV cache also carries over while
   its weights are unchanged; after an update it is rebuilt once from the text.
+- ``EpisodeRecorder``: the per-step records (sampler log-probs, rewards, special
+  mass) both collectors and the async sampler keep, and the ``RolloutBatch`` of the
+  episodes that end.
+
+Both pass the env's group ids to ``act``, so a group's rows share one prefill of
+their prompt; a cache rebuilt mid-episode gets none (its rows hold their own
+completions).
 """
 
 from __future__ import annotations
@@ -30,42 +37,98 @@ def _make_generator(seed: int | None, device: torch.device) -> torch.Generator |
     return generator
 
 
-def finished_episodes(
-    env: TokenVectorEnv,
-    obs: dict[str, Tensor],
-    info: dict[str, Tensor],
-    rows: Tensor,
-    sampler_logprobs: Tensor,
-    rewards: Tensor,
-    special_mass: Tensor,
-    terminated: Tensor,
-    truncated: Tensor,
-) -> RolloutBatch:
-    """A ``RolloutBatch`` of the finished episodes in ``rows``, read from the env's final obs.
+class EpisodeRecorder:
+    """Per-step records of the episodes in flight on an env's ``N`` rows, and the
+    ``RolloutBatch`` of those that finish.
 
-    ``sampler_logprobs``, ``rewards`` and ``special_mass`` are ``[N, L]`` per-step buffers.
+    The env's final observation holds each episode's text; what only the step knew
+    (the sampler's log-prob, the reward, the special-token mass) is kept here in
+    ``[N, L] float32`` buffers, row ``i``'s step ``t`` at column ``t``.
+
+    Args:
+        env: the env whose rows are recorded.
     """
-    lp = env.prompt_width
-    ids, mask = obs["input_ids"][rows], obs["attention_mask"][rows]
-    completion_mask = mask[:, lp:]
-    lengths = completion_mask.sum(dim=1)
-    columns = torch.arange(env.max_new_tokens, device=ids.device)
-    return RolloutBatch(
-        prompt_ids=ids[:, :lp],
-        prompt_mask=mask[:, :lp],
-        completion_ids=ids[:, lp:],
-        completion_mask=completion_mask,
-        sampler_logprobs=sampler_logprobs[rows] * completion_mask,
-        rewards=rewards[rows] * completion_mask,
-        dones=columns[None, :] == (lengths - 1)[:, None],
-        group_ids=info["group_id"][rows],
-        prompt_index=info["prompt_index"][rows],
-        lengths=lengths,
-        terminated=terminated[rows],
-        truncated=truncated[rows],
-        valid=info["valid"][rows],
-        special_mass=(special_mass[rows] * completion_mask).sum(dim=1) / lengths.clamp(min=1),
-    )
+
+    def __init__(self, env: TokenVectorEnv) -> None:
+        self.env = env
+        n, length = env.num_envs, env.max_new_tokens
+        self.logprobs = torch.zeros(n, length, device=env.device)
+        self.rewards = torch.zeros(n, length, device=env.device)
+        self.special_mass = torch.zeros(n, length, device=env.device)
+        self._columns = torch.arange(length, device=env.device)
+
+    def record(
+        self,
+        info: dict[str, Tensor],
+        live: Tensor,
+        logprobs: Tensor,
+        rewards: Tensor,
+        special_mass: Tensor | None,
+    ) -> Tensor:
+        """Write one step of the ``live`` rows at their current column.
+
+        Args:
+            info: the env's info from before the step (``info["length"]``: each row's
+                tokens so far, the step's column).
+            live: ``[N] bool`` rows whose action the step took (not finished, not
+                being reset).
+            logprobs: ``[N] float32`` the sampler's log-probs of the actions.
+            rewards: ``[N] float32`` the step's rewards.
+            special_mass: ``[N] float32`` the probability the special-token mask
+                removed (``PolicyState.special_mass``), or ``None``.
+
+        Returns:
+            ``[N, L] bool``, where the step was written.
+        """
+        device = self.env.device
+        column = info["length"].clamp(max=self.env.max_new_tokens - 1)
+        write = (self._columns == column[:, None]) & live[:, None]
+        self.logprobs = torch.where(write, logprobs.to(device)[:, None], self.logprobs)
+        self.rewards = torch.where(write, rewards[:, None], self.rewards)
+        if special_mass is not None:
+            mass = special_mass.to(device)[:, None]
+            self.special_mass = torch.where(write, mass, self.special_mass)
+        return write
+
+    def finished(
+        self,
+        obs: dict[str, Tensor],
+        info: dict[str, Tensor],
+        rows: Tensor,
+        terminated: Tensor,
+        truncated: Tensor,
+    ) -> RolloutBatch:
+        """A ``RolloutBatch`` of the finished episodes in ``rows`` (``[k] int64``),
+        read from the step's final ``obs``/``info`` and flags and these records."""
+        env = self.env
+        lp = env.prompt_width
+        ids, mask = obs["input_ids"][rows], obs["attention_mask"][rows]
+        completion_mask = mask[:, lp:]
+        lengths = completion_mask.sum(dim=1)
+        special_mass = (self.special_mass[rows] * completion_mask).sum(dim=1)
+        return RolloutBatch(
+            prompt_ids=ids[:, :lp],
+            prompt_mask=mask[:, :lp],
+            completion_ids=ids[:, lp:],
+            completion_mask=completion_mask,
+            sampler_logprobs=self.logprobs[rows] * completion_mask,
+            rewards=self.rewards[rows] * completion_mask,
+            dones=self._columns[None, :] == (lengths - 1)[:, None],
+            group_ids=info["group_id"][rows],
+            prompt_index=info["prompt_index"][rows],
+            lengths=lengths,
+            terminated=terminated[rows],
+            truncated=truncated[rows],
+            valid=info["valid"][rows],
+            special_mass=special_mass / lengths.clamp(min=1),
+        )
+
+    def clear(self, rows: Tensor) -> None:
+        """Zero the records of ``rows`` (``[N] bool``), which start new episodes."""
+        keep = ~rows[:, None]
+        self.logprobs = self.logprobs * keep
+        self.rewards = self.rewards * keep
+        self.special_mass = self.special_mass * keep
 
 
 @labelled(COLLECT)
@@ -97,27 +160,22 @@ def collect(
     if generator is None:
         generator = _make_generator(seed, policy.device)
     obs, info = env.reset(seed=seed)
-    n, length = env.num_envs, env.max_new_tokens
-    sampler_logprobs = torch.zeros(n, length, device=env.device)
-    rewards = torch.zeros(n, length, device=env.device)
-    special_mass = torch.zeros(n, length, device=env.device)
+    recorder = EpisodeRecorder(env)
+    live = torch.ones(env.num_envs, dtype=torch.bool, device=env.device)
     state: PolicyState | None = None
-    for t in range(length):
-        actions, logprobs, state = policy.act(obs, state, generator=generator)
-        obs, reward, terminated, truncated, info = env.step(actions.to(env.device))
-        # Rows finished before this step ignored their action; their column t lies past
-        # their length, so finished_episodes' completion_mask zeroes it (and the env gave 0).
-        sampler_logprobs[:, t] = logprobs.to(env.device)
-        rewards[:, t] = reward
-        if state.special_mass is not None:
-            special_mass[:, t] = state.special_mass.to(env.device)
-        done = terminated | truncated
-        if bool(done.all()):
+    for _ in range(env.max_new_tokens):
+        # Every row starts at its group's prompt: a group's rows share one prefill.
+        actions, logprobs, state = policy.act(
+            obs, state, generator=generator, group_ids=info["group_id"]
+        )
+        obs, reward, terminated, truncated, next_info = env.step(actions.to(env.device))
+        recorder.record(info, live, logprobs, reward, state.special_mass)
+        info = next_info
+        live = ~(terminated | truncated)
+        if not bool(live.any()):
             break
-    rows = torch.arange(n, device=env.device)
-    return finished_episodes(
-        env, obs, info, rows, sampler_logprobs, rewards, special_mass, terminated, truncated
-    )
+    rows = torch.arange(env.num_envs, device=env.device)
+    return recorder.finished(obs, info, rows, terminated, truncated)
 
 
 def _weights_key(policy: CausalLMPolicy) -> tuple[tuple[int, int], ...]:
@@ -148,14 +206,13 @@ class ContinuousCollector:
         self.env, self.policy = env, policy
         self.generator = _make_generator(seed, policy.device)
         self._obs, self._info = env.reset(seed=seed)
-        n, length = env.num_envs, env.max_new_tokens
-        self._logprobs = torch.zeros(n, length, device=env.device)
-        self._rewards = torch.zeros(n, length, device=env.device)
-        self._special_mass = torch.zeros(n, length, device=env.device)
-        self._restarting = torch.zeros(n, dtype=torch.bool, device=env.device)
+        self._recorder = EpisodeRecorder(env)
+        self._restarting = torch.zeros(env.num_envs, dtype=torch.bool, device=env.device)
         # The KV cache carries over between calls while the weights stay the same.
         self._state: PolicyState | None = None
         self._starts = torch.zeros_like(self._restarting)
+        # Until the first step every row shows only its prompt (group rows: one text).
+        self._fresh = True
         self._weights: tuple[tuple[int, int], ...] | None = None
         self._pool: list[RolloutBatch] = []
         self.tokens_generated = 0
@@ -190,42 +247,24 @@ class ContinuousCollector:
             state, starts = None, torch.zeros_like(self._restarting)
         complete = self._complete_groups()
         while complete.numel() < num_groups:
+            # A group's rows share a prefill at the start and when restarted together;
+            # a cache rebuilt mid-episode (new weights) sees each row's own completion.
+            groups = self._info["group_id"] if state is not None or self._fresh else None
             actions, logprobs, state = self.policy.act(
-                self._obs, state, episode_starts=starts, generator=self.generator
+                self._obs, state, episode_starts=starts, generator=self.generator, group_ids=groups
             )
-            column = self._info["length"].clamp(max=env.max_new_tokens - 1)
+            self._fresh = False
             live = ~self._restarting
-            write = (torch.arange(env.max_new_tokens, device=env.device) == column[:, None]) & live[
-                :, None
-            ]
             obs, reward, terminated, truncated, info = env.step(actions.to(env.device))
-            self._logprobs = torch.where(write, logprobs.to(env.device)[:, None], self._logprobs)
-            self._rewards = torch.where(write, reward[:, None], self._rewards)
-            if state.special_mass is not None:
-                mass = state.special_mass.to(env.device)[:, None]
-                self._special_mass = torch.where(write, mass, self._special_mass)
+            self._recorder.record(self._info, live, logprobs, reward, state.special_mass)
             self.tokens_generated += int(live.sum())
             finished = terminated | truncated
             rows = finished.nonzero().squeeze(1)
             if rows.numel() > 0:
-                self._pool.append(
-                    finished_episodes(
-                        env,
-                        obs,
-                        info,
-                        rows,
-                        self._logprobs,
-                        self._rewards,
-                        self._special_mass,
-                        terminated,
-                        truncated,
-                    )
-                )
+                self._pool.append(self._recorder.finished(obs, info, rows, terminated, truncated))
                 complete = self._complete_groups()  # only changes when episodes end
-                # Finished rows restart next step: clear their per-episode buffers now.
-                self._logprobs = self._logprobs * ~finished[:, None]
-                self._rewards = self._rewards * ~finished[:, None]
-                self._special_mass = self._special_mass * ~finished[:, None]
+                # Finished rows restart next step: clear their per-episode records now.
+                self._recorder.clear(finished)
             # Rows reset by this step (their action was ignored) show a new prompt now.
             starts = self._restarting
             self._restarting = finished

@@ -358,6 +358,7 @@ class Agent(Generic[ConfigT]):
         """
         cfg = self.config
         ids, attn = batch.input_ids()
+        groups = batch.group_ids  # a group's prompt runs once in each teacher-forced pass
         length = batch.max_new_tokens
         completion = batch.completion_mask
         mask = completion & batch.valid[:, None]
@@ -365,11 +366,15 @@ class Agent(Generic[ConfigT]):
         if cfg.recompute_old_logprobs:
             # One pass over one minibatch: lp_old = sg(lp) of the update's own forward.
             single_pass = cfg.update_epochs == 1 and cfg.num_minibatches == 1
-            old_logprobs = None if single_pass else self._logprobs(ids, attn, length)
+            old_logprobs = None if single_pass else self._logprobs(ids, attn, length, groups)
         ref_logprobs = None
         if self.ref_policy is not None:
-            ref_logprobs = self.ref_policy.logprobs(ids, attn, length, with_entropy=False)[0]
-        values = self.critic.values(ids, attn, length) if self.critic is not None else None
+            ref_logprobs = self.ref_policy.logprobs(
+                ids, attn, length, group_ids=groups, with_entropy=False
+            )[0]
+        values = None
+        if self.critic is not None:
+            values = self.critic.values(ids, attn, length, group_ids=groups)
 
         # Advantages of the union batch over data-parallel ranks (one rank: the batch),
         # so batch-wide statistics are global; this rank keeps its own rows.
@@ -379,7 +384,9 @@ class Agent(Generic[ConfigT]):
             shaping = overlong_penalty(union.lengths, length, cfg.overlong_cache)
             rewards = rewards + shaping[:, None] * union.dones
         if cfg.beta > 0 and cfg.kl_placement == "reward":
-            lp_old = old_logprobs if old_logprobs is not None else self._logprobs(ids, attn, length)
+            lp_old = old_logprobs
+            if lp_old is None:
+                lp_old = self._logprobs(ids, attn, length, groups)
             kl_inputs = self.group.gather_rows(lp_old), self.group.gather_rows(ref_logprobs)
             rewards = kl_in_reward(rewards, *kl_inputs, union.completion_mask, cfg.beta)
         union_values = self.group.gather_rows(values) if values is not None else None
@@ -406,15 +413,17 @@ class Agent(Generic[ConfigT]):
             lengths=batch.completion_mask.sum(1),
         )
 
-    def _logprobs(self, ids: Tensor, attn: Tensor, length: int) -> Tensor:
+    def _logprobs(self, ids: Tensor, attn: Tensor, length: int, groups: Tensor) -> Tensor:
         with torch.no_grad():
-            return self.policy.logprobs(ids, attn, length, with_entropy=False)[0]
+            return self.policy.logprobs(ids, attn, length, group_ids=groups, with_entropy=False)[0]
 
     def micro_batch_loss(self, data: PreparedBatch, counts: Counts) -> MicroBatchLoss:
         """The loss of one micro-batch (rows of ``data``), normalised by the minibatch's
         ``counts``: ``agg(tis * (l_policy + beta*k) - c_H*H) + sum_k c_k * extra_k``."""
         cfg = self.config
-        hidden = self.policy.sequence_hidden(data.ids, data.attn, data.max_new_tokens)
+        hidden = self.policy.sequence_hidden(
+            data.ids, data.attn, data.max_new_tokens, data.group_ids
+        )
         logprobs, entropy = self.policy.logprobs_from_hidden(hidden, data.ids)
         out = PolicyOutput(logprobs, entropy, hidden)
         old = data.old_logprobs if data.old_logprobs is not None else logprobs.detach()

@@ -97,7 +97,9 @@ class PPO(TokenClip, Agent[PPOConfig]):
         self, data: PreparedBatch, out: PolicyOutput, counts: Counts
     ) -> dict[str, tuple[float, Tensor]]:
         """The critic's clipped value loss, token-mean over the minibatch, times ``vf_coef``."""
-        values = self.critic.values(data.ids, data.attn, data.max_new_tokens, hidden=out.hidden)
+        values = self.critic.values(
+            data.ids, data.attn, data.max_new_tokens, hidden=out.hidden, group_ids=data.group_ids
+        )
         value_tokens = clipped_value_loss(values, data.values, data.returns, self.config.value_clip)
         value_loss = aggregate(
             value_tokens,

@@ -27,7 +27,7 @@ from lmgym.asynchronous.transport import VersionedRollout, concat_rollouts
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.policy.causal_lm import CausalLMPolicy, PolicyState
 from lmgym.profiling import COLLECT, labelled
-from lmgym.rollout import finished_episodes
+from lmgym.rollout import EpisodeRecorder
 
 
 class AdmissionCollector:
@@ -62,15 +62,15 @@ class AdmissionCollector:
         self.slots = torch.zeros(n, dtype=torch.long, device=device)
         self.next_slot = 0
         self.tokens_generated = 0
-        self._logprobs = torch.zeros(n, length, device=device)
-        self._rewards = torch.zeros(n, length, device=device)
-        self._special_mass = torch.zeros(n, length, device=device)
+        self._recorder = EpisodeRecorder(env)
         self._versions = torch.full((n, length), -1, dtype=torch.long, device=device)
-        self._columns = torch.arange(length, device=device)
         self._obs: dict[str, Tensor] | None = None
         self._info: dict[str, Tensor] | None = None
         self._state: PolicyState | None = None
         self._starts: Tensor | None = None
+        # Every row shows only its prompt (after a full reset, before its first step):
+        # a group's rows may then share one prefill.
+        self._fresh = False
         self._pool: list[VersionedRollout] = []
 
     @property
@@ -99,7 +99,8 @@ class AdmissionCollector:
             seed = self.seed if self._obs is None else None
             self._obs, self._info = self.env.reset(seed=seed)
             rows = torch.arange(n, device=self.live.device)
-            self._state, self._starts = None, None
+            mask = torch.ones_like(idle)
+            self._state, self._starts, self._fresh = None, None, True
         else:
             rows = idle.nonzero().squeeze(1)[:count]
             mask = torch.zeros_like(idle)
@@ -110,9 +111,7 @@ class AdmissionCollector:
         self.slots[rows] = self.next_slot + torch.arange(count, device=rows.device)
         self.next_slot += count
         self.live[rows] = True
-        self._logprobs[rows] = 0.0
-        self._rewards[rows] = 0.0
-        self._special_mass[rows] = 0.0
+        self._recorder.clear(mask)
         self._versions[rows] = -1
         return count
 
@@ -129,35 +128,28 @@ class AdmissionCollector:
         if self._obs is None or self._info is None:
             raise RuntimeError("step() before admit(): no row has started")
         env = self.env
-        column = self._info["length"].clamp(max=env.max_new_tokens - 1)
+        # A cache rebuilt mid-episode (drop_cache) sees each row's own completion: a
+        # group's rows share a prefill only when they start together.
+        shareable = self._state is not None or self._fresh
         actions, logprobs, self._state = self.policy.act(
-            self._obs, self._state, episode_starts=self._starts, generator=self.generator
+            self._obs,
+            self._state,
+            episode_starts=self._starts,
+            generator=self.generator,
+            group_ids=self._info["group_id"] if shareable else None,
         )
-        self._starts = None
+        self._starts, self._fresh = None, False
         obs, reward, terminated, truncated, info = env.step(actions.to(env.device))
-        write = (self._columns == column[:, None]) & self.live[:, None]
-        self._logprobs = torch.where(write, logprobs.to(env.device)[:, None], self._logprobs)
-        self._rewards = torch.where(write, reward[:, None], self._rewards)
-        if self._state.special_mass is not None:
-            mass = self._state.special_mass.to(env.device)[:, None]
-            self._special_mass = torch.where(write, mass, self._special_mass)
+        write = self._recorder.record(
+            self._info, self.live, logprobs, reward, self._state.special_mass
+        )
         self._versions = torch.where(write, version, self._versions)
         self.tokens_generated += self.num_live
         # The env's flags are sticky until a row restarts: new ends are the live ones.
         finished = (terminated | truncated) & self.live
         if bool(finished.any()):
             rows = finished.nonzero().squeeze(1)
-            batch = finished_episodes(
-                env,
-                obs,
-                info,
-                rows,
-                self._logprobs,
-                self._rewards,
-                self._special_mass,
-                terminated,
-                truncated,
-            )
+            batch = self._recorder.finished(obs, info, rows, terminated, truncated)
             versions = self._versions[rows].masked_fill(~batch.completion_mask, -1)
             self._pool.append(VersionedRollout(batch, versions, self.slots[rows]))
             self.live = self.live & ~finished

@@ -49,7 +49,8 @@ from lmgym.policy.adapters import (
     transformer_of,
 )
 from lmgym.policy.compiled_decode import CompiledDecode
-from lmgym.policy.kv_engine import KVCacheRollout, PolicyState, distinct_rows
+from lmgym.policy.groups import shared_rows
+from lmgym.policy.kv_engine import KVCacheRollout, PolicyState
 from lmgym.policy.logprobs import token_logprobs
 from lmgym.policy.sampling import check_sampling_settings, logprob_temperature
 from lmgym.policy.special_tokens import (
@@ -64,7 +65,7 @@ from lmgym.profiling import LM_HEAD, LOGPROBS, TEACHER_FORCED, TRUNK, labelled
 if TYPE_CHECKING:
     from lmgym.envs.token_env import TokenVectorEnv
 
-__all__ = ["CausalLMPolicy", "PolicyState", "distinct_rows"]
+__all__ = ["CausalLMPolicy", "PolicyState"]
 
 
 AUTOCAST_DTYPES = {
@@ -273,16 +274,9 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
         name_or_path: str | Path,
         device: torch.device | str = "cpu",
         dtype: torch.dtype | str = torch.float32,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        fused_activations: bool = True,
-        allowed_special_tokens: AllowedSpecialTokens = (),
         *,
         peft_config: Any = None,
-        autocast_dtype: torch.dtype | str | None = None,
-        gradient_checkpointing: bool = False,
-        compile_decode: bool = False,
+        **settings: Any,
     ) -> CausalLMPolicy:
         """Load model and tokenizer from a hub name or a local directory.
 
@@ -293,8 +287,22 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
             dtype: dtype of the loaded weights (the base's, under an adapter; peft
                 keeps adapter weights in float32).
             peft_config: wrap the loaded model with a new adapter (see the class).
-            Others: as the class.
+            **settings: the class's keyword settings, passed on as they are:
+                ``temperature``, ``top_k``, ``top_p``, ``fused_activations``,
+                ``allowed_special_tokens``, ``autocast_dtype``,
+                ``gradient_checkpointing``, ``compile_decode`` (the class documents
+                each).
+
+        Raises:
+            TypeError: a name in ``settings`` that the class does not take (checked
+                before anything loads).
         """
+        taken = [*inspect.signature(cls.__init__).parameters][3:]  # after self, model, tokenizer
+        unknown = sorted(set(settings) - set(taken))
+        if unknown:
+            raise TypeError(
+                f"from_pretrained: unknown setting(s) {unknown}; the settings are {taken}"
+            )
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype)
         if is_adapter_dir(name_or_path):
@@ -310,19 +318,7 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
         else:
             tokenizer = AutoTokenizer.from_pretrained(name_or_path)
             model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype).to(device)
-        return cls(
-            model.eval(),
-            tokenizer,
-            temperature,
-            top_k,
-            top_p,
-            fused_activations,
-            allowed_special_tokens,
-            peft_config=peft_config,
-            autocast_dtype=autocast_dtype,
-            gradient_checkpointing=gradient_checkpointing,
-            compile_decode=compile_decode,
-        )
+        return cls(model.eval(), tokenizer, peft_config=peft_config, **settings)
 
     @classmethod
     def for_env(cls, name_or_path: str | Path, env: TokenVectorEnv) -> CausalLMPolicy:
@@ -527,6 +523,8 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
         input_ids: Tensor,
         attention_mask: Tensor,
         num_targets: int,
+        *,
+        group_ids: Tensor | None = None,
         with_entropy: bool = True,
         chunk_size: int | None = None,
     ) -> tuple[Tensor, Tensor]:
@@ -537,13 +535,16 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
                 ``RolloutBatch.input_ids()``).
             attention_mask: ``[B, S] bool``; padding may sit anywhere.
             num_targets: ``L``; the targets are ``input_ids[:, S-L:]``.
+            group_ids: ``[B] int64`` each row's group (``RolloutBatch.group_ids``): a
+                group's prompt runs once (``sequence_hidden``). ``None``: a plain pass.
+            with_entropy, chunk_size: as ``lmgym.policy.logprobs.token_logprobs``.
 
         Returns:
             ``(logprobs [B, L] float32, entropy [B, L] float32)`` at the sampling
             temperature (1 when greedy) under the special-token mask, as sampled;
             values at padded targets are meaningless (mask them).
         """
-        hidden = self.sequence_hidden(input_ids, attention_mask, num_targets)
+        hidden = self.sequence_hidden(input_ids, attention_mask, num_targets, group_ids)
         return self.logprobs_from_hidden(hidden, input_ids, with_entropy, chunk_size)
 
     @labelled(LOGPROBS)
@@ -575,37 +576,41 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
 
     @labelled(TEACHER_FORCED)
     def sequence_hidden(
-        self, input_ids: Tensor, attention_mask: Tensor, num_targets: int
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        num_targets: int,
+        group_ids: Tensor | None = None,
     ) -> Tensor:
         """Hidden states that predict the last ``num_targets`` columns: ``[B, L, H]``.
 
-        Rows that share a prompt (a group) run their prompt columns through the
-        trunk once; the prompt's KV cache is copied to every row of the group and
-        the completions attend to it. The forward values are the same as one full
-        pass (up to float rounding) and the copy's backward sums the group's
-        gradients into the shared prompt computation, so gradients match too. With
-        dropout active the group's rows share one dropout mask on the prompt.
+        With ``group_ids`` (``[B] int64``, ``RolloutBatch.group_ids``) the rows of one
+        group run their prompt columns (the first ``S - L``, checked to be the same
+        within a group) through the trunk once; the prompt's KV cache is copied to
+        every row of the group and the completions attend to it. The forward values
+        are the same as the plain pass of ``group_ids=None`` (up to float rounding)
+        and the copy's backward sums the group's gradients into the shared prompt
+        computation, so gradients match too. With dropout active the group's rows
+        share one dropout mask on the prompt.
         """
         mask = attention_mask.bool()
         positions = (mask.long().cumsum(1) - 1).clamp(min=0)
         s = input_ids.shape[1]
         p = s - num_targets  # prompt columns; the last one predicts the first target
         shared = None
-        if p > 1 and not _checkpointing(self.model):
+        if group_ids is not None and p > 1 and not _checkpointing(self.model):
             # (Gradient checkpointing turns the cache off, so it gets the plain pass.)
-            shared = distinct_rows(input_ids[:, :p], mask[:, :p])
+            shared = shared_rows(group_ids, input_ids[:, :p], mask[:, :p])
         if shared is None:
             hidden = self.hidden_states(input_ids, mask, positions)
             return hidden[:, p - 1 : s - 1]
-        first, inverse = shared
         cache = DynamicCache(config=self.model.config)
-        prompt_hidden = self.hidden_states(
-            input_ids[first, :p], mask[first, :p], positions[first, :p], cache
+        prompt_hidden, source = self._shared_pass(
+            input_ids[:, :p], mask[:, :p], positions[:, :p], cache, shared
         )
-        last_prompt = prompt_hidden[inverse, p - 1 :]  # [B, 1, H]
+        last_prompt = prompt_hidden[source, p - 1 :]  # [B, 1, H]
         if num_targets == 1:
             return last_prompt
-        cache.batch_select_indices(inverse)
         completion_hidden = self.hidden_states(
             input_ids[:, p : s - 1], mask[:, : s - 1], positions[:, p : s - 1], cache
         )

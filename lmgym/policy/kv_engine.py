@@ -7,13 +7,14 @@ recurrent state (``PolicyState``), like an RNN's hidden state; the env owns the
 text.
 
 - ``_prefill``: a fresh cache from every row's text; a group's shared prompt runs
-  once and its cache is copied to the group (``distinct_rows``); a plain cache
-  then moves into in-place slots (``kv_slots``).
+  once and its cache is copied to the group (``groups.shared_rows``, from the
+  env's group ids); a plain cache then moves into in-place slots (``kv_slots``).
 - ``_decode``: the common step, one new token per advanced row; with
   ``compile_decode`` a fixed-shape compiled step over every slot column
   (``compiled_decode``), rows writing their own columns from the prefill on.
 - ``_restart``: rows that started a new episode (continuous batching) are
-  prefilled alone into their own first slots while the others take a decode step.
+  prefilled into their own first slots (rows of one group restarted together
+  share one prefill) while the others take a decode step.
 
 ``KVCacheRollout`` is a mixin: ``CausalLMPolicy`` (``causal_lm``) supplies the
 model, ``hidden_states``, ``next_token_logits`` and the sampling settings.
@@ -29,6 +30,7 @@ from torch import Tensor
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from lmgym.policy.groups import shared_rows
 from lmgym.policy.kv_slots import (
     is_slot_cache,
     reserve,
@@ -80,32 +82,6 @@ class PolicyState:
     padded: bool = True
     cols: Tensor | None = None
     special_mass: Tensor | None = None
-
-
-def distinct_rows(ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor] | None:
-    """Find repeated rows, so that work on them is done once and copied.
-
-    Rows are compared through ``mask`` (padded columns do not count): a group's
-    ``G`` copies of one prompt are one distinct row.
-
-    Args:
-        ids: ``[N, W] int64``.
-        mask: ``[N, W] bool``.
-
-    Returns:
-        ``(first [U] int64, inverse [N] int64)``: the first row of each distinct row
-        and, per row, which distinct row it is (``ids[first][inverse]`` equals ``ids``
-        on the masked columns); ``None`` when all ``N`` rows are distinct.
-    """
-    key = torch.where(mask, ids, -1)
-    distinct, inverse = torch.unique(key, dim=0, return_inverse=True)
-    n, u = key.shape[0], distinct.shape[0]
-    if u == n:
-        return None
-    rows = torch.arange(n, device=ids.device)
-    first = torch.full((u,), n, dtype=torch.long, device=ids.device)
-    first = first.scatter_reduce(0, inverse, rows, reduce="amin")
-    return first, inverse
 
 
 def _plain_cache(cache: DynamicCache) -> bool:
@@ -164,10 +140,41 @@ class KVCacheRollout:
                 cached[key] = torch.ones(n, 1, dtype=torch.bool, device=device)
         return cached[key]
 
+    def _shared_pass(
+        self,
+        ids: Tensor,
+        attention_mask: Tensor | None,
+        positions: Tensor,
+        cache: DynamicCache,
+        shared: tuple[Tensor, Tensor] | None,
+    ) -> tuple[Tensor, Tensor]:
+        """``hidden_states`` of ``[N, W]`` rows into the empty ``cache``, each group's
+        rows computed once.
+
+        Args:
+            shared: ``shared_rows``'s ``(first, inverse)``, or ``None``: every row runs.
+
+        Returns:
+            ``(hidden [U, W, H], source [N] int64)``: row ``i``'s hidden states are
+            ``hidden[source[i]]`` (``U = N`` without sharing); ``cache`` then holds
+            all ``N`` rows.
+        """
+        if shared is None:
+            hidden = self.hidden_states(ids, attention_mask, positions, cache)
+            return hidden, self._constant("arange", ids.shape[0], ids.device)
+        first, inverse = shared
+        mask = None if attention_mask is None else attention_mask[first]
+        hidden = self.hidden_states(ids[first], mask, positions[first], cache)
+        cache.batch_select_indices(inverse)
+        return hidden, inverse
+
     # ------------------------------------------------------------------ act
     @labelled(PREFILL)
-    def _prefill(self, ids: Tensor, mask: Tensor, last_col: Tensor) -> tuple[Tensor, PolicyState]:
-        """Feed every row's text up to its last real column into a fresh cache.
+    def _prefill(
+        self, ids: Tensor, mask: Tensor, last_col: Tensor, group_ids: Tensor | None
+    ) -> tuple[Tensor, PolicyState]:
+        """Feed every row's text up to its last real column into a fresh cache; the
+        rows of one group (``group_ids``, checked to hold one text) run once.
 
         Each row's real tokens are first moved, in order, to the right end of the
         block, so every row's text is contiguous and ends at the last cache column
@@ -187,16 +194,10 @@ class KVCacheRollout:
         positions = (mask.long().cumsum(1) - 1).clamp(min=0)
         cache = DynamicCache(config=self.model.config)
         padded = not bool(mask.all())
-        shared = distinct_rows(ids, mask)
-        if shared is None:
-            hidden = self.hidden_states(ids, self._trunk_mask(mask, padded), positions, cache)
-        else:
-            # A group's rows share one prompt: prefill it once and copy its cache.
-            first, inverse = shared
-            hidden = self.hidden_states(
-                ids[first], self._trunk_mask(mask[first], padded), positions[first], cache
-            )[inverse]
-            cache.batch_select_indices(inverse)
+        groups = shared_rows(group_ids, ids, mask)
+        hidden, source = self._shared_pass(
+            ids, self._trunk_mask(mask, padded), positions, cache, groups
+        )
         cache_mask, cols = mask, None
         if _plain_cache(cache):
             capacity = max(capacity, width + 1)
@@ -205,7 +206,7 @@ class KVCacheRollout:
             if self._compiled_decode.enabled:  # its one step shape writes per-row columns
                 cols, padded = torch.full_like(last_col, width), True
         state = PolicyState(cache, cache_mask, mask.sum(1), last_col, padded, cols)
-        return hidden[:, -1], state
+        return hidden[source, -1], state
 
     @labelled(DECODE)
     def _decode(
@@ -273,11 +274,18 @@ class KVCacheRollout:
 
     @labelled(RESTART)
     def _restart(
-        self, ids: Tensor, mask: Tensor, last_col: Tensor, restart: Tensor, state: PolicyState
+        self,
+        ids: Tensor,
+        mask: Tensor,
+        last_col: Tensor,
+        restart: Tensor,
+        state: PolicyState,
+        group_ids: Tensor | None,
     ) -> tuple[Tensor, PolicyState]:
         """Re-feed the restarted rows from their new text; the other rows take one decode step.
 
-        The ``k`` restarted rows are prefilled alone, in a cache of their own, and
+        The ``k`` restarted rows are prefilled in a cache of their own (restarted rows
+        of one group, by ``group_ids``, once: they hold one prompt), and
         their ``W`` new columns overwrite the first ``W`` slots of their own rows
         (their old columns are all dead; the rest are masked out). From then on each
         row writes its own next column (``PolicyState.cols``). Then one decode step
@@ -291,8 +299,9 @@ class KVCacheRollout:
         new_ids, new_mask = ids[rows, :width], mask[rows, :width]
         new_positions = (new_mask.long().cumsum(1) - 1).clamp(min=0)
         fresh = DynamicCache(config=self.model.config)
-        new_hidden = self.hidden_states(new_ids, new_mask, new_positions, fresh)
-        newest = new_hidden[torch.arange(rows.numel(), device=ids.device), last_col[rows]]
+        groups = shared_rows(None if group_ids is None else group_ids[rows], new_ids, new_mask)
+        new_hidden, source = self._shared_pass(new_ids, new_mask, new_positions, fresh, groups)
+        newest = new_hidden[source, last_col[rows]]
         cache_mask = _widen(state.cache_mask, reserve(cache, width))
         for shared, own in zip(cache.layers, fresh.layers, strict=True):
             shared.write_rows(rows, own.keys, own.values)
@@ -321,6 +330,7 @@ class KVCacheRollout:
         state: PolicyState | None = None,
         episode_starts: Tensor | None = None,
         generator: torch.Generator | None = None,
+        group_ids: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, PolicyState]:
         """Sample the next token of every row.
 
@@ -334,6 +344,13 @@ class KVCacheRollout:
                 Those rows are re-fed from their prompt; the others keep their cache.
                 Rows that moved back or jumped are detected without the flag.
             generator: RNG for sampling.
+            group_ids: ``[N] int64`` each row's group, the env's ``info["group_id"]``:
+                rows of one group that this call feeds from their text (every row when
+                ``state`` is ``None``, else the restarted rows) share one prefill. They
+                must then show the same text, as a group does at its start (checked:
+                a ``ValueError`` otherwise); pass ``None`` when rebuilding a cache
+                mid-episode (``state=None`` on rows with completions). ``None``: no
+                sharing.
 
         Returns:
             ``(actions [N] int64, sampler_logprobs [N] float32, new_state)``.
@@ -343,7 +360,7 @@ class KVCacheRollout:
         # inference_mode, not no_grad: no version counters or view tracking on the
         # ~100 small ops of a step, a few percent of a tiny model's rollout.
         with torch.inference_mode():
-            actions, logprobs, state = self._act(obs, state, episode_starts, generator)
+            actions, logprobs, state = self._act(obs, state, episode_starts, generator, group_ids)
         # Plain tensors for the caller, who may use them in autograd or edit them.
         return actions.clone(), logprobs.clone(), state
 
@@ -353,13 +370,15 @@ class KVCacheRollout:
         state: PolicyState | None,
         episode_starts: Tensor | None,
         generator: torch.Generator | None,
+        group_ids: Tensor | None,
     ) -> tuple[Tensor, Tensor, PolicyState]:
         device = self.device  # one parameter scan per call, not two
         ids = obs["input_ids"].to(device)
         mask = obs["attention_mask"].to(device).bool()
+        groups = None if group_ids is None else group_ids.to(device)
         last_col = (mask * self._constant("arange", ids.shape[1], ids.device)).argmax(dim=1)
         if state is None:
-            hidden, state = self._prefill(ids, mask, last_col)
+            hidden, state = self._prefill(ids, mask, last_col, groups)
         else:
             # A row that moved back or by more than one column was restarted (a new
             # episode's text); so was any row the caller flags.
@@ -372,9 +391,10 @@ class KVCacheRollout:
             if restart is None:
                 hidden, state = self._decode(ids, last_col, state, all_advanced=low == 1)
             elif is_slot_cache(state.cache):
-                hidden, state = self._restart(ids, mask, last_col, restart, state)
+                hidden, state = self._restart(ids, mask, last_col, restart, state, groups)
             else:  # a cache kind whose tensors lmgym does not edit: refill every row
-                hidden, state = self._prefill(ids, mask, last_col)
+                # (mid-episode: a group's rows hold their own completions, no sharing)
+                hidden, state = self._prefill(ids, mask, last_col, None)
         logits = self.next_token_logits(hidden)
         with phase(SAMPLE):
             refused = self._refused

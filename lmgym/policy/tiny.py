@@ -121,24 +121,20 @@ def make_tiny_lm(
 
 def save_tiny(
     path: str | Path,
-    chars: str = DEFAULT_CHARS,
-    pad_equals_eos: bool = False,
-    n_layer: int = 2,
-    n_embd: int = 64,
-    n_head: int = 4,
-    n_positions: int = 256,
-    seed: int = 0,
+    lm: tuple[PreTrainedModel, PreTrainedTokenizerFast] | None = None,
 ) -> Path:
-    """Build a tiny model and tokenizer (``make_tiny_lm``) and ``save_pretrained`` both
-    into ``path``.
+    """``save_pretrained`` a tiny model and its tokenizer into ``path``.
+
+    Args:
+        path: the directory to write.
+        lm: ``(model, tokenizer)`` to write, e.g. ``make_tiny_lm(n_layer=1)``;
+            ``None``: ``make_tiny_lm()``'s defaults.
 
     The directory is then loadable with ``CausalLMPolicy.from_pretrained(path)``
     or ``AutoModelForCausalLM.from_pretrained(path)``.
     """
     path = Path(path)
-    model, tokenizer = make_tiny_lm(
-        chars, pad_equals_eos, n_layer, n_embd, n_head, n_positions, seed
-    )
+    model, tokenizer = make_tiny_lm() if lm is None else lm
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path

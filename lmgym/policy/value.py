@@ -73,6 +73,7 @@ class Critic(nn.Module):
         attention_mask: Tensor,
         num_targets: int,
         hidden: Tensor | None = None,
+        group_ids: Tensor | None = None,
     ) -> Tensor:
         """Values of the states before each of the last ``num_targets`` tokens.
 
@@ -80,12 +81,16 @@ class Critic(nn.Module):
             input_ids, attention_mask: ``[B, S]``.
             hidden: the policy's ``[B, L, H]`` hidden states when the trunk is shared
                 and they were already computed (saves a forward pass).
+            group_ids: ``[B] int64`` rows' groups: a group's prompt runs once through
+                the trunk (``CausalLMPolicy.sequence_hidden``); ``None``: a plain pass.
 
         Returns:
             ``[B, L] float32``: ``values[:, t] = V(prompt, y_<t)``.
         """
         if hidden is None or not self.shared:
-            hidden = self.trunk_policy.sequence_hidden(input_ids, attention_mask, num_targets)
+            hidden = self.trunk_policy.sequence_hidden(
+                input_ids, attention_mask, num_targets, group_ids
+            )
         return self.head(hidden)
 
     def state_dict_for_save(self) -> dict[str, Tensor]:
@@ -124,6 +129,7 @@ class AdapterDisabledReference(CausalLMPolicy):
             policy.top_k,
             policy.top_p,
             fused_activations=False,
+            allowed_special_tokens=policy.allowed_special_tokens,
             autocast_dtype=policy.autocast_dtype,
         )
 

@@ -365,17 +365,20 @@ def test_length_bucketing_changes_neither_gradient_nor_metrics(agent_class):
 
 def test_length_bucketing_runs_no_pass_over_padding_columns():
     agent, batch = setup(GRPO, micro_batch_size=3)
-    widths = []
+    widths, groups = [], []
     forward = agent.policy.sequence_hidden
 
-    def spy(ids, attn, length):
+    def spy(ids, attn, length, group_ids):
         widths.append(length)
-        return forward(ids, attn, length)
+        groups.append(group_ids)
+        return forward(ids, attn, length, group_ids)
 
     agent.policy.sequence_hidden = spy
     agent.train_on_batch(batch)
     ordered = batch.lengths.sort(descending=True).values
     assert widths == [int(ordered[i : i + 3].max()) for i in range(0, ROWS, 3)]
+    # Each micro-batch's rows carry their groups from the rollout (shared prompt passes).
+    assert torch.equal(torch.cat(groups).sort().values, batch.group_ids.sort().values)
 
 
 def test_special_token_mass_and_learning_rate_are_logged():

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmgym.policy import CausalLMPolicy, compiled_decode, save_tiny
+from lmgym.policy import CausalLMPolicy, compiled_decode, make_tiny_lm, save_tiny
 from lmgym.policy.compiled_decode import slot_attention
 from lmgym.rollout import ContinuousCollector, collect
 
@@ -130,7 +130,7 @@ def test_compiled_decode_is_off_by_default_and_kept_by_from_pretrained(
     assert not policy.compile_decode
     collect(make_env(), policy, seed=0)
     assert step_calls == []
-    path = save_tiny(tmp_path / "tiny", n_layer=1)
+    path = save_tiny(tmp_path / "tiny", make_tiny_lm(n_layer=1))
     loaded = CausalLMPolicy.from_pretrained(path, compile_decode=True)
     assert loaded.compile_decode and loaded.settings()["compile_decode"] is True
     assert not CausalLMPolicy.from_pretrained(path).settings()["compile_decode"]

@@ -276,3 +276,20 @@ except ImportError as error:
         [sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True
     )
     assert "peft_config needs the optional dependency peft: pip install 'lmgym[peft]'" in out.stdout
+
+
+def test_the_adapter_disabled_reference_masks_the_policys_special_tokens(tokenizer, ids):
+    # A reference that refused a token the policy may sample would score it -inf
+    # (an infinite KL) wherever the policy sampled it.
+    policy = CausalLMPolicy(
+        tiny_llama(tokenizer), tokenizer, peft_config=lora(), allowed_special_tokens=["<pad>"]
+    )
+    ref = frozen_copy(policy)
+    assert ref.masked_token_ids == policy.masked_token_ids
+    text = torch.tensor([[*ids("ab"), tokenizer.pad_token_id, *ids("c")]])
+    attn = torch.ones_like(text, dtype=torch.bool)
+    with torch.no_grad():
+        lp_ref = ref.logprobs(text, attn, 2, with_entropy=False)[0]
+        lp = policy.logprobs(text, attn, 2, with_entropy=False)[0]
+    assert torch.isfinite(lp_ref).all()
+    torch.testing.assert_close(lp_ref, lp)  # LoRA's B = 0: the base is the policy

@@ -11,9 +11,8 @@ from transformers.activations import NewGELUActivation
 
 from lmgym.char_tokenizer import make_char_tokenizer
 from lmgym.envs import TokenVectorEnv
-from lmgym.policy import CausalLMPolicy, make_tiny_model, save_tiny
+from lmgym.policy import CausalLMPolicy, make_tiny_lm, make_tiny_model, save_tiny
 from lmgym.policy.activations import fuse_gelu
-from lmgym.policy.kv_engine import distinct_rows
 from lmgym.policy.kv_slots import slots_capacity, slots_filled
 from lmgym.policy.logprobs import token_logprobs
 from lmgym.policy.sampling import filter_logits, sample_tokens
@@ -56,37 +55,84 @@ def test_unpadded_prompts_run_maskless_until_a_row_finishes(make_env, make_eos_p
     assert diff < 1e-4
 
 
-def test_distinct_rows_ignores_padding_and_maps_back():
-    ids = torch.tensor([[0, 5, 6], [9, 5, 6], [0, 7, 8], [1, 5, 6]])
-    mask = torch.tensor([[0, 1, 1], [0, 1, 1], [0, 1, 1], [1, 1, 1]], dtype=torch.bool)
-    first, inverse = distinct_rows(ids, mask)
-    key = torch.where(mask, ids, -1)
-    assert torch.equal(key[first][inverse], key)
-    assert inverse[0] == inverse[1] and len(set(inverse.tolist())) == 3
-    assert distinct_rows(ids[2:], mask[2:]) is None  # all distinct: nothing to share
+def trunk_rows(policy, monkeypatch) -> list[int]:
+    """The number of rows of every trunk pass ``policy`` makes from now on."""
+    rows: list[int] = []
+    forward = policy.hidden_states
+
+    def spy(input_ids, *args, **kwargs):
+        rows.append(input_ids.shape[0])
+        return forward(input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(policy, "hidden_states", spy)
+    return rows
 
 
-def test_group_shared_prompt_pass_matches_a_full_pass_with_gradients(make_env, tokenizer):
+def test_group_shared_prompt_pass_matches_the_plain_pass_with_gradients(
+    make_env, tokenizer, monkeypatch
+):
     policy = CausalLMPolicy(make_tiny_model(len(tokenizer), seed=1), tokenizer)
     policy.model.train()
     env = make_env(prompts=["ab", "hello", "xyz"], num_prompts=3, group_size=3, max_new_tokens=6)
     batch = collect(env, policy, seed=0)
     ids, mask = batch.input_ids()
     length = batch.max_new_tokens
-    p = ids.shape[1] - length
-    assert distinct_rows(ids[:, :p], mask[:, :p]) is not None  # the shared path runs
     params = [q for q in policy.parameters() if q.requires_grad]
+    rows = trunk_rows(policy, monkeypatch)
 
-    shared_lp, _ = policy.logprobs(ids, mask, length)
-    positions = (mask.long().cumsum(1) - 1).clamp(min=0)
-    full_hidden = policy.hidden_states(ids, mask, positions)[:, p - 1 : -1]
-    full_lp, _ = policy.logprobs_from_hidden(full_hidden, ids)
+    shared_lp, _ = policy.logprobs(ids, mask, length, group_ids=batch.group_ids)
+    assert rows == [3, 9]  # the 3 groups' prompts once, then the 9 completions
+    plain_lp, _ = policy.logprobs(ids, mask, length)
+    assert rows[2:] == [9]  # group_ids=None: one plain pass
     m = batch.completion_mask
-    assert (shared_lp - full_lp)[m].abs().max().item() < 1e-5
+    assert (shared_lp - plain_lp)[m].abs().max().item() < 1e-5
     shared_grads = torch.autograd.grad((shared_lp * m).sum(), params)
-    full_grads = torch.autograd.grad((full_lp * m).sum(), params)
-    for a, b in zip(shared_grads, full_grads, strict=True):
+    plain_grads = torch.autograd.grad((plain_lp * m).sum(), params)
+    for a, b in zip(shared_grads, plain_grads, strict=True):
         assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_teacher_forced_group_ids_must_name_rows_with_one_prompt(make_env, policy):
+    env = make_env(prompts=["ab", "xyz"], num_prompts=2, group_size=2)
+    batch = collect(env, policy, seed=0)
+    ids, mask = batch.input_ids()
+    wrong = torch.zeros_like(batch.group_ids)  # both prompts in one group
+    with pytest.raises(ValueError, match=r"group_ids: rows 0 and 2 share group id 0 but not"):
+        policy.logprobs(ids, mask, batch.max_new_tokens, group_ids=wrong)
+
+
+def test_group_prefill_samples_what_a_plain_prefill_samples(make_env, policy, monkeypatch):
+    env = make_env(prompts=["ab", "hello", "xyz"], num_prompts=3, group_size=4)
+    obs, info = env.reset(seed=0)
+    rows = trunk_rows(policy, monkeypatch)
+    gen = torch.Generator().manual_seed(5)
+    shared = policy.act(obs, generator=gen, group_ids=info["group_id"])
+    assert rows == [3]  # one prefill row per group
+    plain = policy.act(obs, generator=torch.Generator().manual_seed(5))
+    assert rows[1:] == [12]
+    assert torch.equal(shared[0], plain[0])
+    torch.testing.assert_close(shared[1], plain[1], atol=1e-5, rtol=1e-5)
+    # And the copied caches go on to sample the same next step.
+    obs, *_ = env.step(shared[0])
+    after = [
+        policy.act(obs, s[2], generator=torch.Generator().manual_seed(6)) for s in (shared, plain)
+    ]
+    assert torch.equal(after[0][0], after[1][0])
+    torch.testing.assert_close(after[0][1], after[1][1], atol=1e-5, rtol=1e-5)
+    # collect() passes the env's group ids: its first trunk pass is the groups' prompts.
+    del rows[:]
+    collect(env, policy, seed=0)
+    assert rows[0] == 3
+
+
+def test_prefill_group_ids_on_rows_with_their_own_completions_are_refused(make_env, policy):
+    env = make_env(prompts=["ab"], num_prompts=1, group_size=4)
+    obs, info = env.reset(seed=0)
+    actions, _, _ = policy.act(obs, generator=torch.Generator().manual_seed(0))
+    obs, *_ = env.step(actions)
+    assert len(set(actions.tolist())) > 1  # the group's rows now differ
+    with pytest.raises(ValueError, match=r"group_ids: rows 0 and \d share group id"):
+        policy.act(obs, None, group_ids=info["group_id"])  # a mid-episode rebuild
 
 
 def test_eos_keeps_logprob_and_mask_when_pad_equals_eos(make_env, make_eos_policy):
@@ -157,7 +203,7 @@ def test_group_samples_are_drawn_independently(make_env, policy):
 
 
 def test_from_pretrained_round_trips_a_local_directory(tmp_path):
-    path = save_tiny(tmp_path / "tiny", n_layer=1, seed=3)
+    path = save_tiny(tmp_path / "tiny", make_tiny_lm(n_layer=1, seed=3))
     loaded = CausalLMPolicy.from_pretrained(path)
     tokenizer = make_char_tokenizer()
     reference = make_tiny_model(
@@ -172,6 +218,14 @@ def test_from_pretrained_round_trips_a_local_directory(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(loaded.model(ids).logits, reference(ids).logits)
     assert isinstance(AutoModelForCausalLM.from_pretrained(path), type(reference))
+
+
+def test_from_pretrained_passes_the_class_settings_and_names_an_unknown_one(tmp_path):
+    path = save_tiny(tmp_path / "tiny", make_tiny_lm(n_layer=1))
+    loaded = CausalLMPolicy.from_pretrained(path, temperature=0.5, top_k=3, top_p=0.9)
+    assert (loaded.temperature, loaded.top_k, loaded.top_p) == (0.5, 3, 0.9)
+    with pytest.raises(TypeError, match=r"from_pretrained: unknown setting\(s\) \['temprature'\]"):
+        CausalLMPolicy.from_pretrained(path, temprature=0.5)
 
 
 @pytest.mark.parametrize("chunk_size", [2, None])  # several chunks (recomputed) / one chunk
@@ -331,6 +385,38 @@ def test_restarting_some_rows_keeps_the_others_cache_and_matches_a_fresh_prefill
     assert new_mask[1, :width].equal(obs["attention_mask"][1, :width])
     assert not new_mask[1, width:].any()
     assert new_mask[[0, 2], :kept_columns].equal(state.cache_mask[[0, 2], :kept_columns])
+
+
+def test_rows_of_one_group_restarted_together_share_one_prefill(make_env, policy, monkeypatch):
+    env = make_env(
+        prompts=["ab", "hello", "xyz"],
+        num_prompts=2,
+        group_size=2,
+        max_new_tokens=6,
+        prompt_order="sequential",
+        autoreset=True,
+    )
+    obs, info = env.reset(seed=0)
+    _, _, state = policy.act(obs, group_ids=info["group_id"])
+    obs, *_ = env.step(torch.zeros(4, dtype=torch.long) + 5)
+    _, _, state = policy.act(obs, state, group_ids=info["group_id"])
+    starts = torch.tensor([True, False, True, False])
+    # Rows 0 and 2 start the next prompt slots: one new group, one prompt.
+    obs, info = env.reset(options={"reset_mask": starts})
+    assert info["group_id"][0] == info["group_id"][2] != info["group_id"][1]
+    rows = trunk_rows(policy, monkeypatch)
+    cached = policy.act(
+        obs,
+        state,
+        episode_starts=starts,
+        generator=torch.Generator().manual_seed(3),
+        group_ids=info["group_id"],
+    )
+    assert rows == [1, 4]  # the new group's prompt once, then the step of every row
+    fresh = policy.act(obs, None, generator=torch.Generator().manual_seed(3))
+    # (Rows 1 and 3 did not advance: their outputs are not a next token.)
+    assert torch.equal(cached[0][starts], fresh[0][starts])
+    torch.testing.assert_close(cached[1][starts], fresh[1][starts], atol=1e-5, rtol=1e-5)
 
 
 # A wide prompt region (max_prompt_length=12 for prompts of <= 5 tokens): restarted
