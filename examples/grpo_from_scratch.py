@@ -66,8 +66,11 @@ def grpo_loss(
     """
     advantages = group_advantages(batch.scores, batch.group_ids)[:, None]  # [B, 1]
     ids, attention_mask = batch.input_ids()  # prompt + completion, [B, Lp + L]
-    # Teacher-forced log-probs of the completion tokens, with gradient: [B, L].
-    logprobs, _ = policy.logprobs(ids, attention_mask, batch.max_new_tokens, with_entropy=False)
+    # Teacher-forced log-probs of the completion tokens, with gradient: [B, L]; a
+    # group's rows run their shared prompt through the model once.
+    logprobs, _ = policy.logprobs(
+        ids, attention_mask, batch.max_new_tokens, group_ids=batch.group_ids, with_entropy=False
+    )
     old_logprobs = logprobs.detach()  # one step per batch: lp_old is lp before the step
     ratio = (logprobs - old_logprobs).clamp(-20.0, 20.0).exp()  # the clamp only guards exp
     unclipped = -advantages * ratio
