@@ -132,6 +132,25 @@ class DataParallelUpdate:
         ddp = self._wrap() if self._module is not None else None
         with ddp.no_sync() if ddp is not None and not last else contextlib.nullcontext():
             yield
+        if ddp is not None and last:
+            self._check_reached()
+
+    def _check_reached(self) -> None:
+        """Refuse trainable parameters the loss never reached: DDP would leave their bucket
+        unreduced (a silently per-rank gradient) and fail on the next update."""
+        assert self._module is not None
+        unreached = [
+            name.removeprefix("parts.")
+            for name, p in self._module.named_parameters()
+            if p.requires_grad and p.grad is None
+        ]
+        if unreached:
+            shown = ", ".join(unreached[:5]) + (", ..." if len(unreached) > 5 else "")
+            raise ValueError(
+                f"data parallel: {len(unreached)} trainable parameter(s) get no gradient from "
+                f"the loss ({shown}); DDP would not sum the gradients over ranks. Freeze them "
+                "(requires_grad_(False)) before building the agent"
+            )
 
     def __call__(self, data: "PreparedBatch", counts: "Counts") -> "MicroBatchLoss":
         """The micro-batch's loss (through DDP's forward when wrapped)."""

@@ -37,6 +37,13 @@ def main(out: Path) -> None:
         local = batch.select(torch.isin(batch.group_ids, mine))
         results[key] = gradient_of(agent, local, key)
         results[key]["wrapped"] = type(agent.parallel.ddp).__name__
+    # A trainable parameter the loss never reaches: refused, not left unreduced.
+    agent = make_agent(("grpo", "token-mean"))
+    agent.policy.model.register_parameter("unused", torch.nn.Parameter(torch.zeros(3)))
+    try:
+        gradient_of(agent, full_batch(agent), ("grpo", "token-mean"))
+    except ValueError as error:
+        results["unused"] = str(error)
     torch.save(results, out / f"rank{rank}.pt")
     dist.destroy_process_group()
 
