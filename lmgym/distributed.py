@@ -9,8 +9,8 @@ batch (docs/distributed.md):
   computed on the union batch, and each rank keeps its own rows;
 - every aggregation normaliser (``B``, token counts) is all-reduced before the
   backward pass, so a rank's loss is its share of the global loss;
-- gradients are summed across ranks (``all_reduce``) after the micro-batches, so
-  every rank takes the same optimizer step;
+- gradients are summed across ranks by ``DistributedDataParallel`` with a summing
+  hook (``lmgym.parallel``), so every rank takes the same optimizer step;
 - metrics are computed on gathered tensors and are global.
 
 Outside a process group every function here is the identity: one process is
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
 from dataclasses import fields
 from datetime import timedelta
 from typing import Any
@@ -33,8 +32,6 @@ from torch import Tensor
 from lmgym.profiling import COMM, phase
 from lmgym.types import RolloutBatch
 
-BUCKET_BYTES = 25 * 2**20
-"""Gradient all-reduce bucket size (DDP's default)."""
 DEFAULT_TIMEOUT_S = 600.0
 """Collective timeout: a rank that died or diverged ends the run with an error, never a hang."""
 
@@ -74,7 +71,6 @@ class DataParallelGroup:
         self.active = is_distributed() and dist.get_world_size(group) > 1
         self.rank = dist.get_rank(group) if self.active else 0
         self.size = dist.get_world_size(group) if self.active else 1
-        self.bucket_bytes = BUCKET_BYTES
 
     def all_reduce_sum(self, tensor: Tensor) -> Tensor:
         """Sum ``tensor`` over ranks, in place; returns it."""
@@ -89,38 +85,6 @@ class DataParallelGroup:
             with phase(COMM):
                 dist.all_reduce(tensor, op=dist.ReduceOp.MIN, group=self.group)
         return tensor
-
-    def all_reduce_grads(self, params: Sequence[Tensor]) -> None:
-        """Sum the parameters' gradients over ranks, in buckets of about ``bucket_bytes``.
-
-        The losses are normalised by global counts, so the global gradient is the
-        *sum* of the ranks' gradients (DDP would average them). Like DDP's reducer,
-        gradients travel in flat buckets of about ``bucket_bytes``, so the extra memory is one bucket, not a
-        copy of the model's gradients. A parameter without a
-        gradient on this rank contributes zeros; frozen parameters are left out.
-        """
-        if not self.active:
-            return
-        params = [p for p in params if p.requires_grad]  # frozen ones (VAPO's warmup) stay so
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        buckets: list[list[Tensor]] = [[]]
-        size = 0
-        for p in params:
-            if size and size + p.grad.nbytes > self.bucket_bytes:  # type: ignore[union-attr]
-                buckets.append([])
-                size = 0
-            buckets[-1].append(p.grad)  # type: ignore[arg-type]
-            size += p.grad.nbytes  # type: ignore[union-attr]
-        with phase(COMM):
-            for bucket in buckets:
-                flat = torch.cat([g.reshape(-1) for g in bucket])
-                dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group)
-                offset = 0
-                for g in bucket:
-                    g.copy_(flat[offset : offset + g.numel()].view_as(g))
-                    offset += g.numel()
 
     def gather_rows(self, tensor: Tensor, left_pad: Any = None) -> Tensor:
         """Concatenate every rank's ``tensor`` along dim 0, rank order.

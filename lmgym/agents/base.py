@@ -62,6 +62,7 @@ from lmgym.agents.report import update_metrics
 from lmgym.distributed import DataParallelGroup
 from lmgym.envs.rewards import reward_component_means
 from lmgym.envs.token_env import TokenVectorEnv
+from lmgym.parallel import DataParallelUpdate, trainable_modules
 from lmgym.persistence.agent import load_agent, save_agent
 from lmgym.policy.causal_lm import CausalLMPolicy
 from lmgym.policy.value import Critic
@@ -133,6 +134,13 @@ class Agent(Generic[ConfigT]):
         self.lr_schedule = LearningRateSchedule(self.optimizer, self.config)
         self.group = DataParallelGroup(process_group)
         self.group.check_same_on_every_rank(f"{self.name} config", dataclasses.asdict(self.config))
+        # The update's trainable modules under DDP (gradients summed over ranks); one
+        # process calls the loss directly. Looked up per call: a probe may shadow it.
+        self.parallel = DataParallelUpdate(
+            trainable_modules(self.policy, self.critic),
+            lambda data, counts: self.micro_batch_loss(data, counts),
+            self.group,
+        )
         self.generator = torch.Generator(device=self.policy.device)
         # Rank 0 samples exactly as a single process; other ranks draw other completions.
         self.generator.manual_seed(self.config.seed + 7919 * self.group.rank)
@@ -464,14 +472,17 @@ class Agent(Generic[ConfigT]):
         parts: list[tuple[Tensor, MicroBatchLoss]] = []
         if self.config.bucket_by_length:  # micro-batches of similar lengths, no padding computed
             minibatch = minibatch[data.lengths[minibatch].argsort(descending=True, stable=True)]
-        for rows in minibatch.split(self.config.micro_batch_size or minibatch.numel()):
+        chunks = minibatch.split(self.config.micro_batch_size or minibatch.numel())
+        for index, rows in enumerate(chunks):
             micro = data.rows(rows)
-            with phase(LOSS):
-                loss = self.micro_batch_loss(
-                    micro.trimmed() if self.config.bucket_by_length else micro, counts
-                )
-            with phase(BACKWARD):
-                loss.total.backward()
+            # Data parallel: the last micro-batch's backward sums the gradients over ranks.
+            with self.parallel.micro_batch(last=index == len(chunks) - 1):
+                with phase(LOSS):
+                    loss = self.parallel(
+                        micro.trimmed() if self.config.bucket_by_length else micro, counts
+                    )
+                with phase(BACKWARD):
+                    loss.total.backward()
             parts.append((rows, loss))
         with phase(OPTIMIZER):
             return parts, *self._sync_check_step(parts, where)
@@ -479,15 +490,15 @@ class Agent(Generic[ConfigT]):
     def _sync_check_step(
         self, parts: list[tuple[Tensor, MicroBatchLoss]], where: str
     ) -> tuple[dict[str, float], float]:
-        """Sum terms and gradients over ranks, check them, clip, step, check the weights."""
-        # Each rank's terms and gradients are its share of the minibatch's: sum them.
+        """Sum terms over ranks, check them and the gradients (summed over ranks by the
+        last micro-batch's backward), clip, step, check the weights."""
+        # Each rank's terms are its share of the minibatch's: sum them.
         names = sorted(parts[0][1].terms)
         summed = torch.stack([sum(loss.terms[n] for _, loss in parts) for n in names])
         terms = dict(zip(names, self.group.all_reduce_sum(summed.double()).tolist(), strict=True))
         for name, value in terms.items():
             check_finite(name, torch.tensor(value), where)
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
-        self.group.all_reduce_grads(params)
         norm = total_grad_norm(params)
         check_finite("grad_norm", norm, where)
         clip_grads(params, self.config.max_grad_norm, norm)

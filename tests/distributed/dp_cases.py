@@ -17,19 +17,40 @@ ROWS, GROUP = 12, 4
 SCORES = [1.0, 0.0, 2.0, 0.5, 3.0, 1.0, 1.0, 0.0, 0.7, 0.7, 0.7, 0.7]  # group 3 is flat
 MASKED = [9, 10]  # rows of the last group (rank 1's): fewer valid tokens there
 
+VARIANTS: dict[str, tuple[str, dict, dict]] = {
+    # name: (algorithm, agent config overrides, policy keyword arguments)
+    # Several micro-batches (3 on rank 0, 2 on rank 1): all but the last under no_sync.
+    "grpo-micro-batches": ("grpo", {"micro_batch_size": 3}, {}),
+    "grpo-gradient-checkpointing": ("grpo", {}, {"gradient_checkpointing": True}),
+    # Only the adapter trains: DDP reduces the adapter's parameters alone.
+    "grpo-lora": ("grpo", {}, {"lora": True}),
+    "ppo-separate-critic": ("ppo", {"value_model": "separate"}, {}),
+    # One update in value pretraining (the policy frozen), then the measured one with
+    # everything trainable: the DDP wrapper is rebuilt over the new parameter set.
+    "vapo-after-warmup": ("vapo", {"value_warmup_iterations": 1}, {}),
+}
+
 CASES: list[tuple[str, str]] = [
     (name, aggregation)
     for name, agent_class in ALGORITHMS.items()
     for aggregation in (
         ["seq-mean-token-mean"] if issubclass(agent_class, GSPO) else AGGREGATION_MODES
     )
-]
+] + [(variant, "token-mean") for variant in VARIANTS]
 
 
 def make_agent(case: tuple[str, str]):
     name, aggregation = case
+    name, overrides, policy_kwargs = VARIANTS.get(name, (name, {}, {}))
     tokenizer = make_char_tokenizer()
-    policy = CausalLMPolicy(make_tiny_model(len(tokenizer), seed=0), tokenizer)
+    if policy_kwargs.pop("lora", False):
+        from peft import LoraConfig
+
+        torch.manual_seed(0)  # the adapter's initialisation: the same in every process
+        policy_kwargs["peft_config"] = LoraConfig(
+            r=4, target_modules=["c_attn"], fan_in_fan_out=True, init_lora_weights="gaussian"
+        )
+    policy = CausalLMPolicy(make_tiny_model(len(tokenizer), seed=0), tokenizer, **policy_kwargs)
     env = make_target_string_vector(
         tokenizer=tokenizer, num_envs=ROWS, group_size=GROUP, max_new_tokens=6
     )
@@ -43,6 +64,7 @@ def make_agent(case: tuple[str, str]):
         "num_minibatches": 1,
         "update_epochs": 1,
         "whiten_advantages": True,
+        **overrides,
     }
     return agent_class(policy, env, **config)
 
@@ -55,8 +77,11 @@ def full_batch(agent) -> RolloutBatch:
     return dataclasses.replace(batch, rewards=rewards, valid=valid)
 
 
-def gradient_of(agent, batch: RolloutBatch) -> dict:
+def gradient_of(agent, batch: RolloutBatch, case: tuple[str, str]) -> dict:
     agent.optimizer.step = lambda *a, **k: None
+    if case[0] == "vapo-after-warmup":  # a value-pretraining update, then the measured one
+        agent.train_on_batch(batch)
+        agent.iteration = agent.config.value_warmup_iterations
     metrics = agent.train_on_batch(batch)
     params = [p for g in agent.optimizer.param_groups for p in g["params"]]
     grad = torch.cat([p.grad.flatten() for p in params if p.grad is not None])

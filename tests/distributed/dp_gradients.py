@@ -30,12 +30,20 @@ def main(out: Path) -> None:
     results = {}
     for key in CASES:
         agent = make_agent(key)
-        agent.group.bucket_bytes = 64 * 1024  # several buckets: the bucketing is exercised
+        agent.parallel.bucket_cap_mb = 1 / 16  # several buckets: the bucketing is exercised
         batch = full_batch(agent)
         groups = batch.group_ids.unique()
         mine = groups[:2] if rank == 0 else groups[2:]  # 2 groups on rank 0, 1 on rank 1
         local = batch.select(torch.isin(batch.group_ids, mine))
-        results[key] = gradient_of(agent, local)
+        results[key] = gradient_of(agent, local, key)
+        results[key]["wrapped"] = type(agent.parallel.ddp).__name__
+    # A trainable parameter the loss never reaches: refused, not left unreduced.
+    agent = make_agent(("grpo", "token-mean"))
+    agent.policy.model.register_parameter("unused", torch.nn.Parameter(torch.zeros(3)))
+    try:
+        gradient_of(agent, full_batch(agent), ("grpo", "token-mean"))
+    except ValueError as error:
+        results["unused"] = str(error)
     torch.save(results, out / f"rank{rank}.pt")
     dist.destroy_process_group()
 

@@ -117,3 +117,26 @@ def test_two_process_grpo_solves_target_string(tmp_path):
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "early stop at iteration" in done.stdout
+
+
+def test_num_minibatches_not_dividing_a_rank_s_batch_fails_on_every_rank(tmp_path):
+    """Each rank's batch (num_prompts * group_size = 8 rows) must split into whole
+    minibatches: 3 does not divide it, an error on both ranks, exit 2, no run directory."""
+    bad = ["--num-prompts", "2", "--group-size", "4", "--num-minibatches", "3", *FAST]
+    message = (
+        "lmgym train: error: num_minibatches=3 does not divide the batch of 8 rows "
+        "(num_prompts * group_size); pick a divisor of 8"
+    )
+    done = lmgym("--nproc-per-node", "2", *bad, "--run-dir", str(tmp_path / "run"))
+    assert done.returncode == 2
+    assert message in done.stderr
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += ["--nproc-per-node", "2", str(HERE / "cli_rank_argv.py"), str(tmp_path), "", ""]
+    command += ["--", *bad, "--run-dir", str(tmp_path / "run")]
+    each = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    assert each.returncode == 0, each.stderr[-3000:]  # every rank returned: no hang
+    assert [(tmp_path / f"rc{r}").read_text() for r in range(2)] == ["2", "2"]
+    assert each.stderr.count(message) == 2
+    assert not (tmp_path / "run").exists()

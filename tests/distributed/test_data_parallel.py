@@ -37,11 +37,21 @@ def test_two_ranks_give_the_gradient_and_metrics_of_one_process(case, two_rank_r
     """Rank 0 holds 2 groups, rank 1 one group with 2 masked rows and a flat reward:
     different numbers of valid tokens, so per-rank normalisers would bias the gradient."""
     agent = make_agent(case)
-    single = gradient_of(agent, full_batch(agent))
+    single = gradient_of(agent, full_batch(agent), case)
     for r, results in enumerate(two_rank_results):
         got = results[case]
+        assert got["wrapped"] == "DistributedDataParallel"
         assert single["grad"].abs().max() > 1e-4
         torch.testing.assert_close(got["grad"], single["grad"], rtol=1e-5, atol=1e-7), r
         assert got["metrics"].keys() == single["metrics"].keys()
         for key, value in single["metrics"].items():
             assert got["metrics"][key] == pytest.approx(value, rel=1e-4, abs=1e-6), (r, key)
+
+
+def test_a_trainable_parameter_the_loss_never_reaches_is_refused_on_every_rank(two_rank_results):
+    for results in two_rank_results:
+        assert results["unused"] == (
+            "data parallel: 1 trainable parameter(s) get no gradient from the loss "
+            "(policy.unused); DDP would not sum the gradients over ranks. Freeze them "
+            "(requires_grad_(False)) before building the agent"
+        )
