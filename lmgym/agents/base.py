@@ -321,8 +321,11 @@ class Agent(Generic[ConfigT]):
                 loss.total.backward()
             parts.append((rows, loss))
         with phase(OPTIMIZER):
-            step = (self.optimizer, self.lr_schedule, self.group, self.config, where)
-            return parts, *sync_check_step(parts, *step)
+            optimizer, schedule = self.optimizer, self.lr_schedule
+            terms, norm = sync_check_step(
+                parts, optimizer, schedule, self.group, self.config, where
+            )
+        return parts, terms, norm
 
     def evaluate(
         self, env: TokenVectorEnv, num_batches: int = 1, seed: int = 0
