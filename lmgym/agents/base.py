@@ -321,9 +321,8 @@ class Agent(Generic[ConfigT]):
                 loss.total.backward()
             parts.append((rows, loss))
         with phase(OPTIMIZER):
-            optimizer, schedule = self.optimizer, self.lr_schedule
             terms, norm = sync_check_step(
-                parts, optimizer, schedule, self.group, self.config, where
+                parts, self.optimizer, self.lr_schedule, self.group, self.config, where
             )
         return parts, terms, norm
 
