@@ -12,31 +12,30 @@ An algorithm is a composition (DESIGN.md, principle 3). A subclass chooses:
 
 This class adds, from the config: the KL term (in the reward or in the loss), TIS,
 the aggregation, minibatching with whole-minibatch normalisers, non-finite guards,
-gradient clipping and the metrics of docs/metrics.md. One iteration::
+gradient clipping and the metrics of docs/metrics.md. One iteration (``step``)::
 
-    batch  = collect()                      # env x policy -> RolloutBatch
-    data   = prepare(batch)                 # lp_old, lp_ref, V_old, rewards -> advantages
-    for epoch, minibatch of whole rows:
+    batch  = collect()                      # env x policy -> RolloutBatch (rollout_source)
+    data   = prepare(batch)                 # lp_old, lp_ref, V_old, rewards -> advantages (prepare)
+    for epoch, minibatch of whole rows:     # train_on_batch
         counts = Counts.of(data.mask[minibatch])
-        for micro-batch in minibatch:
+        for micro-batch in minibatch:       # _minibatch_step
             loss = agg(tis * (l_policy + beta*k) - c_H*H) + sum_k c_k * extra_k
-            loss.backward()                 # each part normalised by the minibatch's counts
-        clip, check, optimizer.step()
+            loss.backward()                 # micro_batch_loss: each part normalised by counts
+        sum over ranks, check, clip, optimizer.step()   # optim.sync_check_step
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
 
 import torch
 from torch import Tensor
 
-from lmgym.agents.advantages import whiten
 from lmgym.agents.aggregation import aggregate
-from lmgym.agents.callbacks import ProgressBar, check_callback
+from lmgym.agents.callbacks import Callback, LearnCallbacks
 from lmgym.agents.config import (
     AgentConfig,
     build_config,
@@ -45,20 +44,20 @@ from lmgym.agents.config import (
     check_types,
     resolve_models,
 )
-from lmgym.agents.dapo import draw_with_signal, overlong_penalty
-from lmgym.agents.kl import kl_estimator, kl_in_reward
+from lmgym.agents.kl import kl_estimator
 from lmgym.agents.metrics import clip_fractions
-from lmgym.agents.numerics import (
-    NonFiniteUpdateError,
-    check_finite,
-    check_parameters,
-    clip_grads,
-    total_grad_norm,
+from lmgym.agents.numerics import NonFiniteUpdateError
+from lmgym.agents.optim import (
+    LearningRateSchedule,
+    make_optimizer,
+    sync_check_step,
+    trainable_parameters,
 )
-from lmgym.agents.optim import LearningRateSchedule, make_optimizer
+from lmgym.agents.prepare import prepare_batch
 from lmgym.agents.ratios import tis_weights
-from lmgym.agents.records import Counts, MicroBatchLoss, PolicyOutput, PreparedBatch
+from lmgym.agents.records import Counts, MicroBatchLoss, PolicyOutput, PreparedBatch, UpdateLog
 from lmgym.agents.report import update_metrics
+from lmgym.agents.rollout_source import collect_batch
 from lmgym.distributed import DataParallelGroup
 from lmgym.envs.rewards import reward_component_means
 from lmgym.envs.token_env import TokenVectorEnv
@@ -67,18 +66,10 @@ from lmgym.persistence.agent import load_agent, save_agent
 from lmgym.policy.causal_lm import CausalLMPolicy
 from lmgym.policy.value import Critic
 from lmgym.profiling import BACKWARD, LOSS, METRICS, OPTIMIZER, PREPARE, phase
-from lmgym.rollout import ContinuousCollector, collect, score_policy
+from lmgym.rollout import ContinuousCollector, score_policy
 from lmgym.types import RolloutBatch
 
 ConfigT = TypeVar("ConfigT", bound=AgentConfig)
-Callback = Callable[["Agent", dict[str, float]], bool | None]
-"""Called after every iteration with the agent and its metrics; returning False stops learning.
-
-A callback object may also define ``on_learn_start(agent)`` and
-``on_learn_end(agent, history)``; ``learn`` calls them, when present, before the
-first and after the last iteration (``lmgym.training.callbacks`` has ready ones:
-early stop at a threshold, periodic evaluation, sample printing, logging,
-checkpoints)."""
 
 
 class Agent(Generic[ConfigT]):
@@ -126,10 +117,7 @@ class Agent(Generic[ConfigT]):
         check_batch_split(self.config, self.env.num_envs)
 
         self.critic: Critic | None = self.make_critic() if self.uses_critic else None
-        # Trainable parameters only: under a PEFT adapter, the adapter's.
-        params = [p for p in self.policy.model.parameters() if p.requires_grad]
-        if self.critic is not None:
-            params += self.critic.own_parameters()
+        params = trainable_parameters(self.policy, self.critic)
         self.optimizer = make_optimizer(params, self.config)
         self.lr_schedule = LearningRateSchedule(self.optimizer, self.config)
         self.group = DataParallelGroup(process_group)
@@ -225,29 +213,11 @@ class Agent(Generic[ConfigT]):
         if iterations < 0:
             raise ValueError(f"iterations={iterations}: must be >= 0")
         self.lr_schedule.cover(self.iteration + iterations)  # unsized: spans this call
-        is_one = callback is None or callable(callback) or not isinstance(callback, Sequence)
-        callbacks = [] if callback is None else [callback] if is_one else list(callback)
-        for cb in callbacks:
-            check_callback(cb, "callback")
-        bar = ProgressBar(iterations, self.name) if progress_bar else None
-        callbacks = [bar, *callbacks] if bar is not None else callbacks
-        history: list[dict[str, float]] = []
-        for cb in callbacks:
-            if hasattr(cb, "on_learn_start"):
-                cb.on_learn_start(self)
-        try:
+        with LearnCallbacks(self, callback, iterations, progress_bar) as callbacks:
             for _ in range(iterations):
-                metrics = self.step()
-                history.append(metrics)
-                if any([cb(self, metrics) is False for cb in callbacks]):
+                if not callbacks.after(self.step()):
                     break
-        finally:
-            if bar is not None:
-                bar.close()
-        for cb in callbacks:
-            if hasattr(cb, "on_learn_end"):
-                cb.on_learn_end(self, history)
-        return history
+        return callbacks.history
 
     def step(self) -> dict[str, float]:
         """One iteration: collect a batch, update on it, return the metrics."""
@@ -268,49 +238,11 @@ class Agent(Generic[ConfigT]):
             "learning_rate": float(self.optimizer.param_groups[0]["lr"]),
         }
 
-    # ---------------------------------------------------------------- rollout
     def collect(self) -> tuple[RolloutBatch, int]:
-        """One batch of ``env.num_envs`` completions; with dynamic sampling, groups
-        whose rewards are all equal are dropped and replaced by fresh draws.
-
-        Returns:
-            ``(batch, groups_dropped)``.
-        """
-        if not self.config.dynamic_sampling:
-            return self._draw(), 0
-        batch, dropped = draw_with_signal(
-            self._draw, self.env.num_prompts, self.config.max_resample
-        )
-        # Data parallel: every rank keeps as many groups as the rank that found fewest,
-        # so minibatches hold equal shares of rows.
-        groups = batch.group_ids.unique()
-        fewest = int(self.group.all_reduce_min(torch.tensor([groups.numel()])))
-        if fewest < groups.numel():
-            batch = batch.select(torch.isin(batch.group_ids, groups[:fewest]))
-        return batch, int(self.group.all_reduce_sum(torch.tensor([dropped])))
-
-    def _draw(self) -> RolloutBatch:
-        seed = None if self._env_seeded else self.config.seed
-        self._env_seeded = True
-        try:
-            if self.env.autoreset:
-                if self._collector is None:
-                    self._collector = ContinuousCollector(self.env, self.policy, seed=seed)
-                    self._collector.generator = self.generator
-                batch = self._collector.collect(self.env.num_prompts)
-            else:
-                batch = collect(self.env, self.policy, seed=seed, generator=self.generator)
-        except RuntimeError as error:
-            if "probability tensor contains" not in str(error):
-                raise
-            raise NonFiniteUpdateError(
-                f"the policy's next-token probabilities are NaN/inf in the rollout of iteration "
-                f"{self.iteration + 1}: the weights diverged (learning_rate="
-                f"{self.config.learning_rate}). Resume from the last checkpoint with a lower "
-                "learning_rate"
-            ) from error
-        self.tokens_generated += int(batch.lengths.sum())
-        return batch
+        """``(batch of env.num_envs completions, groups_dropped)``: with dynamic sampling,
+        groups whose rewards are all equal are replaced by fresh draws
+        (``lmgym.agents.rollout_source``)."""
+        return collect_batch(self)
 
     # ---------------------------------------------------------------- update
     def train_on_batch(self, batch: RolloutBatch) -> dict[str, float]:
@@ -319,10 +251,7 @@ class Agent(Generic[ConfigT]):
         batch = batch.to(self.policy.device)
         with phase(PREPARE):
             data = self.prepare(batch)
-        micro_batches: list[tuple[Tensor, MicroBatchLoss]] = []
-        step_terms: list[dict[str, float]] = []
-        grad_norms: list[float] = []
-        skipped = 0
+        log = UpdateLog()
         for epoch in range(cfg.update_epochs):
             order = torch.randperm(batch.batch_size, generator=self._shuffle).to(data.mask.device)
             for index, minibatch in enumerate(order.chunk(cfg.num_minibatches)):
@@ -331,99 +260,23 @@ class Agent(Generic[ConfigT]):
                     continue  # every row masked out: nothing to learn from
                 where = f"iteration {self.iteration + 1}, epoch {epoch + 1}, minibatch {index + 1}"
                 try:
-                    parts, terms, norm = self._minibatch_step(data, minibatch, counts, where)
+                    log.add(*self._minibatch_step(data, minibatch, counts, where))
                 except NonFiniteUpdateError:
                     self.optimizer.zero_grad(set_to_none=True)
                     if not cfg.skip_nonfinite:
                         raise
-                    skipped += 1
-                    continue
-                micro_batches += parts
-                step_terms.append(terms)
-                grad_norms.append(norm)
+                    log.skipped += 1
         with phase(METRICS):
-            metrics = update_metrics(
-                batch,
-                data,
-                micro_batches,
-                step_terms,
-                grad_norms,
-                self.clip_metrics,
-                self.group,
-            )
+            metrics = update_metrics(batch, data, log, self.clip_metrics, self.group)
         if cfg.skip_nonfinite:
-            metrics["nonfinite_steps_skipped"] = float(skipped)
+            metrics["nonfinite_steps_skipped"] = float(log.skipped)
         return metrics
 
-    @torch.no_grad()
     def prepare(self, batch: RolloutBatch) -> PreparedBatch:
-        """Everything the update needs that does not change during it.
-
-        ``lp_old`` (recomputed, or the sampler's), ``lp_ref``, ``V_old``; rewards with
-        overlong shaping and, when the KL sits in the reward, ``- beta * k1``; then
-        advantages (whitened if asked). Masked rows keep their real score in every
-        statistic and leave the loss only (docs/algorithms.md#conventions).
-        """
-        cfg = self.config
-        ids, attn = batch.input_ids()
-        groups = batch.group_ids  # a group's prompt runs once in each teacher-forced pass
-        length = batch.max_new_tokens
-        completion = batch.completion_mask
-        mask = completion & batch.valid[:, None]
-        old_logprobs: Tensor | None = batch.sampler_logprobs
-        if cfg.recompute_old_logprobs:
-            # One pass over one minibatch: lp_old = sg(lp) of the update's own forward.
-            single_pass = cfg.update_epochs == 1 and cfg.num_minibatches == 1
-            old_logprobs = None if single_pass else self._logprobs(ids, attn, length, groups)
-        ref_logprobs = None
-        if self.ref_policy is not None:
-            ref_logprobs = self.ref_policy.logprobs(
-                ids, attn, length, group_ids=groups, with_entropy=False
-            )[0]
-        values = None
-        if self.critic is not None:
-            values = self.critic.values(ids, attn, length, group_ids=groups)
-
-        # Advantages of the union batch over data-parallel ranks (one rank: the batch),
-        # so batch-wide statistics are global; this rank keeps its own rows.
-        union, mine = self.group.gather_batch(batch, pad_id=0)
-        rewards = union.rewards
-        if cfg.overlong_cache is not None:
-            shaping = overlong_penalty(union.lengths, length, cfg.overlong_cache)
-            rewards = rewards + shaping[:, None] * union.dones
-        if cfg.beta > 0 and cfg.kl_placement == "reward":
-            lp_old = old_logprobs
-            if lp_old is None:
-                lp_old = self._logprobs(ids, attn, length, groups)
-            kl_inputs = self.group.gather_rows(lp_old), self.group.gather_rows(ref_logprobs)
-            rewards = kl_in_reward(rewards, *kl_inputs, union.completion_mask, cfg.beta)
-        union_values = self.group.gather_rows(values) if values is not None else None
-        advantages, returns = self.advantages(union, rewards, union.completion_mask, union_values)
-        if cfg.whiten_advantages:
-            advantages = whiten(advantages, union.completion_mask)
-        advantages = advantages[mine]
-        returns = returns[mine] if returns is not None else None
-        where = f"iteration {self.iteration + 1}"
-        check_finite("advantages", advantages * mask, where)
-        if returns is not None:
-            check_finite("returns", returns * mask, where)
-        return PreparedBatch(
-            ids=ids,
-            attn=attn,
-            mask=mask,
-            group_ids=batch.group_ids,
-            sampler_logprobs=batch.sampler_logprobs,
-            old_logprobs=old_logprobs,
-            ref_logprobs=ref_logprobs,
-            advantages=advantages,
-            returns=returns,
-            values=values,
-            lengths=batch.completion_mask.sum(1),
-        )
-
-    def _logprobs(self, ids: Tensor, attn: Tensor, length: int, groups: Tensor) -> Tensor:
-        with torch.no_grad():
-            return self.policy.logprobs(ids, attn, length, group_ids=groups, with_entropy=False)[0]
+        """Everything the update needs that does not change during it: ``lp_old``,
+        ``lp_ref``, ``V_old``, shaped rewards, then ``advantages`` over every rank's
+        rows (``lmgym.agents.prepare``)."""
+        return prepare_batch(self, batch)
 
     def micro_batch_loss(self, data: PreparedBatch, counts: Counts) -> MicroBatchLoss:
         """The loss of one micro-batch (rows of ``data``), normalised by the minibatch's
@@ -446,12 +299,7 @@ class Agent(Generic[ConfigT]):
         if cfg.entropy_coef:
             loss_tokens = loss_tokens - cfg.entropy_coef * entropy
         policy_loss = aggregate(
-            loss_tokens,
-            data.mask,
-            cfg.loss_aggregation,
-            num_sequences=counts.sequences,
-            num_tokens=counts.tokens,
-            max_len=counts.max_len,
+            loss_tokens, data.mask, cfg.loss_aggregation, **counts.normalisers()
         )
         total, terms = policy_loss, {"policy_loss": policy_loss.detach()}
         for name, (coefficient, term) in self.extra_losses(data, out, counts).items():
@@ -462,7 +310,8 @@ class Agent(Generic[ConfigT]):
     def _minibatch_step(
         self, data: PreparedBatch, minibatch: Tensor, counts: Counts, where: str
     ) -> tuple[list[tuple[Tensor, MicroBatchLoss]], dict[str, float], float]:
-        """Accumulate the minibatch's gradient over micro-batches, check it, step.
+        """Accumulate the minibatch's gradient over micro-batches, then sum it over
+        ranks, check it, clip and step (``lmgym.agents.optim.sync_check_step``).
 
         Returns:
             ``(each micro-batch's rows and loss, each loss term's minibatch value,
@@ -485,27 +334,10 @@ class Agent(Generic[ConfigT]):
                     loss.total.backward()
             parts.append((rows, loss))
         with phase(OPTIMIZER):
-            return parts, *self._sync_check_step(parts, where)
-
-    def _sync_check_step(
-        self, parts: list[tuple[Tensor, MicroBatchLoss]], where: str
-    ) -> tuple[dict[str, float], float]:
-        """Sum terms over ranks, check them and the gradients (summed over ranks by the
-        last micro-batch's backward), clip, step, check the weights."""
-        # Each rank's terms are its share of the minibatch's: sum them.
-        names = sorted(parts[0][1].terms)
-        summed = torch.stack([sum(loss.terms[n] for _, loss in parts) for n in names])
-        terms = dict(zip(names, self.group.all_reduce_sum(summed.double()).tolist(), strict=True))
-        for name, value in terms.items():
-            check_finite(name, torch.tensor(value), where)
-        params = [p for group in self.optimizer.param_groups for p in group["params"]]
-        norm = total_grad_norm(params)
-        check_finite("grad_norm", norm, where)
-        clip_grads(params, self.config.max_grad_norm, norm)
-        self.optimizer.step()
-        self.lr_schedule.step()
-        check_parameters(params, where, self.config.learning_rate)
-        return terms, float(norm)
+            terms, norm = sync_check_step(
+                parts, self.optimizer, self.lr_schedule, self.group, self.config, where
+            )
+        return parts, terms, norm
 
     def evaluate(
         self, env: TokenVectorEnv, num_batches: int = 1, seed: int = 0

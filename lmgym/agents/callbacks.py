@@ -1,8 +1,22 @@
-"""What ``Agent.learn`` calls: the callback protocol, its check, and the progress bar."""
+"""What ``Agent.learn`` calls: the callback protocol, its check, the progress bar, and
+``LearnCallbacks``, which drives them around the learn loop."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lmgym.agents.base import Agent
+
+Callback = Callable[["Agent", dict[str, float]], bool | None]
+"""Called after every iteration with the agent and its metrics; returning False stops learning.
+
+A callback object may also define ``on_learn_start(agent)`` and
+``on_learn_end(agent, history)``; ``learn`` calls them, when present, before the
+first and after the last iteration (``lmgym.training.callbacks`` has ready ones:
+early stop at a threshold, periodic evaluation, sample printing, logging,
+checkpoints)."""
 
 
 class ProgressBar:
@@ -57,3 +71,53 @@ def check_callback(callback: object, where: str) -> None:
         )
     if not callable(callback):
         raise TypeError(f"{where}: {type(callback).__name__} is not callable; {CALLBACK_PROTOCOL}")
+
+
+class LearnCallbacks:
+    """The callbacks of one ``Agent.learn`` call, with their protocol around its loop.
+
+    ``with LearnCallbacks(...) as callbacks:`` calls every ``on_learn_start(agent)``;
+    ``callbacks.after(metrics)`` records an iteration and calls every callback in
+    order; leaving the block closes the progress bar and, unless an exception is
+    leaving it, calls every ``on_learn_end(agent, history)``.
+
+    Args:
+        agent: the learning agent, passed to every call.
+        callback: one callback, a sequence of them, or ``None``; each is checked
+            (``check_callback``).
+        iterations: the length of the progress bar.
+        progress_bar: draw a tqdm bar (``ProgressBar``), called before the others.
+    """
+
+    def __init__(self, agent: Any, callback: Any, iterations: int, progress_bar: bool) -> None:
+        is_one = callback is None or callable(callback) or not isinstance(callback, Sequence)
+        callbacks = [] if callback is None else [callback] if is_one else list(callback)
+        for cb in callbacks:
+            check_callback(cb, "callback")
+        self.bar = ProgressBar(iterations, agent.name) if progress_bar else None
+        self.callbacks = [self.bar, *callbacks] if self.bar is not None else callbacks
+        self.agent = agent
+        self.history: list[dict[str, float]] = []
+
+    def __enter__(self) -> LearnCallbacks:
+        for cb in self.callbacks:
+            if hasattr(cb, "on_learn_start"):
+                cb.on_learn_start(self.agent)
+        return self
+
+    def after(self, metrics: dict[str, float]) -> bool:
+        """Record one iteration's metrics and call every callback on them.
+
+        Returns:
+            ``False`` when a callback returned ``False`` (every one is still called).
+        """
+        self.history.append(metrics)
+        return not any([cb(self.agent, metrics) is False for cb in self.callbacks])
+
+    def __exit__(self, error_type: type[BaseException] | None, *rest: object) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        if error_type is None:
+            for cb in self.callbacks:
+                if hasattr(cb, "on_learn_end"):
+                    cb.on_learn_end(self.agent, self.history)

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from torch import Tensor
-
 from lmgym.agents.config import Aggregation
 from lmgym.agents.grpo import GRPO, GRPOConfig, check_clip
 from lmgym.agents.ratios import cispo_loss
@@ -41,17 +39,9 @@ class CISPO(GRPO):
     config_class = CISPOConfig
     name = "cispo"
     clip_zeroes_gradient = False
+    clip_rule = staticmethod(cispo_loss)
+    clip_fields = ("weight_low", "weight_high")
 
     def check_config(self) -> None:
         super().check_config()
-        check_clip(self.config.weight_low, self.config.weight_high, "weight_low", "weight_high")
-
-    def policy_loss(
-        self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor
-    ) -> tuple[Tensor, Tensor]:
-        return cispo_loss(
-            logprobs, old_logprobs, advantages, self.config.weight_low, self.config.weight_high
-        )
-
-    def clip_range(self) -> tuple[float, float]:
-        return self.config.weight_low, self.config.weight_high
+        check_clip(*self.clip_range(), *self.clip_fields)

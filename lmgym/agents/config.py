@@ -320,3 +320,14 @@ def check_batch_split(config: AgentConfig, num_rows: int) -> None:
             f"num_minibatches={config.num_minibatches} does not divide the batch of "
             f"{num_rows} rows (num_prompts * group_size); pick a divisor of {num_rows}"
         )
+
+
+def check_group_size(group_size: int, why: str) -> None:
+    """An algorithm whose baseline compares completions of one prompt needs ``group_size >= 2``.
+
+    Args:
+        group_size: the env's completions per prompt.
+        why: what needs the groups, e.g. ``"grpo compares completions of the same prompt"``.
+    """
+    if group_size < 2:
+        raise ValueError(f"group_size={group_size}: {why}; build the env with group_size >= 2")

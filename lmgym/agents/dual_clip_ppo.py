@@ -25,7 +25,7 @@ from torch import Tensor
 
 from lmgym.agents.metrics import masked_mean
 from lmgym.agents.ppo import PPO, PPOConfig
-from lmgym.agents.ratios import dual_clip_loss
+from lmgym.agents.ratios import clipped_surrogate_loss
 
 
 @dataclass
@@ -59,7 +59,10 @@ class DualClipPPO(PPO):
     def policy_loss(
         self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor
     ) -> tuple[Tensor, Tensor]:
-        cfg = self.config
-        return dual_clip_loss(
-            logprobs, old_logprobs, advantages, cfg.clip_low, cfg.clip_high, cfg.dual_clip_c
+        return clipped_surrogate_loss(
+            logprobs,
+            old_logprobs,
+            advantages,
+            *self.clip_range(),
+            dual_clip=self.config.dual_clip_c,
         )

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from lmgym.agents.advantages import broadcast_to_tokens, grpo_advantages, process_grpo_advantages
 from lmgym.agents.base import Agent
-from lmgym.agents.config import AgentConfig, Aggregation
+from lmgym.agents.config import AgentConfig, Aggregation, check_group_size
 from lmgym.agents.token_clip import TokenClip
 from lmgym.types import RolloutBatch
 
@@ -75,11 +75,9 @@ class GRPO(TokenClip, Agent[GRPOConfig]):
             raise ValueError(
                 "advantage='process' needs step rewards: build the env with reward_mode='per_token'"
             )
-        if self.env.group_size < 2:
-            raise ValueError(
-                f"group_size={self.env.group_size}: {self.name} compares completions of the "
-                "same prompt; build the env with group_size >= 2"
-            )
+        check_group_size(
+            self.env.group_size, f"{self.name} compares completions of the same prompt"
+        )
 
     def advantages(
         self, batch: RolloutBatch, rewards: Tensor, mask: Tensor, values: Tensor | None

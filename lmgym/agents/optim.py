@@ -9,22 +9,40 @@
   step, so ``warmup_steps`` counts optimizer steps as in the Hugging Face Trainer.
   A decaying schedule needs its length in optimizer steps: iterations times
   ``update_epochs * num_minibatches``.
+- ``sync_check_step`` is the end of every minibatch: loss terms and gradients
+  summed over data-parallel ranks, checked, clipped, one optimizer and schedule
+  step, the weights checked.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 from torch.optim.lr_scheduler import LRScheduler
 from transformers import get_scheduler
 
 from lmgym.agents.config import AgentConfig
+from lmgym.agents.numerics import check_finite, check_parameters, clip_grads, total_grad_norm
+from lmgym.agents.records import MicroBatchLoss
+from lmgym.distributed import DataParallelGroup
+
+if TYPE_CHECKING:
+    from lmgym.policy.causal_lm import CausalLMPolicy
+    from lmgym.policy.value import Critic
 
 # Schedules whose multiplier depends on the total number of steps.
 NEEDS_LENGTH = ("linear", "cosine", "cosine_with_restarts", "polynomial")
+
+
+def trainable_parameters(policy: CausalLMPolicy, critic: Critic | None) -> list[nn.Parameter]:
+    """What the agent's optimizer updates: the policy's trainable parameters (under a
+    PEFT adapter, the adapter's), then the critic's own (``Critic.own_parameters``)."""
+    params = [p for p in policy.model.parameters() if p.requires_grad]
+    return params + (critic.own_parameters() if critic is not None else [])
 
 
 def make_optimizer(params: list[nn.Parameter], config: AgentConfig) -> torch.optim.AdamW:
@@ -129,3 +147,45 @@ class LearningRateSchedule:
         """Restore the position; call after the optimizer's state is loaded."""
         if saved is not None:
             self.scheduler.load_state_dict(saved["state"])  # type: ignore[union-attr]
+
+
+def sync_check_step(
+    parts: Sequence[tuple[Tensor, MicroBatchLoss]],
+    optimizer: torch.optim.Optimizer,
+    lr_schedule: LearningRateSchedule,
+    group: DataParallelGroup,
+    config: AgentConfig,
+    where: str,
+) -> tuple[dict[str, float], float]:
+    """Sum terms over ranks, check them and the gradients (already summed over ranks
+    by the last micro-batch's backward, ``lmgym.parallel``), clip, step, check the weights.
+
+    Args:
+        parts: each micro-batch's rows and loss, their gradients accumulated.
+        optimizer: the optimizer over the parameters that hold the gradients.
+        lr_schedule: stepped once after the optimizer.
+        group: the data-parallel ranks (one process: sums are the identity).
+        config: ``max_grad_norm`` and ``learning_rate`` (named in the errors).
+        where: the position in the run, for the errors.
+
+    Returns:
+        ``(each loss term's minibatch value, gradient norm before clipping)``.
+
+    Raises:
+        NonFiniteUpdateError: a term or the gradient norm is NaN/inf (nothing was
+            stepped), or the step left a non-finite weight.
+    """
+    # Each rank's terms are its share of the minibatch's: sum them.
+    names = sorted(parts[0][1].terms)
+    summed = torch.stack([sum(loss.terms[n] for _, loss in parts) for n in names])
+    terms = dict(zip(names, group.all_reduce_sum(summed.double()).tolist(), strict=True))
+    for name, value in terms.items():
+        check_finite(name, torch.tensor(value), where)
+    params = [p for param_group in optimizer.param_groups for p in param_group["params"]]
+    norm = total_grad_norm(params)
+    check_finite("grad_norm", norm, where)
+    clip_grads(params, config.max_grad_norm, norm)
+    optimizer.step()
+    lr_schedule.step()
+    check_parameters(params, where, config.learning_rate)
+    return terms, float(norm)

@@ -90,11 +90,18 @@ def clipped_surrogate_loss(
     clip_low: float = 0.2,
     clip_high: float = 0.2,
     clamp: float = 20.0,
+    dual_clip: float | None = None,
 ) -> tuple[Tensor, Tensor]:
     """PPO / GRPO token clip: ℓ = max(−A·ρ, −A·clip(ρ, 1 − clip_low, 1 + clip_high)).
 
     The max is pessimistic: once ρ has moved past the interval in the direction A
     pushes, the clipped branch wins and the token's gradient is zero (docs/algorithms.md#token-clip).
+
+    Dual-clip PPO (Ye et al. 2020) bounds it by −c·A where A < 0: ℓ = min(that, −c·A).
+    With A < 0 the token clip's −A·ρ grows without bound in ρ, so one token whose
+    ratio exploded (a stale or off-policy sample) can dominate the batch. The second
+    clip binds where ρ > c, and there the token's gradient is 0; tokens with A ≥ 0,
+    and with A < 0 and ρ ≤ c, get the token clip's loss unchanged.
 
     Args:
         logprobs: `[B, T]` float, with gradient.
@@ -103,51 +110,18 @@ def clipped_surrogate_loss(
         clip_low: ε_low.
         clip_high: ε_high (DAPO's clip-higher raises it, e.g. 0.28).
         clamp: numerical guard, see `log_ratio`.
+        dual_clip: c > 1, the dual clip's multiple of |A|; `None`: no dual clip.
 
     Returns:
         `(loss, ratio)`: `[B, T]` float per-token loss and `[B, T]` detached ρ.
     """
     ratio = log_ratio(logprobs, old_logprobs, clamp).exp()
-    return clip_objective(ratio, advantages, clip_low, clip_high), ratio.detach()
-
-
-def dual_clip_loss(
-    logprobs: Tensor,
-    old_logprobs: Tensor,
-    advantages: Tensor,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    dual_clip: float = 3.0,
-    clamp: float = 20.0,
-) -> tuple[Tensor, Tensor]:
-    """Dual-clip PPO (Ye et al. 2020): PPO's token clip, bounded by −c·A where A < 0.
-
-    ℓ = max(−A·ρ, −A·clip(ρ, 1 − clip_low, 1 + clip_high))     for A ≥ 0,
-    ℓ = min(that, −c·A)                                        for A < 0.
-
-    With A < 0 PPO's loss −A·ρ grows without bound in ρ: one token whose ratio
-    exploded (a stale or off-policy sample) can dominate the batch. The second clip
-    caps it at −c·A, i.e. it binds where ρ > c, and there the token's gradient is 0.
-    Tokens with A ≥ 0, and with A < 0 and ρ ≤ c, get PPO's loss unchanged.
-
-    Args:
-        logprobs: `[B, T]` float, with gradient.
-        old_logprobs: `[B, T]` float.
-        advantages: `[B, T]` float.
-        clip_low: ε_low.
-        clip_high: ε_high.
-        dual_clip: c > 1, the bound's multiple of |A|.
-        clamp: numerical guard, see `log_ratio`.
-
-    Returns:
-        `(loss, ratio)`: `[B, T]` float per-token loss and `[B, T]` detached ρ.
-    """
-    advantages = advantages.detach()
-    loss, ratio = clipped_surrogate_loss(
-        logprobs, old_logprobs, advantages, clip_low, clip_high, clamp
-    )
-    bounded = torch.minimum(loss, -dual_clip * advantages)
-    return torch.where(advantages < 0, bounded, loss), ratio
+    loss = clip_objective(ratio, advantages, clip_low, clip_high)
+    if dual_clip is not None:
+        advantages = advantages.detach()
+        bounded = torch.minimum(loss, -dual_clip * advantages)
+        loss = torch.where(advantages < 0, bounded, loss)
+    return loss, ratio.detach()
 
 
 def gspo_loss(

@@ -3,12 +3,13 @@
 ``RolloutBatch`` (lmgym.types) is what the env produced; ``PreparedBatch`` is
 what the update needs that does not change during it; ``Counts`` are the
 whole-minibatch normalisers; ``PolicyOutput`` is one micro-batch's forward pass;
-``MicroBatchLoss`` is its loss by named term. Masks are ``bool`` throughout.
+``MicroBatchLoss`` is its loss by named term; ``UpdateLog`` is what an update's
+optimizer steps leave for its metrics. Masks are ``bool`` throughout.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 
 import torch
 from torch import Tensor
@@ -99,6 +100,11 @@ class Counts:
         sequences, tokens = counts.tolist()
         return cls(sequences, tokens, mask.shape[1])
 
+    def normalisers(self) -> dict[str, float]:
+        """``aggregation.aggregate``'s keyword arguments: ``num_sequences``,
+        ``num_tokens``, ``max_len``."""
+        return {"num_sequences": self.sequences, "num_tokens": self.tokens, "max_len": self.max_len}
+
 
 @dataclass(frozen=True)
 class PolicyOutput:
@@ -138,3 +144,29 @@ class MicroBatchLoss:
     tis: Tensor | None
     logprobs: Tensor
     entropy: Tensor
+
+
+@dataclass
+class UpdateLog:
+    """What one update's optimizer steps leave for its metrics (``report.update_metrics``).
+
+    Attributes:
+        micro_batches: ``(rows [b] int64, loss)`` of every micro-batch of every step.
+        step_terms: per optimizer step, each loss term's minibatch value (the sum of
+            its micro-batch parts, already summed over ranks).
+        grad_norms: per optimizer step, the gradient norm before clipping.
+        skipped: minibatches whose step was skipped as non-finite (``skip_nonfinite``).
+    """
+
+    micro_batches: list[tuple[Tensor, MicroBatchLoss]] = field(default_factory=list)
+    step_terms: list[dict[str, float]] = field(default_factory=list)
+    grad_norms: list[float] = field(default_factory=list)
+    skipped: int = 0
+
+    def add(
+        self, parts: list[tuple[Tensor, MicroBatchLoss]], terms: dict[str, float], grad_norm: float
+    ) -> None:
+        """Record one optimizer step: its micro-batches, loss terms and gradient norm."""
+        self.micro_batches += parts
+        self.step_terms.append(terms)
+        self.grad_norms.append(grad_norm)

@@ -17,7 +17,7 @@ from lmgym.agents.metrics import (
     masked_std,
     ratio_stats,
 )
-from lmgym.agents.records import MicroBatchLoss, PreparedBatch
+from lmgym.agents.records import PreparedBatch, UpdateLog
 from lmgym.agents.value import explained_variance
 from lmgym.distributed import DataParallelGroup
 from lmgym.types import RolloutBatch
@@ -27,9 +27,7 @@ from lmgym.types import RolloutBatch
 def update_metrics(
     batch: RolloutBatch,
     data: PreparedBatch,
-    micro_batches: list[tuple[Tensor, MicroBatchLoss]],
-    step_terms: list[dict[str, float]],
-    grad_norms: list[float],
+    log: UpdateLog,
     clip_metrics: Callable[[Tensor, Tensor, Tensor], dict[str, float]],
     group: DataParallelGroup,
 ) -> dict[str, float]:
@@ -38,11 +36,9 @@ def update_metrics(
     Args:
         batch: the rollout batch trained on (this rank's rows).
         data: its prepared form.
-        micro_batches: ``(rows [b] int64, loss)`` of every micro-batch of every step.
-        step_terms: per optimizer step, each loss term's minibatch value (the sum
-            of its micro-batch parts, already summed over ranks); logged as means
-            over steps, so no metric depends on the micro-batch size.
-        grad_norms: per optimizer step, the gradient norm before clipping.
+        log: the update's micro-batches, and each optimizer step's loss terms
+            (logged as means over steps, so no metric depends on the micro-batch
+            size) and gradient norm.
         clip_metrics: the agent's ``clip_metrics(ratio, advantages, mask)``.
         group: the data-parallel learners (metrics are over all their rows).
 
@@ -62,18 +58,18 @@ def update_metrics(
         "frac_reward_zero_std": frac_reward_zero_std(scores, union.group_ids),
         "advantage_mean": masked_mean(advantages, mask).item(),
         "advantage_std": masked_std(advantages, mask).item(),
-        "grad_norm": sum(grad_norms) / max(1, len(grad_norms)),
+        "grad_norm": sum(log.grad_norms) / max(1, len(log.grad_norms)),
     }
     if data.values is not None and data.returns is not None:
         values, returns = gather_rows(data.values), gather_rows(data.returns)
         metrics["explained_variance"] = explained_variance(values, returns, mask)
-    if not micro_batches:
+    if not log.micro_batches:
         return metrics
-    for name in step_terms[0]:
-        metrics[name] = sum(terms[name] for terms in step_terms) / len(step_terms)
+    for name in log.step_terms[0]:
+        metrics[name] = sum(terms[name] for terms in log.step_terms) / len(log.step_terms)
 
-    rows = torch.cat([r for r, _ in micro_batches])
-    losses = [loss for _, loss in micro_batches]
+    rows = torch.cat([r for r, _ in log.micro_batches])
+    losses = [loss for _, loss in log.micro_batches]
 
     width = data.mask.shape[1]
 

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from lmgym.agents.advantages import broadcast_to_tokens, rloo_advantages
 from lmgym.agents.base import Agent
-from lmgym.agents.config import AgentConfig, KLPlacement
+from lmgym.agents.config import AgentConfig, KLPlacement, check_group_size
 from lmgym.agents.ratios import policy_gradient_loss
 from lmgym.types import RolloutBatch
 
@@ -35,11 +35,8 @@ class RLOO(Agent[RLOOConfig]):
     name = "rloo"
 
     def check_config(self) -> None:
-        if self.env.group_size < 2:
-            raise ValueError(
-                f"group_size={self.env.group_size}: RLOO needs at least 2 completions per "
-                "prompt for its leave-one-out baseline; build the env with group_size >= 2"
-            )
+        why = "RLOO needs at least 2 completions per prompt for its leave-one-out baseline"
+        check_group_size(self.env.group_size, why)
 
     def advantages(
         self, batch: RolloutBatch, rewards: Tensor, mask: Tensor, values: Tensor | None

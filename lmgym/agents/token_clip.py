@@ -1,15 +1,18 @@
-"""PPO's token clip as an agent's ratio rule, for the agents that use it unchanged.
+"""An agent's clipped ratio rule, its interval read from two config fields.
 
     rho_t = exp(lp_t - lp_old_t)
-    l_t = max(-A_t rho_t, -A_t clip(rho_t, 1 - clip_low, 1 + clip_high))
+    l_t = max(-A_t rho_t, -A_t clip(rho_t, 1 - clip_low, 1 + clip_high))     (the default)
 
 PPO, GRPO (and Dr. GRPO) and REINFORCE++ differ in their advantages, not in this
-rule; a mixin gives them one copy of it.
+rule; CISPO clips its importance weight over an interval of the same form under
+its own names (``weight_low``, ``weight_high``). A mixin gives them one copy of the
+``policy_loss`` / ``clip_range`` pair.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 from torch import Tensor
 
@@ -17,20 +20,26 @@ from lmgym.agents.ratios import clipped_surrogate_loss
 
 
 class TokenClip:
-    """Mixin for an ``Agent`` whose config has ``clip_low`` and ``clip_high``:
-    ``policy_loss`` is PPO's token clip and ``clip_range`` reports its interval.
+    """Mixin for an ``Agent``: ``policy_loss`` is ``clip_rule`` over the interval of the
+    config fields ``clip_fields``, and ``clip_range`` reports that interval.
 
-    List it before ``Agent``: ``class GRPO(TokenClip, Agent[GRPOConfig])``.
+    The default is PPO's token clip over ``clip_low`` / ``clip_high``; a rule of the
+    same form sets both class attributes (CISPO: ``ratios.cispo_loss`` over
+    ``weight_low`` / ``weight_high``). List it before ``Agent``:
+    ``class GRPO(TokenClip, Agent[GRPOConfig])``.
     """
 
     config: Any
+    clip_fields: ClassVar[tuple[str, str]] = ("clip_low", "clip_high")
+    """The config fields of the interval's lower and upper half-widths."""
+    clip_rule: ClassVar[Callable[..., tuple[Tensor, Tensor]]] = staticmethod(clipped_surrogate_loss)
+    """``(logprobs, old_logprobs, advantages, low, high) -> (loss [b, L], ratio [b, L])``."""
 
     def policy_loss(
         self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor
     ) -> tuple[Tensor, Tensor]:
-        return clipped_surrogate_loss(
-            logprobs, old_logprobs, advantages, self.config.clip_low, self.config.clip_high
-        )
+        return self.clip_rule(logprobs, old_logprobs, advantages, *self.clip_range())
 
     def clip_range(self) -> tuple[float, float]:
-        return self.config.clip_low, self.config.clip_high
+        low, high = self.clip_fields
+        return getattr(self.config, low), getattr(self.config, high)

@@ -8,7 +8,6 @@ from lmgym.agents.ratios import (
     cispo_loss,
     clip_objective,
     clipped_surrogate_loss,
-    dual_clip_loss,
     gspo_loss,
     gspo_token_ratio,
     log_ratio,
@@ -175,7 +174,9 @@ def test_dual_clip_bounds_negative_advantages_only(
     advantage: float, log_rho: float, expected_loss: float, expected_grad: float
 ) -> None:
     logprobs = t([[log_rho]]).requires_grad_()
-    loss, rho = dual_clip_loss(logprobs, t([[0.0]]), t([[advantage]]), 0.2, 0.2, dual_clip=3.0)
+    loss, rho = clipped_surrogate_loss(
+        logprobs, t([[0.0]]), t([[advantage]]), 0.2, 0.2, dual_clip=3.0
+    )
     assert not rho.requires_grad
     assert rho.item() == pytest.approx(math.exp(min(log_rho, 20.0)))
     assert loss.item() == pytest.approx(expected_loss)
@@ -187,7 +188,7 @@ def test_dual_clip_is_ppo_below_the_bound(
     advantage: float, ratio: float, expected_loss: float, expected_grad: float
 ) -> None:
     logprobs = t([[math.log(ratio)]]).requires_grad_()
-    loss, _ = dual_clip_loss(logprobs, t([[0.0]]), t([[advantage]]), dual_clip=3.0)
+    loss, _ = clipped_surrogate_loss(logprobs, t([[0.0]]), t([[advantage]]), dual_clip=3.0)
     assert loss.item() == pytest.approx(expected_loss)
     assert grad_of(loss, logprobs).item() == pytest.approx(expected_grad)
 
