@@ -280,7 +280,12 @@ class ContinuousCollector:
 
 @torch.no_grad()
 def score_policy(
-    env: TokenVectorEnv, policy: CausalLMPolicy, num_batches: int = 1, seed: int = 0
+    env: TokenVectorEnv,
+    policy: CausalLMPolicy,
+    num_batches: int = 1,
+    seed: int = 0,
+    *,
+    training_env: TokenVectorEnv | None = None,
 ) -> dict[str, float]:
     """Mean and std of the episode return and the mean completion length of ``policy``
     on ``env`` over ``num_batches`` fresh batches, with a sampler generator of its own
@@ -291,10 +296,18 @@ def score_policy(
         policy: the policy to sample from (not updated).
         num_batches: rollout batches to draw (``env.num_envs`` completions each).
         seed: seeds ``env``'s prompt stream and the sampler.
+        training_env: the env ``policy`` trains on (``Agent.evaluate``): ``env`` must
+            not be it, whose prompt stream and in-flight episodes would move.
 
     Returns:
         ``reward_mean``, ``reward_std``, ``completion_length``.
     """
+    if training_env is not None and env is training_env:
+        raise ValueError(
+            "env: evaluate needs an env of its own; the training env's prompt stream and "
+            "in-flight episodes would move. Build a second env, e.g. "
+            "gymnasium.make_vec(task_id, num_envs=..., tokenizer=policy.tokenizer)"
+        )
     if env.autoreset:
         raise ValueError("env: scoring needs an episode-synchronous env (autoreset=False)")
     generator = _make_generator(seed, policy.device)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import torch
 
-from lmgym.rollout import collect
+from lmgym.rollout import collect, score_policy
 
 
 def test_same_seed_gives_identical_rollouts(make_env, policy):
@@ -89,3 +90,12 @@ def test_no_attention_mask_warning_when_pad_is_eos_and_a_row_stops(make_env):
     # Some rows stopped early and others went on: EOS (= pad) was fed while unpadded.
     assert 1 in batch.lengths.tolist() and batch.lengths.max() > 2
     assert not [r for r in records if "attention_mask" in r.getMessage()]
+
+
+def test_score_policy_refuses_the_training_env_and_moves_nothing(make_env, policy):
+    kw = dict(prompts=["ab", "cd"], num_prompts=2, group_size=2, max_new_tokens=4)
+    training = make_env(**kw)
+    with pytest.raises(ValueError, match="env: evaluate needs an env of its own"):
+        score_policy(training, policy, training_env=training)
+    scored = score_policy(make_env(**kw), policy, num_batches=2, seed=5, training_env=training)
+    assert scored == score_policy(make_env(**kw), policy, num_batches=2, seed=5)

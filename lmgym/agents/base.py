@@ -1,18 +1,8 @@
 """The learn loop shared by every agent: collect, prepare, update (docs/algorithms.md).
 
-An algorithm is a composition (DESIGN.md, principle 3). A subclass chooses:
-
-- ``advantages(batch, rewards, mask, values)``: the advantage estimator;
-- ``policy_loss(logprobs, old_logprobs, advantages, mask)``: the ratio rule,
-  returning a per-token loss ``[b, L]`` (a sequence-level rule broadcasts its
-  per-sequence loss to the row's tokens, which ``seq-mean-token-mean`` turns back
-  into a mean over sequences);
-- optionally ``extra_losses(data, out, counts)``: further weighted terms (a
-  critic's value loss, an auxiliary LM loss), and ``make_critic``.
-
-This class adds, from the config: the KL term (in the reward or in the loss), TIS,
-the aggregation, minibatching with whole-minibatch normalisers, non-finite guards,
-gradient clipping and the metrics of docs/metrics.md. One iteration (``step``)::
+A subclass composes an algorithm from the hooks below (DESIGN.md, principle 3); this
+class adds, from the config, the KL term, TIS, the aggregation, minibatching, non-finite
+guards, clipping and the metrics of docs/metrics.md. One iteration (``step``)::
 
     batch  = collect()                      # env x policy -> RolloutBatch (rollout_source)
     data   = prepare(batch)                 # lp_old, lp_ref, V_old, rewards -> advantages (prepare)
@@ -36,28 +26,16 @@ from torch import Tensor
 
 from lmgym.agents.aggregation import aggregate
 from lmgym.agents.callbacks import Callback, LearnCallbacks
-from lmgym.agents.config import (
-    AgentConfig,
-    build_config,
-    check_batch_split,
-    check_common,
-    check_types,
-    resolve_models,
-)
+from lmgym.agents.config import AgentConfig, build_config, check_complete, resolve_models
 from lmgym.agents.kl import kl_estimator
-from lmgym.agents.metrics import clip_fractions
+from lmgym.agents.metrics import rule_clip_fractions
 from lmgym.agents.numerics import NonFiniteUpdateError
-from lmgym.agents.optim import (
-    LearningRateSchedule,
-    make_optimizer,
-    sync_check_step,
-    trainable_parameters,
-)
+from lmgym.agents.optim import optim_and_schedule, sync_check_step
 from lmgym.agents.prepare import prepare_batch
 from lmgym.agents.ratios import tis_weights
 from lmgym.agents.records import Counts, MicroBatchLoss, PolicyOutput, PreparedBatch, UpdateLog
 from lmgym.agents.report import update_metrics
-from lmgym.agents.rollout_source import collect_batch
+from lmgym.agents.rollout_source import collect_batch, seeded_generators
 from lmgym.distributed import DataParallelGroup
 from lmgym.envs.rewards import reward_component_means
 from lmgym.envs.token_env import TokenVectorEnv
@@ -76,20 +54,14 @@ class Agent(Generic[ConfigT]):
     """Base of all lmgym agents (``Agent(policy, env, **config).learn(...)``).
 
     Args:
-        policy: the policy to train; its model is updated in place. A hub name or a
-            local directory loads one (``CausalLMPolicy.from_pretrained`` with its
-            defaults, on ``env.device``, tokenizer from the same place), as
-            Stable-Baselines3 takes a policy name; then with ``beta > 0`` and no
-            ``ref_policy`` the reference is ``frozen_copy`` of it.
+        policy: the policy to train, updated in place; or a hub name / local directory
+            to load one from (``lmgym.agents.config.resolve_models``).
         env: an lmgym ``TokenVectorEnv`` (episode-synchronous or autoreset).
         ref_policy: frozen reference for the KL term; required when ``beta > 0``,
             optional otherwise (then only used to log KL to the reference).
         config: the algorithm's config dataclass (default: its documented defaults).
-        process_group: the data-parallel learners' ``torch.distributed`` group
-            (``None``: the default group when one is initialised, else one process;
-            docs/distributed.md).
-        **overrides: config fields to change, e.g. ``learning_rate=3e-4``; an
-            unknown name is an error listing the valid ones.
+        process_group: the learners' ``torch.distributed`` group (docs/distributed.md).
+        **overrides: config fields to change, e.g. ``learning_rate=3e-4``.
     """
 
     config_class: ClassVar[type[AgentConfig]] = AgentConfig
@@ -108,18 +80,14 @@ class Agent(Generic[ConfigT]):
         **overrides: Any,
     ) -> None:
         self.config: ConfigT = build_config(self.config_class, config, overrides)  # type: ignore[assignment]
-        check_common(self.config)
         self.policy, self.env, self.ref_policy = resolve_models(
             self.config, policy, env, ref_policy
         )
         self.check_config()
-        check_types(self.config)  # any choice field the algorithm's own checks missed
-        check_batch_split(self.config, self.env.num_envs)
+        check_complete(self.config, self.env.num_envs)
 
         self.critic: Critic | None = self.make_critic() if self.uses_critic else None
-        params = trainable_parameters(self.policy, self.critic)
-        self.optimizer = make_optimizer(params, self.config)
-        self.lr_schedule = LearningRateSchedule(self.optimizer, self.config)
+        self.optimizer, self.lr_schedule = optim_and_schedule(self.policy, self.critic, self.config)
         self.group = DataParallelGroup(process_group)
         self.group.check_same_on_every_rank(f"{self.name} config", dataclasses.asdict(self.config))
         # The update's trainable modules under DDP (gradients summed over ranks); one
@@ -129,15 +97,12 @@ class Agent(Generic[ConfigT]):
             lambda data, counts: self.micro_batch_loss(data, counts),
             self.group,
         )
-        self.generator = torch.Generator(device=self.policy.device)
-        # Rank 0 samples exactly as a single process; other ranks draw other completions.
-        self.generator.manual_seed(self.config.seed + 7919 * self.group.rank)
-        self._shuffle = torch.Generator()
-        self._shuffle.manual_seed(self.config.seed + 1)
+        self.generator, self._shuffle = seeded_generators(
+            self.config.seed, self.policy.device, self.group.rank
+        )
         self._collector: ContinuousCollector | None = None
-        self._env_seeded = False
-        self.iteration = 0
-        self.tokens_generated = 0
+        self._env_seeded = False  # the env is seeded with config.seed on the first draw
+        self.iteration = self.tokens_generated = 0
 
     # ------------------------------------------------------------ algorithm
     def check_config(self) -> None:
@@ -149,28 +114,25 @@ class Agent(Generic[ConfigT]):
     def advantages(
         self, batch: RolloutBatch, rewards: Tensor, mask: Tensor, values: Tensor | None
     ) -> tuple[Tensor, Tensor | None]:
-        """``(advantages [B, L], value targets [B, L] or None)``, detached.
-
-        ``mask`` is ``[B, L] bool`` over every real completion token, masked rows
-        included: statistics use every row's real score (docs/algorithms.md#conventions).
-        """
+        """``(advantages [B, L], value targets [B, L] or None)``, detached; ``mask``
+        (``[B, L] bool``) marks every real completion token, masked rows included: statistics
+        use every row's real score (docs/algorithms.md#conventions)."""
         raise NotImplementedError
 
     def policy_loss(
         self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor
     ) -> tuple[Tensor, Tensor | None]:
-        """``(per-token loss [b, L], ratio [b, L] or None)`` for one micro-batch."""
+        """``(per-token loss [b, L], ratio [b, L] or None)`` for one micro-batch; a
+        sequence-level rule broadcasts its per-sequence loss to the row's tokens."""
         raise NotImplementedError
 
     def extra_losses(
         self, data: PreparedBatch, out: PolicyOutput, counts: Counts
     ) -> dict[str, tuple[float, Tensor]]:
-        """Further loss terms of one micro-batch: name -> ``(coefficient, term)``.
-
-        Each term is 0-dim and normalised by the minibatch's ``counts`` (so its sum
-        over micro-batches is the minibatch's value); ``coefficient * term`` is added
-        to the loss and the unweighted term is logged under its name. Default: none.
-        """
+        """Further loss terms of one micro-batch, none by default: name -> ``(coefficient,
+        term)``, each term 0-dim and normalised by the minibatch's ``counts`` (summed over
+        micro-batches, the minibatch's value); ``coefficient * term`` joins the loss and the
+        unweighted term is logged under its name."""
         return {}
 
     def clip_range(self) -> tuple[float, float] | None:
@@ -178,15 +140,10 @@ class Agent(Generic[ConfigT]):
         return None
 
     def clip_metrics(self, ratio: Tensor, advantages: Tensor, mask: Tensor) -> dict[str, float]:
-        """How often the rule's clip bound (``[b, L]`` ratio, advantages and loss mask of
-        the update's tokens): ``clip_fractions`` over ``clip_range``; none without one."""
-        bounds = self.clip_range()
-        if bounds is None:
-            return {}
-        metrics = clip_fractions(ratio, advantages, mask, *bounds)
-        if not self.clip_zeroes_gradient:
-            metrics["clip_zeroed_fraction"] = 0.0
-        return metrics
+        """How often the rule's clip bound, on the update's ``[b, L]`` tokens."""
+        return rule_clip_fractions(
+            ratio, advantages, mask, self.clip_range(), self.clip_zeroes_gradient
+        )
 
     # ------------------------------------------------------------------ learn
     def learn(
@@ -195,20 +152,13 @@ class Agent(Generic[ConfigT]):
         callback: Callback | Sequence[Callback] | None = None,
         progress_bar: bool = False,
     ) -> list[dict[str, float]]:
-        """Run ``iterations`` of collect + update.
+        """Run ``iterations`` of collect + update; return each one's metrics (docs/metrics.md).
 
         Args:
             iterations: rollout batches to collect and train on.
-            callback: ``callback(agent, metrics)`` after each iteration, or a list of
-                them, called in order; if any returns ``False`` learning stops after
-                every callback has seen the iteration. Objects with
-                ``on_learn_start(agent)`` / ``on_learn_end(agent, history)`` get
-                those calls too (``on_learn_end`` only when learning ends normally,
-                early stops included, not after an exception).
+            callback: one or a list, called in order after each iteration; ``False`` stops
+                learning (the protocol: ``lmgym.agents.callbacks.Callback``).
             progress_bar: show a tqdm bar with live reward/KL/length.
-
-        Returns:
-            One metrics dict per iteration (see docs/metrics.md for every name).
         """
         if iterations < 0:
             raise ValueError(f"iterations={iterations}: must be >= 0")
@@ -239,9 +189,7 @@ class Agent(Generic[ConfigT]):
         }
 
     def collect(self) -> tuple[RolloutBatch, int]:
-        """``(batch of env.num_envs completions, groups_dropped)``: with dynamic sampling,
-        groups whose rewards are all equal are replaced by fresh draws
-        (``lmgym.agents.rollout_source``)."""
+        """``(batch of env.num_envs completions, groups_dropped)`` (``rollout_source``)."""
         return collect_batch(self)
 
     # ---------------------------------------------------------------- update
@@ -273,9 +221,7 @@ class Agent(Generic[ConfigT]):
         return metrics
 
     def prepare(self, batch: RolloutBatch) -> PreparedBatch:
-        """Everything the update needs that does not change during it: ``lp_old``,
-        ``lp_ref``, ``V_old``, shaped rewards, then ``advantages`` over every rank's
-        rows (``lmgym.agents.prepare``)."""
+        """What the update reads and never changes (``lmgym.agents.prepare``)."""
         return prepare_batch(self, batch)
 
     def micro_batch_loss(self, data: PreparedBatch, counts: Counts) -> MicroBatchLoss:
@@ -342,22 +288,13 @@ class Agent(Generic[ConfigT]):
     def evaluate(
         self, env: TokenVectorEnv, num_batches: int = 1, seed: int = 0
     ) -> dict[str, float]:
-        """``lmgym.rollout.score_policy`` on an env of its own: never the training env,
-        whose prompt stream and in-flight episodes would move; no training RNG moves
-        (``lmgym.training.evaluate_policy`` adds pass@k and samples)."""
-        if env is self.env:
-            raise ValueError(
-                "env: evaluate needs an env of its own; the training env's prompt stream and "
-                "in-flight episodes would move. Build a second env, e.g. "
-                "gymnasium.make_vec(task_id, num_envs=..., tokenizer=policy.tokenizer)"
-            )
-        return score_policy(env, self.policy, num_batches, seed)
+        """``lmgym.rollout.score_policy`` on an env other than the training env; no
+        training RNG moves (``lmgym.training.evaluate_policy`` adds pass@k, samples)."""
+        return score_policy(env, self.policy, num_batches, seed, training_env=self.env)
 
     # -------------------------------------------------------------- save/load
     def save(self, path: str | Path) -> Path:
-        """Write the agent to the directory ``path`` atomically: policy, optimizer,
-        schedule, RNGs, prompt stream, counters and config, with a SHA-256 manifest
-        (the layout and guarantees: ``lmgym.persistence.agent``, docs/reliability.md)."""
+        """Write the agent to the directory ``path`` atomically (``lmgym.persistence.agent``)."""
         return save_agent(self, path)
 
     @classmethod
@@ -368,7 +305,5 @@ class Agent(Generic[ConfigT]):
         ref_policy: CausalLMPolicy | None = None,
         device: torch.device | str = "cpu",
     ) -> Agent:
-        """Rebuild an agent saved with ``save`` (same weights, optimizer, RNGs, config
-        and prompt stream; nothing unpickled, the manifest verified first). Raises
-        as ``lmgym.persistence.agent.load_agent`` documents."""
+        """Rebuild an agent saved with ``save`` (``lmgym.persistence.agent.load_agent``)."""
         return load_agent(cls, path, env, ref_policy, device)

@@ -121,7 +121,8 @@ def field_help(config_class: type[AgentConfig]) -> dict[str, str]:
 def build_config(
     config_class: type[ConfigT], config: ConfigT | None, overrides: dict[str, Any]
 ) -> ConfigT:
-    """``config`` (or the class defaults) with ``overrides`` applied; unknown names are errors."""
+    """``config`` (or the class defaults) with ``overrides`` applied, its shared fields
+    checked (``check_common``); unknown names are errors."""
     if config is not None and not isinstance(config, config_class):
         raise TypeError(f"config: expected {config_class.__name__}, got {type(config).__name__}")
     known = {f.name for f in fields(config_class)}
@@ -131,7 +132,9 @@ def build_config(
             f"unknown {config_class.__name__} field(s) {unknown}; valid fields: {sorted(known)}"
         )
     base = config if config is not None else config_class()
-    return dataclasses.replace(base, **overrides)
+    built = dataclasses.replace(base, **overrides)
+    check_common(built)
+    return built
 
 
 def _type_error(name: str, value: Any, expected: str) -> TypeError:
@@ -311,6 +314,13 @@ def resolve_models(
     if ref_policy is not None:
         ref_policy.check_env(env)
     return policy, env, ref_policy
+
+
+def check_complete(config: AgentConfig, num_rows: int) -> None:
+    """The checks after the algorithm's own (``Agent.check_config``): any choice field
+    they missed (``check_types``), and the batch split (``check_batch_split``)."""
+    check_types(config)
+    check_batch_split(config, num_rows)
 
 
 def check_batch_split(config: AgentConfig, num_rows: int) -> None:

@@ -106,6 +106,36 @@ def clip_fractions(
     }
 
 
+def rule_clip_fractions(
+    ratio: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    bounds: tuple[float, float] | None,
+    zeroes_gradient: bool = True,
+) -> dict[str, float]:
+    """An agent's clip diagnostics (``Agent.clip_metrics``): `clip_fractions` over its
+    rule's clip interval, none when the rule clips nothing.
+
+    Args:
+        ratio: `[B, T]` float, ρ = exp(lp − lp_old).
+        advantages: `[B, T]` float, per token.
+        mask: `[B, T]` bool or float.
+        bounds: the rule's `(clip_low, clip_high)` half-widths (`Agent.clip_range`), or
+            `None` for a rule without a clip.
+        zeroes_gradient: False for a rule whose clip bounds a weight but never zeroes a
+            gradient (CISPO): `clip_zeroed_fraction` is then 0.
+
+    Returns:
+        `clip_fractions`' four shares, or `{}` when `bounds` is `None`.
+    """
+    if bounds is None:
+        return {}
+    metrics = clip_fractions(ratio, advantages, mask, *bounds)
+    if not zeroes_gradient:
+        metrics["clip_zeroed_fraction"] = 0.0
+    return metrics
+
+
 @torch.no_grad()
 def approx_kl(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> float:
     """k3 estimate of KL(π_old ‖ π) over the masked tokens.

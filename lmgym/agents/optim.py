@@ -58,6 +58,14 @@ def make_optimizer(params: list[nn.Parameter], config: AgentConfig) -> torch.opt
     return torch.optim.AdamW([g for g in groups if g["params"]], **kwargs)
 
 
+def optim_and_schedule(
+    policy: CausalLMPolicy, critic: Critic | None, config: AgentConfig
+) -> tuple[torch.optim.AdamW, LearningRateSchedule]:
+    """The agent's optimizer over ``trainable_parameters`` and its learning-rate schedule."""
+    optimizer = make_optimizer(trainable_parameters(policy, critic), config)
+    return optimizer, LearningRateSchedule(optimizer, config)
+
+
 def steps_per_iteration(config: AgentConfig) -> int:
     """Optimizer steps of one iteration (an empty or skipped minibatch takes none)."""
     return config.update_epochs * config.num_minibatches

@@ -5,7 +5,8 @@ One batch is ``env.num_envs`` completions, collected episode by episode
 ``ContinuousCollector``. The env is seeded with ``config.seed`` on the first draw
 only (or never, after ``load`` restored its prompt stream). With DAPO's dynamic
 sampling, groups whose rewards are all equal are replaced by fresh draws, and
-data-parallel ranks agree on how many groups each keeps.
+data-parallel ranks agree on how many groups each keeps. ``seeded_generators``
+seeds the agent's sampler and minibatch shuffle.
 """
 
 from __future__ import annotations
@@ -21,6 +22,20 @@ from lmgym.types import RolloutBatch
 
 if TYPE_CHECKING:
     from lmgym.agents.base import Agent
+
+
+def seeded_generators(
+    seed: int, device: torch.device, rank: int
+) -> tuple[torch.Generator, torch.Generator]:
+    """``(sampler, shuffle)``: the agent's sampling generator on ``device``, seeded
+    ``seed + 7919 * rank`` (rank 0 samples exactly as a single process, other ranks
+    draw other completions), and the CPU generator of the update's minibatch order,
+    seeded ``seed + 1``. ``lmgym.persistence.agent`` saves and restores both."""
+    sampler = torch.Generator(device=device)
+    sampler.manual_seed(seed + 7919 * rank)
+    shuffle = torch.Generator()
+    shuffle.manual_seed(seed + 1)
+    return sampler, shuffle
 
 
 def collect_batch(agent: Agent) -> tuple[RolloutBatch, int]:

@@ -14,6 +14,7 @@ from lmgym.agents.metrics import (
     masked_sum,
     masked_var,
     ratio_stats,
+    rule_clip_fractions,
 )
 
 F64 = torch.float64
@@ -62,6 +63,19 @@ def test_clip_fraction_differs_from_zeroed_fraction() -> None:
             "clip_zeroed_fraction": 0.4,
         }
     )
+
+
+def test_rule_clip_fractions_follow_the_rule() -> None:
+    ratio = t([[0.5, 1.5, 0.5, 1.5, 1.0, 9.0]])
+    advantages = t([[1.0, 1.0, -1.0, -1.0, 1.0, 1.0]])
+    mask = t([[1, 1, 1, 1, 1, 0]])
+    assert rule_clip_fractions(ratio, advantages, mask, None) == {}  # a rule without a clip
+    clipped = rule_clip_fractions(ratio, advantages, mask, (0.2, 0.2))
+    assert clipped == clip_fractions(ratio, advantages, mask, 0.2, 0.2)
+    # CISPO's clip bounds a weight and never zeroes a gradient.
+    weighted = rule_clip_fractions(ratio, advantages, mask, (0.2, 0.2), zeroes_gradient=False)
+    assert weighted == pytest.approx({**clipped, "clip_zeroed_fraction": 0.0})
+    assert clipped["clip_zeroed_fraction"] == pytest.approx(0.4)
 
 
 def test_approx_kl() -> None:
