@@ -18,39 +18,32 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import harness as h
+import workloads as w
 
-HERE = Path(__file__).resolve().parent
+FORWARDED = (
+    "layers",
+    "width",
+    "prompts",
+    "group",
+    "new_tokens",
+    "warmup",
+    "iters",
+    "max_staleness",
+)
 
 
-def build_agent(args: argparse.Namespace, process_group=None):
+def build_agent(args: argparse.Namespace, process_group: Any = None) -> Any:
     """The GRPO agent both sides train (identical in every process)."""
-    import torch
-
-    from lmgym import FunctionReward, TokenVectorEnv
-    from lmgym.agents import GRPO
-    from lmgym.policy import CausalLMPolicy, make_tiny_lm
-
-    torch.manual_seed(0)
-    model, tok = make_tiny_lm(n_layer=args.layers, n_embd=args.width, n_head=6, n_positions=96)
-    h.forbid_token(model, tok.eos_token_id)
-    env = TokenVectorEnv(
-        tok,
-        h.make_prompts(tok, 64, 16),
-        FunctionReward(lambda p, c: [x.count("e") / args.new_tokens for x in c]),
-        num_prompts=args.prompts,
-        group_size=args.group,
-        max_new_tokens=args.new_tokens,
-    )
-    policy = CausalLMPolicy(model, tok)
-    return GRPO(policy, env, learning_rate=1e-5, tis_cap=2.0, process_group=process_group)
+    return w.grpo_on_gpt2(args.layers, args.width, args.prompts, args.group, args.new_tokens,
+                          learning_rate=1e-5, tis_cap=2.0, process_group=process_group)  # fmt: skip
 
 
 def run_sync(args: argparse.Namespace, out: Path) -> None:
@@ -126,26 +119,18 @@ def run_async_side(args: argparse.Namespace, out: Path) -> None:
     out.write_text(json.dumps(result))
 
 
-def forwarded(args: argparse.Namespace) -> list[str]:
-    keys = ("layers", "width", "prompts", "group", "new_tokens", "warmup", "iters")
-    flags = [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in keys]
-    return flags + [f"--max-staleness={args.max_staleness}"]
-
-
 def launch(args: argparse.Namespace, sync_out: Path, async_out: Path) -> None:
     """Run both sides, each in fresh processes (after waiting for idle CPUs, if asked)."""
     deadline = h.deadline_from(args.wait_idle, time.perf_counter())
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent), env.get("PYTHONPATH", "")])
+    env = h.worker_env(OMP_NUM_THREADS="1")
     if deadline is not None:
         h.wait_until_idle(deadline)
-    command = [sys.executable, __file__, "--worker-sync", str(sync_out), *forwarded(args)]
+    flags = h.forwarded(args, *FORWARDED)
+    command = [sys.executable, __file__, "--worker-sync", str(sync_out), *flags]
     subprocess.run(command, env=dict(env, OMP_NUM_THREADS="2"), check=True)
     if deadline is not None:
         h.wait_until_idle(deadline)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
-    command += ["2", __file__, "--worker-async", str(async_out), *forwarded(args)]
-    subprocess.run(command, env=env, check=True)
+    h.torchrun(2, [__file__, "--worker-async", str(async_out), *flags])
 
 
 def gpu_scaling(sync: dict) -> str:
@@ -242,9 +227,7 @@ def main() -> None:
         sync_out, async_out = Path(tmp, "sync.json"), Path(tmp, "async.json")
         launch(args, sync_out, async_out)
         sync, asyn = (json.loads(p.read_text()) for p in (sync_out, async_out))
-    text = report(args, sync, asyn, sys.argv[1:])
-    print(text)
-    h.write_report(text, args.out)
+    h.finish([report(args, sync, asyn, sys.argv[1:]).rstrip("\n")], args.out)
 
 
 if __name__ == "__main__":

@@ -235,7 +235,7 @@ def _summary(results: list[RunResult], side: str) -> str:
     )
 
 
-def markdown(results: list[RunResult], sides: list[str], command: str, budgets: dict) -> str:
+def markdown(results: list[RunResult], sides: list[str], command: str, budgets: dict) -> list[str]:
     per_run = [
         f"{r.side} | {r.seed} | {'yes' if r.solved else 'no'} | {r.env_steps:,} | {r.seconds:.1f} "
         f"| {r.rolling_mean:.3f} | {r.other_cpu:.0%}{' (noisy)' if r.other_cpu > noisy_above() else ''}"
@@ -270,18 +270,16 @@ def markdown(results: list[RunResult], sides: list[str], command: str, budgets: 
         *[n.format(threads=NUM_THREADS, free=noisy_above()) for n in NOTES],
         *([] if "lmgym_ppo" in sides else ["- lmgym's PPO side is not in this run."]),
     ]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = h.parser(__doc__, "one seed, 20k env steps per side")
     parser.add_argument("--seeds", type=int, nargs="+", help="default 0 1 2 3 4 (--quick: 0)")
     parser.add_argument(
-        "--sides", nargs="+", choices=sorted(SIDES), help="default: all but --reference ones"
+        "--sides", nargs="+", choices=sorted(SIDES), help="default: all but --reference"
     )
-    parser.add_argument(
-        "--reference", action="store_true", help="also run the reference SB3 variants"
-    )
+    parser.add_argument("--reference", action="store_true", help="also the reference SB3 variants")
     parser.add_argument("--max-steps", type=int, help="env-step budget for every side")
     args = parser.parse_args(argv)
     h.fill_defaults(args, dict(seeds=[0, 1, 2, 3, 4]), dict(seeds=[0], max_steps=20_000))
@@ -303,9 +301,7 @@ def main(argv: list[str] | None = None) -> None:
             )
     results.sort(key=lambda r: (sides.index(r.side), r.seed))
     command = h.command_line("sb3_ppo.py", argv)
-    report = markdown(results, sides, command, budgets)
-    print(report)
-    h.write_report(report, args.out)
+    h.finish(markdown(results, sides, command, budgets), args.out)
 
 
 if __name__ == "__main__":

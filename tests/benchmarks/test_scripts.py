@@ -77,3 +77,18 @@ def test_update_batch_is_bimodal_with_exact_lengths(tokenizer):
     assert torch.equal(batch.prompt_ids[::8].repeat_interleave(8, 0), batch.prompt_ids)
     assert not bool((batch.rewards != 0)[~batch.dones].any())
     assert torch.equal(batch.dones.sum(1), torch.ones(rows, dtype=torch.long))
+
+
+@pytest.mark.parametrize("name", ["rollout", "continuous", "trl_iteration", "gpu"])
+def test_lmgym_side_can_decode_compiled(name, capsys):
+    with pytest.raises(SystemExit):
+        load(name).main(["--help"])
+    assert "--compile-decode" in capsys.readouterr().out
+
+
+def test_a_compile_fallback_fails_the_run_instead_of_timing_eager_decoding():
+    workloads = load("workloads")
+    eager = type("Policy", (), {"compile_decode": False})()
+    workloads.check_compiled(eager, requested=False)
+    with pytest.raises(RuntimeError, match="--compile-decode: torch.compile of the decode step"):
+        workloads.check_compiled(eager, requested=True)
