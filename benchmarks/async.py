@@ -28,17 +28,6 @@ from typing import Any
 import harness as h
 import workloads as w
 
-FORWARDED = (
-    "layers",
-    "width",
-    "prompts",
-    "group",
-    "new_tokens",
-    "warmup",
-    "iters",
-    "max_staleness",
-)
-
 
 def build_agent(args: argparse.Namespace, process_group: Any = None) -> Any:
     """The GRPO agent both sides train (identical in every process)."""
@@ -125,7 +114,7 @@ def launch(args: argparse.Namespace, sync_out: Path, async_out: Path) -> None:
     env = h.worker_env(OMP_NUM_THREADS="1")
     if deadline is not None:
         h.wait_until_idle(deadline)
-    flags = h.forwarded(args, *FORWARDED)
+    flags = h.forwarded(args, *w.GRPO_OPTIONS, "max_staleness")
     command = [sys.executable, __file__, "--worker-sync", str(sync_out), *flags]
     subprocess.run(command, env=dict(env, OMP_NUM_THREADS="2"), check=True)
     if deadline is not None:
@@ -146,7 +135,7 @@ def gpu_scaling(sync: dict) -> str:
     return "\n".join(rows)
 
 
-def report(args: argparse.Namespace, sync: dict, asyn: dict, argv: list[str]) -> str:
+def report(args: argparse.Namespace, sync: dict, asyn: dict, argv: list[str] | None) -> str:
     tps = [r["tokens"] / r["seconds"] for r in (sync, asyn)]
     gen_share = sync["generate_s"] / (sync["generate_s"] + sync["train_s"])
     threads = "sync: 1 process x 2 threads; async: 1 actor + 1 learner process x 1 thread"
@@ -199,24 +188,15 @@ transfer of the parameters per update and actor (NCCL point-to-point on GPUs,
 """
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--worker-sync", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--worker-async", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--layers", type=int, default=6)
-    parser.add_argument("--width", type=int, default=384)
-    parser.add_argument("--prompts", type=int, default=8)
-    parser.add_argument("--group", type=int, default=4)
-    parser.add_argument("--new-tokens", type=int, default=32)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--iters", type=int, default=8)
-    parser.add_argument("--max-staleness", type=int, default=1)
-    parser.add_argument("--quick", action="store_true", help="2 layers x 96, 3 updates")
-    parser.add_argument("--out", type=Path)
-    h.add_wait_idle(parser)
-    args = parser.parse_args()
-    if args.quick:
-        args.layers, args.width, args.iters, args.warmup = 2, 96, 3, 1
+def main(argv: list[str] | None = None) -> None:
+    p = h.parser(__doc__, "2 layers x 96, 3 updates")
+    p.add_argument("--worker-sync", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--worker-async", type=Path, help=argparse.SUPPRESS)
+    w.add_grpo_options(p, prompts=8, group=4, iters=8, quick_iters=3)
+    p.add_argument("--max-staleness", type=int, default=1, help="the async side's bound (1)")
+    h.add_wait_idle(p)
+    args = p.parse_args(argv)
+    h.fill_defaults(args, *args.grpo_defaults)
     if args.worker_sync is not None:
         run_sync(args, args.worker_sync)
         return
@@ -227,7 +207,7 @@ def main() -> None:
         sync_out, async_out = Path(tmp, "sync.json"), Path(tmp, "async.json")
         launch(args, sync_out, async_out)
         sync, asyn = (json.loads(p.read_text()) for p in (sync_out, async_out))
-    h.finish([report(args, sync, asyn, sys.argv[1:]).rstrip("\n")], args.out)
+    h.finish([report(args, sync, asyn, argv).rstrip("\n")], args.out)
 
 
 if __name__ == "__main__":

@@ -27,8 +27,6 @@ from pathlib import Path
 import harness as h
 import workloads as w
 
-FORWARDED = ("layers", "width", "prompts", "group", "new_tokens", "warmup", "iters")
-
 
 def run_side(args: argparse.Namespace, num_prompts: int, out: Path) -> None:
     """Time ``args.iters`` GRPO iterations on this rank's ``num_prompts`` prompts."""
@@ -112,23 +110,16 @@ for the same cores, so the ratio measures the overhead of splitting, not a speed
 def main(argv: list[str] | None = None) -> None:
     parser = h.parser(__doc__, "2 layers, 2 iterations")
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--layers", type=int, default=6)
-    parser.add_argument("--width", type=int, default=384)
-    parser.add_argument("--prompts", type=int, default=16, help="global prompts per iteration")
-    parser.add_argument("--group", type=int, default=8)
-    parser.add_argument("--new-tokens", type=int, default=32)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--iters", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=2)
+    w.add_grpo_options(parser, prompts=16, group=8, iters=5, quick_iters=2)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (2)")
     args = parser.parse_args(argv)
-    if args.quick:
-        args.layers, args.width, args.iters, args.warmup = 2, 96, 2, 1
+    h.fill_defaults(args, *args.grpo_defaults)
     if args.worker is not None:
         run_side(args, args.prompts // int(os.environ.get("WORLD_SIZE", "1")), args.worker)
         return
     with tempfile.TemporaryDirectory() as tmp:
         single_out, double_out = Path(tmp, "single.json"), Path(tmp, "double.json")
-        flags = h.forwarded(args, *FORWARDED)
+        flags = h.forwarded(args, *w.GRPO_OPTIONS)
         command = [sys.executable, __file__, "--worker", str(single_out), *flags]
         subprocess.run([*command, "--threads=2"], env=h.worker_env(), check=True)
         h.torchrun(2, [__file__, "--worker", str(double_out), *flags, "--threads=1"])

@@ -21,6 +21,7 @@ SCRIPTS = [
     "gpu",
     "data_parallel",
     "update",
+    "async",
 ]
 sys.path.insert(0, str(BENCHMARKS))
 
