@@ -127,6 +127,28 @@ def fixed_length_env(
     return env
 
 
+class CountingEnv(TokenVectorEnv):
+    """``TokenVectorEnv`` that counts its steps and the completion tokens it writes
+    (a row's length grew by one on a step). Both sides use it alike."""
+
+    steps = 0
+    written = 0
+    _last: Tensor | None = None
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> Any:
+        obs, info = super().reset(seed=seed, options=options)
+        self._last = info["length"].clone()
+        return obs, info
+
+    def step(self, actions: Tensor) -> Any:
+        out = super().step(actions)
+        length = out[4]["length"]
+        self.written = self.written + (length == self._last + 1).sum()  # a 0-dim tensor
+        self._last = length.clone()
+        self.steps += 1
+        return out
+
+
 def grpo_agent(
     model: nn.Module,
     tok: Any,
@@ -154,28 +176,6 @@ def grpo_agent(
         device=device,
     )
     return GRPO(CausalLMPolicy(model, tok, compile_decode=compile_decode), env, **config)
-
-
-class CountingEnv(TokenVectorEnv):
-    """``TokenVectorEnv`` that counts its steps and the completion tokens it writes
-    (a row's length grew by one on a step). Both sides use it alike."""
-
-    steps = 0
-    written = 0
-    _last: Tensor | None = None
-
-    def reset(self, *, seed: int | None = None, options: dict | None = None) -> Any:
-        obs, info = super().reset(seed=seed, options=options)
-        self._last = info["length"].clone()
-        return obs, info
-
-    def step(self, actions: Tensor) -> Any:
-        out = super().step(actions)
-        length = out[4]["length"]
-        self.written = self.written + (length == self._last + 1).sum()  # a 0-dim tensor
-        self._last = length.clone()
-        self.steps += 1
-        return out
 
 
 def grpo_on_gpt2(
