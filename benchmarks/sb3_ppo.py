@@ -291,14 +291,8 @@ def main(argv: list[str] | None = None) -> None:
     for k, seed in enumerate(args.seeds):
         order = sides if k % 2 == 0 else sides[::-1]  # alternate which side goes first
         for side in order:
-            result = SIDES[side][0](seed, budgets[side])
-            results.append(result)
-            print(
-                f"{side:>18} seed {seed}: solved={result.solved} steps={result.env_steps:,} "
-                f"seconds={result.seconds:.1f} rolling={result.rolling_mean:.3f} "
-                f"other_cpu={result.other_cpu:.0%}",
-                flush=True,
-            )
+            results.append(SIDES[side][0](seed, budgets[side]))
+            print(f"{side:>18} seed {seed}: {results[-1]}", flush=True)
     results.sort(key=lambda r: (sides.index(r.side), r.seed))
     command = h.command_line("sb3_ppo.py", argv)
     h.finish(markdown(results, sides, command, budgets), args.out)
