@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import importlib
 import os
 import platform
@@ -174,7 +175,6 @@ def torchrun(processes: int, argv: Sequence[str]) -> None:
 def in_fresh_process(fn: Callable[[], T], threads: int) -> T:
     """``fn()`` in a new (spawned) process set up by ``quiet_worker(threads)``
     (``fn`` and its result must pickle)."""
-    import functools
     import multiprocessing
 
     init = functools.partial(quiet_worker, threads)
@@ -192,8 +192,6 @@ def in_processes(
 ) -> list[L]:
     """``work(i)`` for each process ``i``, each in a fresh process (by default when
     ``processes > 1``; otherwise here) and each through ``run_undisturbed``."""
-    import functools
-
     fresh = processes > 1 if fresh is None else fresh
     results = []
     for i in range(processes):
@@ -300,6 +298,7 @@ def run_row(
 # ------------------------------------------------------------------------ options
 def parser(doc: str | None, quick: str = "smoke run") -> argparse.ArgumentParser:
     """An argument parser with ``--quick`` and ``--out`` (description: the doc's first paragraph)."""
+    source_line()  # the commit measured: now, before the run, not when the report is written
     p = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help=quick)
     p.add_argument("--out", type=Path, help="write a Markdown results file here")
@@ -389,8 +388,11 @@ def cpu_model() -> str:
     return platform.processor() or "unknown CPU"
 
 
+@functools.cache
 def source_line() -> str:
-    """The git commit measured, and whether ``lmgym/`` had uncommitted changes."""
+    """The git commit measured, and whether ``lmgym/`` had uncommitted changes, as at
+    the first call (``parser`` makes it, so a report written at the end of a run names
+    the commit it started from)."""
     try:
         git = ["git", "-C", str(ROOT)]
         head = subprocess.run(

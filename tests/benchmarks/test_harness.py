@@ -155,3 +155,14 @@ def test_common_options_and_the_decode_line_in_the_header():
         "- lmgym decode: eager (the default; `--compile-decode` compiles it)"
     )
     assert not any("decode" in line for line in h.header("T", "t", [], "cmd"))
+
+
+def test_the_source_line_names_the_commit_the_run_started_from(monkeypatch):
+    """Reports are written at the end of a run: a commit made meanwhile is not the one
+    measured (a results file named a commit made while it ran)."""
+    h.source_line.cache_clear()
+    h.parser("Doc.")  # every script's start
+    first = h.source_line()
+    monkeypatch.setattr(h.subprocess, "run", lambda *a, **k: pytest.fail("git ran again"))
+    assert h.header("T", "t", [], "cmd")[5] == first
+    assert first.startswith("- source: commit ")
