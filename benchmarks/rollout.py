@@ -169,7 +169,7 @@ def markdown(rows: list[h.Comparison], command: str, elapsed: float, compiled: b
         "summed; 'other CPU load' = share of the machine's CPUs used by other processes while "
         "that row ran (the worst process). Equal work: see the script's docstring.",
         "",
-        *h.table([*head, "repeats", "other CPU load"], cells, left=2),
+        *h.table(" | ".join([*head, "repeats", "other CPU load"]), cells, left=2),
         *h.ratios_block(rows),
         "",
         "## Targets",

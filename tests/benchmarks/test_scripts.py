@@ -25,6 +25,8 @@ SCRIPTS = [
 ]
 sys.path.insert(0, str(BENCHMARKS))
 
+import harness as h  # noqa: E402
+
 
 def load(name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(f"benchmark_{name}", BENCHMARKS / f"{name}.py")
@@ -93,3 +95,28 @@ def test_a_compile_fallback_fails_the_run_instead_of_timing_eager_decoding():
     workloads.check_compiled(eager, requested=False)
     with pytest.raises(RuntimeError, match="--compile-decode: torch.compile of the decode step"):
         workloads.check_compiled(eager, requested=True)
+
+
+def test_rollout_report_renders_its_table_and_targets():
+    """The report crashed after every measurement: it gave ``harness.table`` a list
+    for the header, which takes a ``" | "``-joined string."""
+    rollout = load("rollout")
+    rows = [
+        h.Comparison("rollout, GPT-2 2L/128d, B=64, 16+64 tok", 2000.0, 1000.0, 7, 0.0),
+        h.Comparison("env steps, lmgym/TargetString-v0, 256 envs, 64 steps/call", 5e5, 1e4, 5, 0.2),
+    ]
+    lines = rollout.markdown(rows, "cmd", 10.0, compiled=False)
+    start = lines.index(
+        "| benchmark | unit | lmgym (median) | baseline | baseline (median) | ratio | repeats "
+        "| other CPU load |"
+    )
+    assert lines[start + 1 : start + 4] == [
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| rollout, GPT-2 2L/128d, B=64, 16+64 tok | completion tok/s | 2,000 | model.generate "
+        "| 1,000 | 2.00x | 7 | 0% |",
+        "| env steps, lmgym/TargetString-v0, 256 envs, 64 steps/call | env steps/s | 500,000 "
+        "| SyncVectorEnv | 10,000 | 50.00x | 5 | 20% (noisy) |",
+    ]
+    assert "- rollout >= 1.0x generate, GPT-2 2L/128d: 2.00x -> MET" in lines
+    assert "- native env >= 20x SyncVectorEnv at 256 envs: 50.0x -> MET" in lines
+    assert "- lmgym decode: eager (the default; `--compile-decode` compiles it)" in lines
