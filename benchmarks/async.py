@@ -23,38 +23,22 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import harness as h
+import workloads as w
 
-HERE = Path(__file__).resolve().parent
 
-
-def build_agent(args: argparse.Namespace, process_group=None):
+def build_agent(args: argparse.Namespace, process_group: Any = None) -> Any:
     """The GRPO agent both sides train (identical in every process)."""
-    import torch
-
-    from lmgym import FunctionReward, TokenVectorEnv
-    from lmgym.agents import GRPO
-    from lmgym.policy import CausalLMPolicy, make_tiny_lm
-
-    torch.manual_seed(0)
-    model, tok = make_tiny_lm(n_layer=args.layers, n_embd=args.width, n_head=6, n_positions=96)
-    h.forbid_token(model, tok.eos_token_id)
-    env = TokenVectorEnv(
-        tok,
-        h.make_prompts(tok, 64, 16),
-        FunctionReward(lambda p, c: [x.count("e") / args.new_tokens for x in c]),
-        num_prompts=args.prompts,
-        group_size=args.group,
-        max_new_tokens=args.new_tokens,
-    )
-    policy = CausalLMPolicy(model, tok)
-    return GRPO(policy, env, learning_rate=1e-5, tis_cap=2.0, process_group=process_group)
+    return w.grpo_on_gpt2(args.layers, args.width, args.prompts, args.group, args.new_tokens,
+                          learning_rate=1e-5, tis_cap=2.0, process_group=process_group)  # fmt: skip
 
 
 def run_sync(args: argparse.Namespace, out: Path) -> None:
-    """The synchronous loop at ``--threads`` threads, timing generation and training."""
+    """The synchronous loop, timing generation and training separately."""
     import torch
     import transformers
 
@@ -122,12 +106,6 @@ def run_async_side(args: argparse.Namespace, out: Path) -> None:
     out.write_text(json.dumps(result))
 
 
-def forwarded(args: argparse.Namespace) -> list[str]:
-    keys = ("layers", "width", "prompts", "group", "new_tokens", "warmup", "iters")
-    flags = [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in keys]
-    return flags + [f"--max-staleness={args.max_staleness}"]
-
-
 class TreeMeter(h.CpuMeter):
     """``CpuMeter`` that counts this process's finished children (and theirs) as its
     own: measured around a worker run, ``other_load`` is then the load of processes
@@ -147,24 +125,23 @@ def launch(args: argparse.Namespace, sync_out: Path, one_thread_out: Path, async
     fresh processes (after waiting for idle CPUs, if asked); add to each result the
     load of processes outside the run, measured around it."""
     deadline = h.deadline_from(args.wait_idle, time.perf_counter())
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent), env.get("PYTHONPATH", "")])
-    sync_worker = [sys.executable, __file__, *forwarded(args), "--worker-sync"]
+    flags = h.forwarded(args, *w.GRPO_OPTIONS, "max_staleness")
+    sync = [sys.executable, __file__, *flags, "--worker-sync"]
     runs = [
-        (sync_worker + [str(sync_out), "--threads=2"], "2", sync_out),
-        (sync_worker + [str(one_thread_out), "--threads=1"], "1", one_thread_out),
-        (
-            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-            + [__file__, "--worker-async", str(async_out), *forwarded(args)],
-            "1",
-            async_out,
-        ),
+        partial(
+            subprocess.run,
+            [*sync, str(out), f"--threads={n}"],
+            check=True,
+            env=h.worker_env(OMP_NUM_THREADS=str(n)),
+        )
+        for n, out in ((2, sync_out), (1, one_thread_out))
     ]
-    for command, threads, out in runs:
+    runs.append(partial(h.torchrun, 2, [__file__, "--worker-async", str(async_out), *flags]))
+    for run, out in zip(runs, (sync_out, one_thread_out, async_out), strict=True):
         if deadline is not None:
             h.wait_until_idle(deadline)
         meter = TreeMeter()
-        subprocess.run(command, env=dict(env, OMP_NUM_THREADS=threads), check=True)
+        run()
         result = json.loads(out.read_text())
         result["other_load"] = meter.other_load()
         out.write_text(json.dumps(result))
@@ -207,7 +184,9 @@ what the second thread fails to give each phase; on GPUs, where actor and learne
 each own a device, the bound is the one below."""
 
 
-def report(args: argparse.Namespace, sync: dict, one: dict, asyn: dict, argv: list[str]) -> str:
+def report(
+    args: argparse.Namespace, sync: dict, one: dict, asyn: dict, argv: list[str] | None
+) -> str:
     tps = [r["tokens"] / r["seconds"] for r in (sync, asyn)]
     gen_share = sync["generate_s"] / (sync["generate_s"] + sync["train_s"])
     threads = "sync: 1 process x 2 threads; async: 1 actor + 1 learner process x 1 thread"
@@ -263,25 +242,16 @@ transfer of the parameters per update and actor (NCCL point-to-point on GPUs,
 """
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--worker-sync", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--worker-async", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--layers", type=int, default=6)
-    parser.add_argument("--width", type=int, default=384)
-    parser.add_argument("--prompts", type=int, default=8)
-    parser.add_argument("--group", type=int, default=4)
-    parser.add_argument("--new-tokens", type=int, default=32)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--iters", type=int, default=8)
-    parser.add_argument("--max-staleness", type=int, default=1)
-    parser.add_argument("--threads", type=int, default=2, help=argparse.SUPPRESS)
-    parser.add_argument("--quick", action="store_true", help="2 layers x 96, 3 updates")
-    parser.add_argument("--out", type=Path)
-    h.add_wait_idle(parser)
-    args = parser.parse_args()
-    if args.quick:
-        args.layers, args.width, args.iters, args.warmup = 2, 96, 3, 1
+def main(argv: list[str] | None = None) -> None:
+    p = h.parser(__doc__, "2 layers x 96, 3 updates")
+    p.add_argument("--worker-sync", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--worker-async", type=Path, help=argparse.SUPPRESS)
+    w.add_grpo_options(p, prompts=8, group=4, iters=8, quick_iters=3)
+    p.add_argument("--max-staleness", type=int, default=1, help="the async side's bound (1)")
+    p.add_argument("--threads", type=int, default=2, help=argparse.SUPPRESS)
+    h.add_wait_idle(p)
+    args = p.parse_args(argv)
+    h.fill_defaults(args, *args.grpo_defaults)
     if args.worker_sync is not None:
         run_sync(args, args.worker_sync)
         return
@@ -292,9 +262,7 @@ def main() -> None:
         outs = [Path(tmp, f"{side}.json") for side in ("sync", "one_thread", "async")]
         launch(args, *outs)
         sync, one, asyn = (json.loads(p.read_text()) for p in outs)
-    text = report(args, sync, one, asyn, sys.argv[1:])
-    print(text)
-    h.write_report(text, args.out)
+    h.finish([report(args, sync, one, asyn, argv).rstrip("\n")], args.out)
 
 
 if __name__ == "__main__":

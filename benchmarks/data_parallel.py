@@ -25,33 +25,18 @@ import time
 from pathlib import Path
 
 import harness as h
-
-HERE = Path(__file__).resolve().parent
+import workloads as w
 
 
 def run_side(args: argparse.Namespace, num_prompts: int, out: Path) -> None:
     """Time ``args.iters`` GRPO iterations on this rank's ``num_prompts`` prompts."""
-    from lmgym import FunctionReward, TokenVectorEnv
-    from lmgym.agents import GRPO
     from lmgym.distributed import DataParallelGroup, init_from_env
-    from lmgym.policy import CausalLMPolicy, make_tiny_lm
 
     h.quiet_worker(args.threads)
     init_from_env()
     group = DataParallelGroup()
-    model, tok = make_tiny_lm(n_layer=args.layers, n_embd=args.width, n_head=6, n_positions=96)
-    h.forbid_token(model, tok.eos_token_id)
-    policy = CausalLMPolicy(model, tok)
-    prompts = h.make_prompts(tok, 64, 16)
-    env = TokenVectorEnv(
-        tok,
-        prompts,
-        FunctionReward(lambda p, c: [x.count("e") / args.new_tokens for x in c]),
-        num_prompts=num_prompts,
-        group_size=args.group,
-        max_new_tokens=args.new_tokens,
-    )
-    agent = GRPO(policy, env, learning_rate=1e-4)
+    agent = w.grpo_on_gpt2(args.layers, args.width, num_prompts, args.group, args.new_tokens,
+                           learning_rate=1e-4)  # fmt: skip
     for _ in range(args.warmup):
         agent.step()
     times, tokens = [], []
@@ -63,7 +48,7 @@ def run_side(args: argparse.Namespace, num_prompts: int, out: Path) -> None:
         tokens.append(agent.tokens_generated - before)
     phases = h.profile_phases(agent.step, 1)
     comm = sum(sec for path, (sec, _) in phases.items() if path.split("/")[-1] == "comm")
-    params = sum(p.numel() for p in policy.model.parameters() if p.requires_grad)
+    params = sum(p.numel() for p in agent.policy.model.parameters() if p.requires_grad)
     if group.rank == 0:
         result = {
             "world_size": group.size,
@@ -74,27 +59,6 @@ def run_side(args: argparse.Namespace, num_prompts: int, out: Path) -> None:
             "params": params,
         }
         out.write_text(json.dumps(result))
-
-
-def launch_two(args: argparse.Namespace, out: Path) -> None:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent), env.get("PYTHONPATH", "")])
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
-    command += ["2", __file__, "--worker", str(out), *forwarded(args, threads=1)]
-    subprocess.run(command, env=env, check=True)
-
-
-def forwarded(args: argparse.Namespace, threads: int) -> list[str]:
-    return [
-        f"--layers={args.layers}",
-        f"--width={args.width}",
-        f"--prompts={args.prompts}",
-        f"--group={args.group}",
-        f"--new-tokens={args.new_tokens}",
-        f"--warmup={args.warmup}",
-        f"--iters={args.iters}",
-        f"--threads={threads}",
-    ]
 
 
 def report(args: argparse.Namespace, single: dict, double: dict, argv: list[str] | None) -> str:
@@ -146,30 +110,21 @@ for the same cores, so the ratio measures the overhead of splitting, not a speed
 def main(argv: list[str] | None = None) -> None:
     parser = h.parser(__doc__, "2 layers, 2 iterations")
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--layers", type=int, default=6)
-    parser.add_argument("--width", type=int, default=384)
-    parser.add_argument("--prompts", type=int, default=16, help="global prompts per iteration")
-    parser.add_argument("--group", type=int, default=8)
-    parser.add_argument("--new-tokens", type=int, default=32)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--iters", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=2)
+    w.add_grpo_options(parser, prompts=16, group=8, iters=5, quick_iters=2)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (2)")
     args = parser.parse_args(argv)
-    if args.quick:
-        args.layers, args.width, args.iters, args.warmup = 2, 96, 2, 1
+    h.fill_defaults(args, *args.grpo_defaults)
     if args.worker is not None:
         run_side(args, args.prompts // int(os.environ.get("WORLD_SIZE", "1")), args.worker)
         return
     with tempfile.TemporaryDirectory() as tmp:
         single_out, double_out = Path(tmp, "single.json"), Path(tmp, "double.json")
-        env = dict(os.environ, PYTHONPATH=str(HERE.parent))
-        command = [sys.executable, __file__, "--worker", str(single_out)]
-        subprocess.run(command + forwarded(args, threads=2), env=env, check=True)
-        launch_two(args, double_out)
+        flags = h.forwarded(args, *w.GRPO_OPTIONS)
+        command = [sys.executable, __file__, "--worker", str(single_out), *flags]
+        subprocess.run([*command, "--threads=2"], env=h.worker_env(), check=True)
+        h.torchrun(2, [__file__, "--worker", str(double_out), *flags, "--threads=1"])
         single, double = (json.loads(p.read_text()) for p in (single_out, double_out))
-    text = report(args, single, double, argv)
-    print(text)
-    h.write_report(text, args.out)
+    h.finish([report(args, single, double, argv).rstrip("\n")], args.out)
 
 
 if __name__ == "__main__":

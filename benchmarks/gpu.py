@@ -7,17 +7,14 @@ lmgym's character tokenizer). Phases, in order:
 1. **Matmul peak.** ``torch.mm`` of square bf16 matrices (4096, 8192, 16384), timing
    windows of 10 products after a warm-up, the device synchronized around each; the
    best window is the device's *measured peak* (TFLOP/s, ``2 n^3`` per product).
-2. **Rollout, batch 256.** Completion tokens/s of ``lmgym.rollout.collect`` against
-   ``model.generate(do_sample=True)``: the same model and 256 prompts of exactly 64
-   tokens, exactly 256 new tokens per row (EOS gets a ``-1e9`` output bias on both
-   sides, as in ``rollout.py``; asserted), full-vocabulary sampling at temperature 1;
-   the sides alternate (ABBA) after one warm-up each, while the phase's time allows.
+2. **Rollout, batch 256** (and last, **batch 1024** if the budget allows). Completion
+   tokens/s of ``collect`` against ``model.generate(do_sample=True)`` as in
+   ``rollout.py`` (``workloads.RolloutVsGenerate``): 64-token prompts, exactly 256 new
+   tokens per row (EOS forbidden, asserted); ABBA after one warm-up each.
 3. **GRPO iteration.** Seconds per iteration of ``lmgym.agents.GRPO`` in bf16 (weights
    and AdamW state), 32 prompts x 8 completions, 64-token prompts, exactly 128 new
-   tokens (EOS forbidden), beta 0, one epoch, one minibatch, a token-level reward.
-   An iteration is ``agent.collect()`` then ``agent.train_on_batch(batch)`` (what
-   ``agent.step()`` runs), each timed with the device synchronized.
-4. **Rollout, batch 1024** (as 2), if the time budget allows.
+   tokens, beta 0, one epoch, one minibatch, a token-level reward: ``agent.collect()``
+   and ``agent.train_on_batch(batch)``, each timed with the device synchronized.
 
 Model: GPT-2 14 layers x 768, 12 heads, context 320, no dropout, SDPA attention,
 bf16 on the device: with the 49-id tokenizer ~99M non-embedding parameters.
@@ -28,11 +25,11 @@ the last term ``QK^T`` and ``AV``). A rollout feeds ``Lp + L - 1`` positions per
 the update runs forward and backward over ``Lp + L``: 3x the forward. Fraction of
 peak = model TFLOP/s / measured matmul peak; padding the kernels may do is not counted.
 
-Robustness (``harness.run_section``). Every phase gets a slice of ``--time-budget``
-(240 s, counted from start-up) and is stopped by ``SIGALRM`` shortly after; a phase
-that fails or runs out of time says so, with what it measured, and the next one runs;
-phases that no longer fit are skipped. The Markdown is rewritten after every phase; a
-watchdog ends the process 60 s after the budget (``faulthandler``).
+Robustness (``harness.run_section``). Each phase has a slice of ``--time-budget``
+(240 s from start-up), is stopped by ``SIGALRM`` shortly after and says how it ended;
+the Markdown is rewritten after every phase; a watchdog ends the process 60 s after
+the budget. ``--compile-decode``: lmgym decodes with ``CausalLMPolicy(compile_decode=True)``
+(CUDA graphs; compiled in each phase's warm-up; ``generate`` unchanged).
 
     python benchmarks/gpu.py --out benchmarks/results/gpu.md
     python benchmarks/gpu.py --device cpu --smoke --out /tmp/gpu.md   # CPU smoke run
@@ -50,7 +47,6 @@ import argparse
 import copy
 import faulthandler
 import functools
-import gc
 import statistics
 import sys
 from collections.abc import Callable
@@ -60,7 +56,7 @@ from typing import Any
 
 import harness as h
 import torch
-from torch import Tensor
+import workloads as w
 
 WATCHDOG_GRACE_S = 60.0  # the process is ended this long after the time budget
 
@@ -95,16 +91,6 @@ FULL = Sizes(14, 768, 12, (4096, 8192, 16384), 10, 10, (256, 1024), 64, 256, 6, 
 SMOKE = Sizes(2, 64, 4, (128, 256), 3, 2, (8, 16), 8, 16, 2, 4, 2, 8, 2)
 
 
-def wall(fn: Callable[[], Any], device: torch.device) -> tuple[float, Any]:
-    """``(seconds, fn())`` with the device synchronized before and after."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else lambda _: None
-    sync(device)
-    start = time.perf_counter()
-    out = fn()
-    sync(device)
-    return time.perf_counter() - start, out
-
-
 def fmt(x: float | None, spec: str = ".3g") -> str:
     return "n/a" if x is None or x != x else format(x, spec)
 
@@ -119,6 +105,7 @@ class Context:
     tok: Any = None
     params: tuple[int, int] = (0, 0)  # non-embedding parameters, vocabulary
     peak: float | None = None  # measured bf16 matmul TFLOP/s
+    compile_decode: bool = False  # lmgym's CausalLMPolicy(compile_decode=...)
 
     def flops(self, rows: int, positions: int) -> float:
         """Forward FLOPs of ``rows`` sequences of ``positions`` tokens, causal attention."""
@@ -140,27 +127,15 @@ class Context:
         return f"Peak device memory in this phase: {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB."
 
 
-def matmul_tflops(n: int, sizes: Sizes, device: torch.device) -> list[float]:
-    """TFLOP/s of each timing window of ``n x n`` bf16 products (after a warm-up)."""
-    a, b = (torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(2))
-    c = torch.empty_like(a)
-
-    def products() -> None:
-        for _ in range(sizes.matmul_per_window):
-            torch.mm(a, b, out=c)
-
-    products()
-    flops = 2.0 * n**3 * sizes.matmul_per_window
-    return [flops / wall(products, device)[0] / 1e12 for _ in range(sizes.matmul_windows)]
-
-
 def phase_matmul(ctx: Context, phase: h.Section, deadline: float) -> None:
     rows = []
     for n in ctx.sizes.matmul_sizes:
         if time.perf_counter() > deadline:
             phase.body.append(f"Sizes from n = {n} on skipped: the phase's time ran out.")
             break
-        tflops = matmul_tflops(n, ctx.sizes, ctx.device)
+        tflops = w.matmul_tflops(
+            n, ctx.sizes.matmul_per_window, ctx.sizes.matmul_windows, ctx.device
+        )
         ctx.peak = max([ctx.peak or 0.0, *tflops])
         rows.append([n, f"{len(tflops)} x {ctx.sizes.matmul_per_window}",
                      f"{statistics.median(tflops):.4g}", f"{max(tflops):.4g}"])  # fmt: skip
@@ -183,7 +158,7 @@ def phase_model(ctx: Context, phase: h.Section, deadline: float) -> None:
     ctx.model = model.to(device=ctx.device, dtype=torch.bfloat16)
     total = sum(p.numel() for p in model.parameters())
     embeddings = model.transformer.wte.weight.numel() + model.transformer.wpe.weight.numel()
-    h.forbid_token(ctx.model, ctx.tok.eos_token_id)
+    w.forbid_token(ctx.model, ctx.tok.eos_token_id)
     ctx.params = (total - embeddings, len(ctx.tok))
     attn = getattr(model.config, "_attn_implementation", "?")
     phase.body = [
@@ -194,63 +169,22 @@ def phase_model(ctx: Context, phase: h.Section, deadline: float) -> None:
     ]
 
 
-def warm_then_time(
-    phase: h.Section,
-    step: Callable[[int], None],
-    times: dict[str, list[float]],
-    most: int,
-    deadline: float,
-    show: Callable[[bool], None],
-) -> None:
-    """``step(0)`` untimed (its figures shown until a timed one replaces them), then
-    ``step(i)`` up to ``most`` times while another fits before ``deadline``."""
-    cost, _ = wall(lambda: step(0), torch.device("cpu"))
-    show(True)
-    for t in times.values():
-        t.clear()
-    for i in range(most):
-        if time.perf_counter() + cost > deadline:
-            phase.body.append(f"Stopped after {i} timed runs (at most {most}): no time for more.")
-            return
-        step(i)
-        show(False)
-
-
 def phase_rollout(ctx: Context, phase: h.Section, deadline: float, batch: int) -> None:
     """``collect`` vs ``model.generate`` at ``batch`` rows, alternated (module docstring)."""
-    from lmgym import CausalLMPolicy, collect
-
-    s, tok, dev = ctx.sizes, ctx.tok, ctx.device
+    s = ctx.sizes
     lp, new = s.prompt_tokens, s.rollout_new_tokens
-    policy = CausalLMPolicy(ctx.model, tok)
-    env = h.fixed_length_env(tok, batch, lp, new, device=dev)
-    ids, mask = env.prompt_table.ids.clone(), env.prompt_table.mask.long()  # [B, Lp], unpadded
-    seeds = iter(range(1_000_000))
-    times: dict[str, list[float]] = {"lmgym `collect`": [], "`model.generate`": []}
-
-    def run_lmgym() -> None:
-        seed = next(seeds)
-        seconds, out = wall(lambda: collect(env, policy, seed=seed), dev)
-        assert out.completion_ids.shape == (batch, new) and bool((out.lengths == new).all())
-        assert torch.equal(out.prompt_ids, ids)
-        times["lmgym `collect`"].append(seconds)
-
-    def run_generate() -> None:
-        torch.manual_seed(next(seeds))
-        seconds, out = wall(lambda: h.generate_exact(ctx.model, ids, mask, new, tok), dev)
-        h.check_exact(out, lp, new, tok)
-        times["`model.generate`"].append(seconds)
+    sides = w.RolloutVsGenerate(ctx.model, ctx.tok, batch, lp, new, ctx.device, ctx.compile_decode)
+    runs = {"lmgym `collect`": sides.lmgym, "`model.generate`": sides.generate}
+    times: dict[str, list[float]] = {k: [] for k in runs}
 
     def step(i: int) -> None:  # A B, then B A, ...
-        for run in (run_lmgym, run_generate)[:: 1 if i % 2 == 0 else -1]:
-            run()
+        for k in list(runs)[:: 1 if i % 2 == 0 else -1]:
+            times[k].append(runs[k]())
 
     def show(warm: bool) -> None:
         flops = ctx.flops(batch, lp + new - 1)
-        flag, runs = (" (warm-up only)", 0) if warm else ("", len(times["`model.generate`"]))
-        rows = [
-            f"{k}{flag} | {ctx.cells(flops, t, batch * new)} | {runs}" for k, t in times.items()
-        ]
+        flag, n = (" (warm-up only)", 0) if warm else ("", len(times["`model.generate`"]))
+        rows = [f"{k}{flag} | {ctx.cells(flops, t, batch * new)} | {n}" for k, t in times.items()]
         lm, gen = (statistics.median(t) for t in times.values())
         phase.body = [
             *h.table(
@@ -264,27 +198,15 @@ def phase_rollout(ctx: Context, phase: h.Section, deadline: float, batch: int) -
             f"{ctx.memory()}",
         ]
 
-    warm_then_time(phase, step, times, s.rollout_max_pairs, deadline, show)
+    h.warm_then_time(phase, step, times, s.rollout_max_pairs, deadline, show)
 
 
 def phase_iteration(ctx: Context, phase: h.Section, deadline: float) -> None:
     """GRPO iterations in bf16 on a copy of the model (the rollout phases keep theirs)."""
-    from lmgym import CausalLMPolicy, TokenVectorEnv
-    from lmgym.agents import GRPO
-
-    s, tok, dev = ctx.sizes, ctx.tok, ctx.device
+    s, dev = ctx.sizes, ctx.device
     p, g, lp, new = s.grpo_prompts, s.grpo_group, s.prompt_tokens, s.grpo_new_tokens
-    e_id = tok.convert_tokens_to_ids("e")
-
-    def share_of_e(batch: Any) -> Tensor:  # token-level: [N] float32 on the device
-        hits = ((batch.completion_ids == e_id) & batch.completion_mask).sum(1).float()
-        return hits / batch.completion_mask.sum(1).clamp(min=1).float()
-
-    prompts = h.make_prompts(tok, max(64, p), lp, seed=1)
-    env = TokenVectorEnv(
-        tok, prompts, share_of_e, num_prompts=p, group_size=g, max_new_tokens=new, device=dev
-    )
-    agent = GRPO(CausalLMPolicy(copy.deepcopy(ctx.model), tok), env, learning_rate=1e-6, beta=0.0)
+    agent = w.grpo_agent(copy.deepcopy(ctx.model), ctx.tok, p, g, new, lp, dev,
+                         ctx.compile_decode, learning_rate=1e-6, beta=0.0)  # fmt: skip
     times: dict[str, list[float]] = {"iteration": [], "collect": [], "train_on_batch": []}
     rollout, update = ctx.flops(p * g, lp + new - 1), 3.0 * ctx.flops(p * g, lp + new)
     work = {  # model FLOPs, tokens (completion tokens; sequence tokens for the update)
@@ -294,9 +216,10 @@ def phase_iteration(ctx: Context, phase: h.Section, deadline: float) -> None:
     }
 
     def step(_: int) -> None:
-        collect_s, (batch, _) = wall(agent.collect, dev)
+        collect_s, (batch, _) = w.timed(agent.collect, dev)
         assert bool((batch.lengths == new).all()), "lmgym: a row stopped early"
-        update_s, _ = wall(lambda: agent.train_on_batch(batch), dev)
+        w.check_compiled(agent.policy, ctx.compile_decode)
+        update_s, _ = w.timed(lambda: agent.train_on_batch(batch), dev)
         for key, sec in zip(times, (collect_s + update_s, collect_s, update_s), strict=True):
             times[key].append(sec)
 
@@ -316,24 +239,18 @@ def phase_iteration(ctx: Context, phase: h.Section, deadline: float) -> None:
             f"{ctx.memory()}",
         ]
 
-    warm_then_time(phase, step, times, s.grpo_max_iters, deadline, show)
+    h.warm_then_time(phase, step, times, s.grpo_max_iters, deadline, show)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda", help="cuda (default), cuda:N or cpu")
-    p.add_argument(
-        "--smoke", action="store_true", help="tiny model and sizes: tests the script on CPU"
-    )
+    p.add_argument("--smoke", action="store_true", help="tiny sizes: tests the script on CPU")
     p.add_argument("--out", type=Path, help="write the Markdown results here (after each phase)")
-    p.add_argument(
-        "--time-budget",
-        type=float,
-        default=240.0,
-        metavar="SECONDS",
-        help="whole-run budget from start-up (default 240); phases that do not fit are "
-        "cut short or skipped; the process is ended 60 s after it in any case",
-    )
+    p.add_argument("--time-budget", type=float, default=240.0, metavar="SECONDS",
+                   help="whole-run budget from start-up (240); phases that do not fit are cut "
+                   "short or skipped; the process is ended 60 s after it in any case")  # fmt: skip
+    h.add_common(p, compile_decode=True, wait_idle=False)
     args = p.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -350,14 +267,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     h.quiet_worker(torch.get_num_threads())
     sizes = SMOKE if args.smoke else FULL
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        machine = (
-            f"{torch.cuda.get_device_name(device)}, {props.total_memory / 2**30:.0f} GiB, "
-            f"{props.multi_processor_count} SMs, CUDA {torch.version.cuda}"
-        )
-    else:
-        machine = "no GPU"
     mode = "smoke sizes: a test of the script, not a measurement" if args.smoke else "full sizes"
     command = h.command_line("gpu.py", argv)
     head = h.header(
@@ -366,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
         ["torch", "transformers", "lmgym"],
         command,
         note=f" ({mode}; time budget {b:.0f} s)",
-        device=machine,
+        device=h.device_text(device),
+        compile_decode=args.compile_decode,
     )
     head += [
         "- method: phases in order, each in a time slice; device synchronized around every "
@@ -374,20 +284,12 @@ def main(argv: list[str] | None = None) -> int:
         "details: the docstring of `benchmarks/gpu.py`.",
         "",
     ]
-    ctx, report = Context(sizes, device), h.SectionedReport(head, args.out)
+    ctx = Context(sizes, device, compile_decode=args.compile_decode)
+    report = h.SectionedReport(head, args.out)
     print("\n".join(head), flush=True)
 
     def run(title: str, fn: Callable[..., None], slice_s: float) -> str:
-        def phase(section: h.Section, deadline: float) -> None:
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
-            try:
-                fn(ctx, section, deadline)
-            finally:
-                gc.collect()
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
-
+        phase = h.on_device(functools.partial(fn, ctx), device)
         needs_model = fn not in (phase_matmul, phase_model) and ctx.model is None
         skip = "no model (the model phase did not complete)" if needs_model else ""
         return h.run_section(report, title, phase, slice_s, max(5.0, 0.05 * b), T0 + b, skip)

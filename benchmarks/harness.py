@@ -14,9 +14,11 @@
 - **Phase tables.** Where an lmgym call spends its time, from the
   ``torch.profiler.record_function`` labels lmgym places in its own code
   (``lmgym.profiling``): exclusive seconds per label path, so the rows add up.
-- **LM workloads.** Prompts of an exact token length, a reward that costs nothing
-  and an output bias that makes EOS unsampleable (equal work: every row runs to the
-  token budget on both sides).
+- **Rows over processes.** ``Runs``: a row's per-process results, its ratio the
+  median of theirs (``run_row`` runs and prints one).
+
+The models, prompts, envs and the two sides of rollout-vs-generate live in
+``workloads.py``.
 
 Scripts run as ``.venv/bin/python benchmarks/<name>.py`` (Python puts this
 directory on ``sys.path``); importing this module also puts the repository root
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import importlib
 import os
 import platform
@@ -37,11 +40,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
-import numpy as np
 import torch
-from torch import Tensor, nn
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[1]
@@ -152,10 +153,28 @@ def quiet_worker(threads: int) -> None:
     transformers.utils.logging.disable_progress_bar()
 
 
+def worker_env(**overrides: str) -> dict[str, str]:
+    """This process's environment for a worker subprocess: the repository root first on
+    ``PYTHONPATH`` (the checkout's lmgym), then ``overrides``."""
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    return {**os.environ, "PYTHONPATH": path, **overrides}
+
+
+def forwarded(args: argparse.Namespace, *keys: str) -> list[str]:
+    """``--key=value`` flags that give a worker process these options of ``args``."""
+    return [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in keys]
+
+
+def torchrun(processes: int, argv: Sequence[str]) -> None:
+    """Run ``python argv`` as ``processes`` ``torchrun`` workers (one thread each)."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
+    env = worker_env(OMP_NUM_THREADS="1")
+    subprocess.run([*command, str(processes), *argv], env=env, check=True)
+
+
 def in_fresh_process(fn: Callable[[], T], threads: int) -> T:
     """``fn()`` in a new (spawned) process set up by ``quiet_worker(threads)``
     (``fn`` and its result must pickle)."""
-    import functools
     import multiprocessing
 
     init = functools.partial(quiet_worker, threads)
@@ -173,8 +192,6 @@ def in_processes(
 ) -> list[L]:
     """``work(i)`` for each process ``i``, each in a fresh process (by default when
     ``processes > 1``; otherwise here) and each through ``run_undisturbed``."""
-    import functools
-
     fresh = processes > 1 if fresh is None else fresh
     results = []
     for i in range(processes):
@@ -229,9 +246,59 @@ def ratios_block(rows: Sequence[Any]) -> list[str]:
     return ["", *lines] if lines else []
 
 
+class Ratioed(Loaded, Protocol):
+    ratio: float
+
+
+R = TypeVar("R", bound=Ratioed)
+
+
+@dataclass
+class Runs(Generic[R]):
+    """One row measured in one or more processes: ``runs`` (each with ``ratio`` and
+    ``other_load``); the row's ratio is the median of theirs, its load the worst."""
+
+    name: str
+    runs: list[R]
+
+    @property
+    def ratio(self) -> float:
+        return statistics.median(r.ratio for r in self.runs)
+
+    @property
+    def process_ratios(self) -> tuple[float, ...]:
+        """Every process's ratio when there were several (for ``ratios_block``)."""
+        return tuple(r.ratio for r in self.runs) if len(self.runs) > 1 else ()
+
+    @property
+    def other_load(self) -> float:
+        return max(r.other_load for r in self.runs)
+
+    def pooled(self, key: str) -> list[Any]:
+        """The items of list attribute ``key`` of every run, in order."""
+        return [x for r in self.runs for x in getattr(r, key)]
+
+
+def run_row(
+    name: str,
+    work: Callable[[int], R],
+    processes: int,
+    threads: int,
+    deadline: float | None,
+    fresh: bool | None = None,
+) -> Runs[R]:
+    """``in_processes`` for one row; prints its ratio (and each process's)."""
+    row = Runs(name, in_processes(work, processes, threads, deadline, name, fresh))
+    each = ", ".join(f"{x:.2f}x" for x in row.process_ratios)
+    print(f"{name}: {row.ratio:.2f}x" + (f" (per process: {each})" if each else "")
+          + f", other CPU load {row.other_load:.0%}", flush=True)  # fmt: skip
+    return row
+
+
 # ------------------------------------------------------------------------ options
 def parser(doc: str | None, quick: str = "smoke run") -> argparse.ArgumentParser:
     """An argument parser with ``--quick`` and ``--out`` (description: the doc's first paragraph)."""
+    source_line()  # the commit measured: now, before the run, not when the report is written
     p = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help=quick)
     p.add_argument("--out", type=Path, help="write a Markdown results file here")
@@ -249,6 +316,42 @@ def add_wait_idle(p: argparse.ArgumentParser) -> None:
         f"to drop below {NOISY * 100:.0f}%%, and rerun a disturbed row, for at most SECONDS "
         "in all (default 0: measure at once)",
     )
+
+
+def add_common(
+    p: argparse.ArgumentParser,
+    threads: int | None = None,
+    models: Sequence[str] = (),
+    warmup: int | None = None,
+    repeats: str = "",
+    processes: str = "",
+    compile_decode: bool = False,
+    wait_idle: bool = True,
+) -> None:
+    """Add the options most comparisons share, each only where its argument is given:
+    ``--threads`` (default ``threads``), ``--models`` (comma list of ``models``, default
+    all), ``--warmup`` (pairs), ``--repeats`` / ``--processes`` (defaults left to
+    ``fill_defaults``; the argument is the help's default text), ``--compile-decode``
+    and ``--wait-idle``."""
+    if threads is not None:
+        p.add_argument("--threads", type=int, default=threads, help=f"torch threads ({threads})")
+    if models:
+        p.add_argument("--models", help=f"comma list of: {', '.join(models)} (default all)")
+    if warmup is not None:
+        p.add_argument("--warmup", type=int, default=warmup, help=f"warm-up pairs ({warmup})")
+    if repeats:
+        p.add_argument("--repeats", type=int, help=f"timed repeats per side ({repeats})")
+    if processes:
+        p.add_argument("--processes", type=int, help=f"fresh processes per row ({processes})")
+    if compile_decode:
+        p.add_argument(
+            "--compile-decode",
+            action="store_true",
+            help="lmgym decodes with CausalLMPolicy(compile_decode=True): a torch.compile'd "
+            "step, compiled once per process and shape (the baseline is unchanged)",
+        )
+    if wait_idle:
+        add_wait_idle(p)
 
 
 def fill_defaults(args: argparse.Namespace, normal: dict[str, Any], quick: dict[str, Any]) -> None:
@@ -285,8 +388,11 @@ def cpu_model() -> str:
     return platform.processor() or "unknown CPU"
 
 
+@functools.cache
 def source_line() -> str:
-    """The git commit measured, and whether ``lmgym/`` had uncommitted changes."""
+    """The git commit measured, and whether ``lmgym/`` had uncommitted changes, as at
+    the first call (``parser`` makes it, so a report written at the end of a run names
+    the commit it started from)."""
     try:
         git = ["git", "-C", str(ROOT)]
         head = subprocess.run(
@@ -316,6 +422,7 @@ def header(
     command: str,
     note: str = "",
     device: str = "no GPU",
+    compile_decode: bool | None = None,
 ) -> list[str]:
     """The first lines of a results file: title, date, machine, versions, source, command.
 
@@ -324,6 +431,8 @@ def header(
         modules: modules whose ``__version__`` to list after python's.
         command: the command line (``command_line``); ``note`` follows it.
         device: the accelerator part of the machine line.
+        compile_decode: whether lmgym decoded with the compiled step (a line saying
+            so; ``None``: no line, the script has no such choice).
     """
     versions = [f"python {platform.python_version()}"]
     for name in modules:
@@ -339,7 +448,30 @@ def header(
         "- " + ", ".join(versions),
         source_line(),
         f"- command: `{command}`{note}",
+        *([] if compile_decode is None else [decode_line(compile_decode)]),
     ]
+
+
+def decode_line(compile_decode: bool) -> str:
+    """The header line that says how lmgym decoded."""
+    if compile_decode:
+        return (
+            "- lmgym decode: compiled (`--compile-decode`: `CausalLMPolicy(compile_decode=True)`"
+            ", compiled before timing; an eager fallback fails the run)"
+        )
+    return "- lmgym decode: eager (the default; `--compile-decode` compiles it)"
+
+
+def device_text(device: torch.device) -> str:
+    """The accelerator part of the header's machine line: a CUDA device's name, memory,
+    SMs and CUDA version, or ``no GPU``."""
+    if device.type != "cuda":
+        return "no GPU"
+    props = torch.cuda.get_device_properties(device)
+    return (
+        f"{torch.cuda.get_device_name(device)}, {props.total_memory / 2**30:.0f} GiB, "
+        f"{props.multi_processor_count} SMs, CUDA {torch.version.cuda}"
+    )
 
 
 def table(head: str, rows: Sequence[str | Sequence[Any]], left: int = 1) -> list[str]:
@@ -389,6 +521,19 @@ def write_report(text: str, out: Path | None, say: bool = True) -> None:
     tmp.replace(out)
     if say:
         print(f"wrote {out}", flush=True)
+
+
+def finish(lines: Sequence[str], out: Path | None) -> str:
+    """Join a report's lines, print it and write it to ``out`` (if given)."""
+    text = "\n".join(lines) + "\n"
+    print("\n" + text)
+    write_report(text, out)
+    return text
+
+
+def target_line(name: str, ratio: float, target: float, what: str) -> str:
+    """``- name: 1.62x what (target >= 1.5x) -> MET``."""
+    return f"- {name}: {ratio:.2f}x {what} (target >= {target:g}x) -> {verdict(ratio >= target)}"
 
 
 # -------------------------------------------------------- unattended, time-boxed runs
@@ -486,6 +631,51 @@ def run_section(
     return outcome
 
 
+def warm_then_time(
+    section: Section,
+    step: Callable[[int], None],
+    times: dict[str, list[float]],
+    most: int,
+    deadline: float,
+    show: Callable[[bool], None],
+) -> None:
+    """Inside a section: ``step(0)`` untimed (its figures shown, ``show(True)``, until a
+    timed one replaces them; ``times`` cleared after it), then ``step(i)`` and
+    ``show(False)`` up to ``most`` times while another fits before ``deadline``."""
+    start = time.perf_counter()
+    step(0)
+    cost = time.perf_counter() - start
+    show(True)
+    for t in times.values():
+        t.clear()
+    for i in range(most):
+        if time.perf_counter() + cost > deadline:
+            section.body.append(f"Stopped after {i} timed runs (at most {most}): no time for more.")
+            return
+        step(i)
+        show(False)
+
+
+def on_device(
+    fn: Callable[[Section, float], None], device: torch.device
+) -> Callable[[Section, float], None]:
+    """``fn`` as a section of a device benchmark: a CUDA device's peak-memory counter
+    reset before (so a section reports its own peak), memory released after."""
+    import gc
+
+    def section(sec: Section, deadline: float) -> None:
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        try:
+            fn(sec, deadline)
+        finally:
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+
+    return section
+
+
 # ------------------------------------------------------------------ phase tables
 Phases = dict[str, tuple[float, float]]
 """``{label path: (exclusive seconds per call, entries per call)}``, plus ``"wall"``."""
@@ -553,87 +743,14 @@ PHASE_NOTE = (
 )
 
 
-# ------------------------------------------------------------------ LM workloads
-class ZeroReward:
-    """A trivial reward model: 0 for every row, ``[N] float32`` on the completions' device."""
-
-    name = "zero"
-
-    def __call__(self, batch: Any) -> Tensor:
-        return torch.zeros(batch.completion_ids.shape[0], device=batch.completion_ids.device)
-
-
-def forbid_token(model: nn.Module, token_id: int) -> None:
-    """Give the output layer a bias of ``-1e9`` on ``token_id`` (probability exactly 0).
-
-    The new ``[V, H]`` head shares the old (tied) weight, so every other logit is
-    unchanged; the bias takes the weight's dtype and device.
-    """
-    old = model.get_output_embeddings()
-    w = old.weight
-    head = nn.Linear(old.in_features, old.out_features, bias=True, device=w.device, dtype=w.dtype)
-    head.weight = w
-    with torch.no_grad():
-        head.bias.zero_()
-        head.bias[token_id] = -1e9
-    model.set_output_embeddings(head)
-
-
-def make_prompts(tokenizer: Any, n: int, length: int, seed: int = 0) -> list[str]:
-    """``n`` random strings over the character tokenizer's characters, each exactly
-    ``length`` tokens."""
-    from lmgym.char_tokenizer import DEFAULT_CHARS
-
-    rng = np.random.default_rng(seed)
-    prompts = ["".join(rng.choice(list(DEFAULT_CHARS), size=length)) for _ in range(n)]
-    for p in prompts:
-        assert len(tokenizer(p, add_special_tokens=False)["input_ids"]) == length
-    return prompts
-
-
-def fixed_length_env(
-    tokenizer: Any, n: int, prompt_tokens: int, new_tokens: int, device: str | torch.device = "cpu"
-) -> Any:
-    """``n`` rows, one exact-length prompt each (served in order), EOS the only stop
-    id, a zero reward: the env side of rollout-vs-generate."""
-    from lmgym import TokenVectorEnv
-
-    env = TokenVectorEnv(
-        tokenizer,
-        make_prompts(tokenizer, n, prompt_tokens),
-        ZeroReward(),
-        num_prompts=n,
-        group_size=1,
-        max_new_tokens=new_tokens,
-        stop_token_ids=[tokenizer.eos_token_id],
-        prompt_order="sequential",
-        device=device,
-    )
-    assert env.prompt_width == prompt_tokens
-    return env
-
-
-def generate_exact(
-    model: nn.Module, ids: Tensor, mask: Tensor, new_tokens: int, tokenizer: Any
-) -> Tensor:
-    """transformers' sampling with the rollout's settings (temperature 1, no top-k /
-    top-p): ``[B, Lp + new_tokens]`` int64 ids. Pair with ``check_exact``."""
-    with torch.no_grad():
-        return model.generate(
-            input_ids=ids,
-            attention_mask=mask,
-            do_sample=True,
-            max_new_tokens=new_tokens,
-            temperature=1.0,
-            top_k=0,
-            top_p=1.0,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-        )
-
-
-def check_exact(out: Tensor, prompt_tokens: int, new_tokens: int, tokenizer: Any) -> None:
-    """Every row of ``generate_exact``'s output made exactly ``new_tokens`` (equal work)."""
-    completion = out[:, prompt_tokens:]
-    assert completion.shape[1] == new_tokens, f"generate: shape {tuple(out.shape)}"
-    assert not bool((completion == tokenizer.eos_token_id).any()), "generate: a row stopped early"
+def phase_section(
+    title: str,
+    note: str,
+    columns: dict[str, Phases],
+    notes: dict[str, dict[str, float]] | None = None,
+) -> list[str]:
+    """A report section: ``## title``, ``note`` + ``PHASE_NOTE`` and the ``phase_table``
+    (nothing when no column was profiled)."""
+    if not columns:
+        return []
+    return ["", f"## {title}", "", f"{note} {PHASE_NOTE}", "", *phase_table(columns, notes)]

@@ -6,10 +6,12 @@ reports the median of each side and the ratio of medians.
 1. ``collect`` vs ``model.generate``: completion tokens/s of
    ``lmgym.rollout.collect(env, policy)`` against transformers' ``model.generate``
    (``do_sample=True``) on the same tiny GPT-2, the same 64 prompts of exactly 16
-   tokens, and 64 new tokens per row. Each row runs in ``--processes`` fresh
-   processes and reports the median of their ratios.
+   tokens, and 64 new tokens per row (``workloads.RolloutVsGenerate``). Each row runs
+   in ``--processes`` fresh processes and reports the median of their ratios.
+   ``--compile-decode``: lmgym decodes with ``CausalLMPolicy(compile_decode=True)``
+   (compiled during the warm-up; ``generate`` unchanged).
 
-   Equal work. The output layer gets a bias of ``-1e9`` on EOS (``harness.forbid_token``:
+   Equal work. The output layer gets a bias of ``-1e9`` on EOS (``workloads.forbid_token``:
    the tied weight is shared, every other logit unchanged), so EOS, the env's stop id
    and ``generate``'s ``eos_token_id``, is never sampled and both sides make exactly 64
    tokens on every row (asserted), with the stop check live on both. Both sample the
@@ -40,8 +42,9 @@ import gymnasium as gym
 import harness as h
 import numpy as np
 import torch
+import workloads as w
 
-from lmgym import CausalLMPolicy, TokenVectorEnv, collect, make_tiny_lm
+from lmgym import TokenVectorEnv
 
 NUM_THREADS = 2
 BATCH, PROMPT_TOKENS, NEW_TOKENS = 64, 16, 64
@@ -52,42 +55,17 @@ ENV_TARGET, ENV_TARGET_N = 20.0, 256  # native / SyncVectorEnv at 256 envs, step
 
 
 def bench_generate(
-    n_layer: int, n_embd: int, warmup: int, repeats: int, _: int = 0
+    size: str, warmup: int, repeats: int, compile_decode: bool, _: int = 0
 ) -> h.Comparison:
     start = time.perf_counter()
-    model, tok = make_tiny_lm(n_layer=n_layer, n_embd=n_embd, n_head=4, n_positions=128)
-    h.forbid_token(model, tok.eos_token_id)
-    policy = CausalLMPolicy(model, tok)
-    env = h.fixed_length_env(tok, BATCH, PROMPT_TOKENS, NEW_TOKENS)
-    ids = env.prompt_table.ids.clone()  # the prompts the env serves, rows 0..63, unpadded
-    mask = env.prompt_table.mask.long()
-    assert bool(mask.all())
-    seeds = iter(range(10_000))
-
-    def run_lmgym() -> float:
-        seed = next(seeds)
-        start = time.perf_counter()
-        batch = collect(env, policy, seed=seed)
-        elapsed = time.perf_counter() - start
-        assert batch.completion_ids.shape == (BATCH, NEW_TOKENS)
-        assert bool((batch.lengths == NEW_TOKENS).all()), "lmgym: a row stopped early"
-        assert bool(batch.truncated.all()) and not bool(batch.terminated.any())
-        assert torch.equal(batch.prompt_ids, ids)
-        return elapsed
-
-    def run_generate() -> float:
-        torch.manual_seed(next(seeds))
-        start = time.perf_counter()
-        out = h.generate_exact(model, ids, mask, NEW_TOKENS, tok)
-        elapsed = time.perf_counter() - start
-        assert out.shape[0] == BATCH
-        h.check_exact(out, PROMPT_TOKENS, NEW_TOKENS, tok)
-        return elapsed
-
+    model, tok = w.tiny_gpt2(size, n_positions=128)
+    w.forbid_token(model, tok.eos_token_id)
+    sides = w.RolloutVsGenerate(model, tok, BATCH, PROMPT_TOKENS, NEW_TOKENS,
+                                compile_decode=compile_decode)  # fmt: skip
     meter = h.CpuMeter()
-    ta, tb = h.alternate(run_lmgym, run_generate, warmup, repeats)
+    ta, tb = h.alternate(sides.lmgym, sides.generate, warmup, repeats)
     tokens = BATCH * NEW_TOKENS
-    name = f"rollout, GPT-2 {n_layer}L/{n_embd}d, B={BATCH}, {PROMPT_TOKENS}+{NEW_TOKENS} tok"
+    name = f"rollout, {w.SIZES[size][0]}, B={BATCH}, {PROMPT_TOKENS}+{NEW_TOKENS} tok"
     rates = tokens / statistics.median(ta), tokens / statistics.median(tb)
     return h.Comparison(name, *rates, repeats, meter.other_load(), time.perf_counter() - start)
 
@@ -167,7 +145,7 @@ def verdicts(rows: list[h.Comparison]) -> list[str]:
     return out + h.noisy_warning([r.other_load for r in rows])
 
 
-def markdown(rows: list[h.Comparison], command: str, elapsed: float) -> str:
+def markdown(rows: list[h.Comparison], command: str, elapsed: float, compiled: bool) -> list[str]:
     head = ["benchmark", "unit", "lmgym (median)", "baseline", "baseline (median)", "ratio"]
     cells = []
     for r in rows:
@@ -179,7 +157,7 @@ def markdown(rows: list[h.Comparison], command: str, elapsed: float) -> str:
         f"torch threads = {NUM_THREADS}",
         ["torch", "transformers", "gymnasium", "lmgym"],
     )
-    lines = h.header("Rollout benchmarks", threads, modules, command)
+    lines = h.header("Rollout benchmarks", threads, modules, command, compile_decode=compiled)
     lines += [
         f"- run time: {sum(r.seconds for r in rows):.0f} s for the rows kept; {elapsed:.0f} s "
         "in all (incl. the episode check and any waiting for idle CPUs / reruns of disturbed "
@@ -191,20 +169,20 @@ def markdown(rows: list[h.Comparison], command: str, elapsed: float) -> str:
         "summed; 'other CPU load' = share of the machine's CPUs used by other processes while "
         "that row ran (the worst process). Equal work: see the script's docstring.",
         "",
-        *h.table([*head, "repeats", "other CPU load"], cells, left=2),
+        *h.table(" | ".join([*head, "repeats", "other CPU load"]), cells, left=2),
         *h.ratios_block(rows),
         "",
         "## Targets",
         "",
         *verdicts(rows),
     ]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def main(argv: list[str] | None = None) -> None:
     p = h.parser(__doc__, "fewer repeats (smoke run)")
     p.add_argument("--processes", type=int, default=5, help="fresh processes per rollout row (5)")
-    h.add_wait_idle(p)
+    h.add_common(p, compile_decode=True)
     args = p.parse_args(argv)
     h.quiet_worker(NUM_THREADS)
     t0 = time.perf_counter()
@@ -212,13 +190,11 @@ def main(argv: list[str] | None = None) -> None:
     lm_warmup, lm_repeats, env_warmup, env_repeats, env_steps = (
         (1, 2, 1, 2, 16) if args.quick else (1, 7, 1, 5, 64)
     )
-    rows = []
-    for n_layer, n_embd in ((2, 128), (6, 256)):
-        work = functools.partial(bench_generate, n_layer, n_embd, lm_warmup, lm_repeats)
-        label = f"rollout {n_layer}L"
-        rows.append(
-            h.pool(h.in_processes(work, args.processes, NUM_THREADS, deadline, label, True))
-        )
+    rows: list[h.Comparison] = []
+    for size in ("small", "large"):
+        work = functools.partial(bench_generate, size, lm_warmup, lm_repeats, args.compile_decode)
+        runs = h.in_processes(work, args.processes, NUM_THREADS, deadline, f"rollout {size}", True)
+        rows.append(h.pool(runs))
         spread = ", ".join(f"{x:.2f}x" for x in rows[-1].process_ratios)
         print(f"{rows[-1].name}: {rows[-1].ratio:.2f}x (per process: {spread})", flush=True)
     check_same_episodes(64, 2 * ENV_MAX_NEW_TOKENS)
@@ -227,9 +203,8 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(h.in_processes(work, 1, NUM_THREADS, deadline, f"env {n}")[0])
         print(f"{rows[-1].name}: {rows[-1].ratio:.1f}x", flush=True)
     command = h.command_line("rollout.py", argv)
-    text = markdown(rows, command, time.perf_counter() - t0)
-    print("\n" + text)
-    h.write_report(text, args.out)
+    lines = markdown(rows, command, time.perf_counter() - t0, args.compile_decode)
+    h.finish(lines, args.out)
 
 
 if __name__ == "__main__":

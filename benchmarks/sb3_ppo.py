@@ -235,7 +235,7 @@ def _summary(results: list[RunResult], side: str) -> str:
     )
 
 
-def markdown(results: list[RunResult], sides: list[str], command: str, budgets: dict) -> str:
+def markdown(results: list[RunResult], sides: list[str], command: str, budgets: dict) -> list[str]:
     per_run = [
         f"{r.side} | {r.seed} | {'yes' if r.solved else 'no'} | {r.env_steps:,} | {r.seconds:.1f} "
         f"| {r.rolling_mean:.3f} | {r.other_cpu:.0%}{' (noisy)' if r.other_cpu > noisy_above() else ''}"
@@ -270,18 +270,16 @@ def markdown(results: list[RunResult], sides: list[str], command: str, budgets: 
         *[n.format(threads=NUM_THREADS, free=noisy_above()) for n in NOTES],
         *([] if "lmgym_ppo" in sides else ["- lmgym's PPO side is not in this run."]),
     ]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = h.parser(__doc__, "one seed, 20k env steps per side")
     parser.add_argument("--seeds", type=int, nargs="+", help="default 0 1 2 3 4 (--quick: 0)")
     parser.add_argument(
-        "--sides", nargs="+", choices=sorted(SIDES), help="default: all but --reference ones"
+        "--sides", nargs="+", choices=sorted(SIDES), help="default: all but --reference"
     )
-    parser.add_argument(
-        "--reference", action="store_true", help="also run the reference SB3 variants"
-    )
+    parser.add_argument("--reference", action="store_true", help="also the reference SB3 variants")
     parser.add_argument("--max-steps", type=int, help="env-step budget for every side")
     args = parser.parse_args(argv)
     h.fill_defaults(args, dict(seeds=[0, 1, 2, 3, 4]), dict(seeds=[0], max_steps=20_000))
@@ -293,19 +291,11 @@ def main(argv: list[str] | None = None) -> None:
     for k, seed in enumerate(args.seeds):
         order = sides if k % 2 == 0 else sides[::-1]  # alternate which side goes first
         for side in order:
-            result = SIDES[side][0](seed, budgets[side])
-            results.append(result)
-            print(
-                f"{side:>18} seed {seed}: solved={result.solved} steps={result.env_steps:,} "
-                f"seconds={result.seconds:.1f} rolling={result.rolling_mean:.3f} "
-                f"other_cpu={result.other_cpu:.0%}",
-                flush=True,
-            )
+            results.append(SIDES[side][0](seed, budgets[side]))
+            print(f"{side:>18} seed {seed}: {results[-1]}", flush=True)
     results.sort(key=lambda r: (sides.index(r.side), r.seed))
     command = h.command_line("sb3_ppo.py", argv)
-    report = markdown(results, sides, command, budgets)
-    print(report)
-    h.write_report(report, args.out)
+    h.finish(markdown(results, sides, command, budgets), args.out)
 
 
 if __name__ == "__main__":

@@ -32,15 +32,12 @@ Equal work (issue 7):
   implementation and are kept.
 
 Alternation. TRL's ``trainer.train()`` owns its loop, so lmgym runs inside it: a
-``TrainerCallback`` records the wall time of each TRL step (end of the previous
-callback -> ``on_step_end``: the full cycle with the loop's overhead;
-``on_step_begin`` -> ``on_step_end`` is reported too), then runs and times one
-lmgym ``agent.step()``. T L T L ...; the first ``--warmup`` pairs are discarded.
-
-Profile (``--profile-iters``, untimed): extra lmgym iterations under
-``torch.profiler``, read from the labels lmgym places in its rollout and update
-(``harness.profile_phases``): collect, act, decode, env step, reward, prepare,
-loss (teacher-forced pass, log-probs), backward, optimizer, metrics.
+``TrainerCallback`` times each TRL step (end of the previous callback ->
+``on_step_end``, the loop's overhead included; ``on_step_begin`` -> ``on_step_end``
+too), then times one lmgym ``agent.step()``; the first ``--warmup`` pairs are
+discarded. ``--profile-iters`` extra lmgym iterations run under ``torch.profiler``
+(``harness.profile_phases``: lmgym's own labels). ``--compile-decode``: lmgym decodes
+with ``CausalLMPolicy(compile_decode=True)`` (compiled in the warm-up; TRL unchanged).
 
 Needs the ``bench`` extra (``pip install -e '.[bench]'``)::
 
@@ -64,6 +61,7 @@ from typing import Any
 
 import harness as h
 import torch
+from workloads import check_compiled
 
 from lmgym.agents import GRPO, RLOO, Agent
 from lmgym.envs import FunctionReward, TokenVectorEnv
@@ -100,8 +98,9 @@ def build_checkpoint(path: Path, model: str) -> Path:
     return path
 
 
-def make_agent(path: Path, algo: str) -> Agent:
-    policy = CausalLMPolicy.from_pretrained(path, temperature=1.0, top_k=None, top_p=None)
+def make_agent(path: Path, algo: str, compile_decode: bool = False) -> Agent:
+    policy = CausalLMPolicy.from_pretrained(path, temperature=1.0, top_k=None, top_p=None,
+                                            compile_decode=compile_decode)  # fmt: skip
     env = TokenVectorEnv(policy.tokenizer, PROMPTS, FunctionReward(reward_e),
                          num_prompts=NUM_PROMPTS, group_size=GROUP_SIZE, max_new_tokens=NEW_TOKENS)  # fmt: skip
     assert env.prompt_width == PROMPT_TOKENS and bool(env.prompt_table.mask.all())
@@ -161,11 +160,13 @@ class Run:
         return statistics.median(self.trl) / statistics.median(self.lm)
 
 
-def alternated_run(path: Path, algo: str, warmup: int, iters: int, _: int = 0) -> Run:
+def alternated_run(
+    path: Path, algo: str, warmup: int, iters: int, compile_decode: bool, _: int = 0
+) -> Run:
     """Run TRL's trainer and, after each of its steps, one lmgym ``agent.step()``."""
     from transformers import TrainerCallback
 
-    agent = make_agent(path, algo)
+    agent = make_agent(path, algo, compile_decode)
     run = Run([], [], [], float("nan"))
     state: dict[str, Any] = {"meter": None}
 
@@ -200,46 +201,39 @@ def alternated_run(path: Path, algo: str, warmup: int, iters: int, _: int = 0) -
         state["trainer"] = make_trainer(path, algo, warmup + iters, out_dir, Alternate())
         state["trainer"].train()
     assert len(run.lm) == len(run.trl) == iters
+    check_compiled(agent.policy, compile_decode)
     run.other_load = state["meter"].other_load()
     return run
 
 
-def profile_lmgym(path: Path, algo: str, iters: int) -> h.Phases:
+def profile_lmgym(path: Path, algo: str, iters: int, compile_decode: bool = False) -> h.Phases:
     """Exclusive seconds per labelled phase of lmgym's ``agent.step()`` (after one warm-up)."""
-    agent = make_agent(path, algo)
+    agent = make_agent(path, algo, compile_decode)
     agent.step()
-    return h.profile_phases(agent.step, iters)
+    phases = h.profile_phases(agent.step, iters)
+    check_compiled(agent.policy, compile_decode)
+    return phases
 
 
 @dataclass
-class Result:
-    algo: str
-    model: str
-    threads: int
-    runs: list[Run]
+class Result(h.Runs[Run]):
+    """One row: an algorithm, a model and a thread count, over ``runs`` (processes)."""
+
+    algo: str = ""
+    model: str = ""
+    threads: int = 0
     profile: h.Phases = field(default_factory=dict)
 
-    def pooled(self, key: str) -> list[float]:
-        return [x for r in self.runs for x in getattr(r, key)]
 
-    @property
-    def ratio(self) -> float:
-        return statistics.median(r.ratio for r in self.runs)
-
-    @property
-    def process_ratios(self) -> tuple[float, ...]:
-        return tuple(r.ratio for r in self.runs) if len(self.runs) > 1 else ()
-
-    @property
-    def name(self) -> str:
-        return f"{self.algo.upper()}, {MODELS[self.model][0]}, {self.threads} thread(s)"
+def row_name(algo: str, model: str, threads: int) -> str:
+    return f"{algo.upper()}, {MODELS[model][0]}, {threads} thread(s)"
 
 
-def report(results: list[Result], args: argparse.Namespace, command: str, wall: float) -> str:
+def report(results: list[Result], args: argparse.Namespace, command: str, wall: float) -> list[str]:
     modules = ["torch", "transformers", "trl", "accelerate", "datasets", "lmgym"]
     threads = "torch threads per row in the 'threads' column"
     head = h.header("GRPO / RLOO iteration time: lmgym vs TRL", threads, modules, command,
-                    note=f" (total {wall:.0f} s)")  # fmt: skip
+                    note=f" (total {wall:.0f} s)", compile_decode=args.compile_decode)  # fmt: skip
     rows = []
     for r in results:
         lm, trl = r.pooled("lm"), r.pooled("trl")
@@ -247,8 +241,7 @@ def report(results: list[Result], args: argparse.Namespace, command: str, wall: 
             f"{r.algo.upper()} vs {TRL_NAME[r.algo]} | {MODELS[r.model][0]} | {r.threads} "
             f"| {h.spread(lm)} | {h.spread(trl)} | {statistics.median(r.pooled('trl_core')):.3f} "
             f"| {TOKENS / statistics.mean(lm):,.0f} | {TOKENS / statistics.mean(trl):,.0f} "
-            f"| {r.ratio:.2f}x | >= {MODELS[r.model][4]:g}x "
-            f"| {h.load_cell(max(x.other_load for x in r.runs))}"
+            f"| {r.ratio:.2f}x | >= {MODELS[r.model][4]:g}x | {h.load_cell(r.other_load)}"
         )
     lines = [
         *head,
@@ -277,29 +270,23 @@ def report(results: list[Result], args: argparse.Namespace, command: str, wall: 
     ]
     for r in results:
         info = "" if r.threads == TARGET_THREADS else " (for information: not the issue's setting)"
-        target = MODELS[r.model][4]
-        lines.append(f"- {r.name}: lmgym {r.ratio:.2f}x as fast as TRL (target >= {target:g}x) "
-                     f"-> {h.verdict(r.ratio >= target)}{info}")  # fmt: skip
-    lines += h.noisy_warning([x.other_load for r in results for x in r.runs])
-    columns = {f"{r.algo.upper()} {MODELS[r.model][0]}, {r.threads}T": r.profile for r in results}
-    if any(columns.values()):
-        lines += ["", "## Where lmgym's iteration goes", "",
-                  f"{args.profile_iters} extra lmgym iterations (`agent.step()`). {h.PHASE_NOTE}",
-                  "", *h.phase_table({k: v for k, v in columns.items() if v})]  # fmt: skip
-    return "\n".join(lines) + "\n"
+        lines.append(h.target_line(r.name, r.ratio, MODELS[r.model][4], "lmgym vs TRL") + info)
+    lines += h.noisy_warning([r.other_load for r in results])
+    columns = {f"{r.algo.upper()} {MODELS[r.model][0]}, {r.threads}T": r.profile
+               for r in results if r.profile}  # fmt: skip
+    note = f"{args.profile_iters} extra lmgym iterations (`agent.step()`)."
+    return lines + h.phase_section("Where lmgym's iteration goes", note, columns)
 
 
 def main(argv: list[str] | None = None) -> None:
     p = h.parser(__doc__, "smoke run (< 60 s)")
     p.add_argument("--threads", help="comma list of torch thread counts (default 2,1)")
-    p.add_argument("--models", help="comma list of: small, large (default both)")
     p.add_argument("--algos", default="grpo,rloo", help="comma list of: grpo, rloo")
-    p.add_argument("--warmup", type=int, help="warm-up pairs (default 3)")
     p.add_argument("--iters", type=int, help="timed pairs (default 15)")
-    p.add_argument("--processes", type=int, help="fresh processes per row (3, --quick 1)")
     p.add_argument("--profile-iters", type=int, help="profiled lmgym iterations (default 5)")
     p.add_argument("--profile-only", action="store_true", help="lmgym's profile only, no TRL")
-    h.add_wait_idle(p)
+    h.add_common(p, None, list(MODELS), processes="3, --quick 1", compile_decode=True)
+    p.add_argument("--warmup", type=int, help="warm-up pairs (default 3)")
     args = p.parse_args(argv)
     h.fill_defaults(
         args,
@@ -319,22 +306,22 @@ def main(argv: list[str] | None = None) -> None:
         paths = {m: build_checkpoint(Path(tmp) / m, m) for m in models}
         for n, m, algo in itertools.product(threads, models, algos):
             h.quiet_worker(n)
-            result = Result(algo, m, n, [])
-            print(f"{result.name}: {args.warmup}+{args.iters} pairs", flush=True)
+            name = row_name(algo, m, n)
+            print(f"{name}: {args.warmup}+{args.iters} pairs", flush=True)
+            runs = []
             if not args.profile_only:
-                work = functools.partial(alternated_run, paths[m], algo, args.warmup, args.iters)
-                result.runs = h.in_processes(work, args.processes, n, deadline, result.name)
-                print(f"  ratio {result.ratio:.2f}x (target {MODELS[m][4]:g}x)", flush=True)
+                work = functools.partial(alternated_run, paths[m], algo, args.warmup, args.iters,
+                                         args.compile_decode)  # fmt: skip
+                runs = h.run_row(name, work, args.processes, n, deadline).runs
+            result = Result(name, runs, algo, m, n)
             if args.profile_iters > 0:
-                result.profile = profile_lmgym(paths[m], algo, args.profile_iters)
+                result.profile = profile_lmgym(paths[m], algo, args.profile_iters,
+                                               args.compile_decode)  # fmt: skip
             results.append(result)
     if args.profile_only:
-        columns = {r.name: r.profile for r in results}
-        print("\n".join(h.phase_table(columns)))
+        print("\n".join(h.phase_table({r.name: r.profile for r in results})))
         return
-    text = report(results, args, command, time.perf_counter() - start)
-    print("\n" + text)
-    h.write_report(text, args.out)
+    h.finish(report(results, args, command, time.perf_counter() - start), args.out)
 
 
 if __name__ == "__main__":

@@ -39,15 +39,15 @@ from dataclasses import dataclass
 
 import harness as h
 import torch
+import workloads as w
 
-from lmgym import CausalLMPolicy, RolloutBatch, TokenVectorEnv, make_tiny_lm
+from lmgym import CausalLMPolicy, RolloutBatch, TokenVectorEnv
 from lmgym.agents import GRPO
 from lmgym.char_tokenizer import DEFAULT_CHARS
 
 NUM_THREADS, PROMPTS, GROUP, PROMPT_TOKENS, NEW_TOKENS, SHORT = 2, 8, 8, 16, 128, 3
 TARGET = 1.5  # padded / bucketed seconds per update
 GRAD_TOLERANCE = 1e-6
-MODELS = {"small": ("GPT-2 2L/128d", 2, 128), "large": ("GPT-2 6L/256d", 6, 256)}
 
 
 def bimodal_batch(tok: object, seed: int = 0) -> RolloutBatch:
@@ -94,11 +94,11 @@ class Row(h.Comparison):
 
 def bench(model: str, args: argparse.Namespace, _: int) -> Row:
     start = time.perf_counter()
-    name, layers, width = MODELS[model]
-    lm, tok = make_tiny_lm(n_layer=layers, n_embd=width, n_head=4, n_positions=160)
+    name = w.SIZES[model][0]
+    lm, tok = w.tiny_gpt2(model, n_positions=160)
     batch = bimodal_batch(tok)
     # The agents need an env of the batch's shape; it is never stepped.
-    env = TokenVectorEnv(tok, ["ab"], h.ZeroReward(), num_prompts=PROMPTS, group_size=GROUP,
+    env = TokenVectorEnv(tok, ["ab"], w.ZeroReward(), num_prompts=PROMPTS, group_size=GROUP,
                          max_new_tokens=NEW_TOKENS)  # fmt: skip
     agents = {
         bucket: GRPO(CausalLMPolicy(copy.deepcopy(lm), tok), env, learning_rate=1e-4, seed=0,
@@ -125,7 +125,7 @@ def bench(model: str, args: argparse.Namespace, _: int) -> Row:
     return Row(name, *seconds, args.repeats, load, time.perf_counter() - start, grad_diff=diff)
 
 
-def report(rows: list[Row], args: argparse.Namespace, command: str, wall: float) -> str:
+def report(rows: list[Row], args: argparse.Namespace, command: str, wall: float) -> list[str]:
     micro = -(-PROMPTS * GROUP // args.micro_batch_size)
     lines = h.header("Length-bucketed updates: bucket_by_length=True vs False",
                      f"torch threads = {args.threads}", ["torch", "transformers", "lmgym"], command,
@@ -151,22 +151,16 @@ def report(rows: list[Row], args: argparse.Namespace, command: str, wall: float)
         "",
         "## Target",
         "",
-        *[f"- {r.name}: bucketed {r.ratio:.2f}x as fast as padded (target >= {TARGET:g}x) -> "
-          f"{h.verdict(r.ratio >= TARGET)}" for r in rows],
+        *[h.target_line(r.name, r.ratio, TARGET, "bucketed vs padded") for r in rows],
         *h.noisy_warning([r.other_load for r in rows]),
     ]  # fmt: skip
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def main(argv: list[str] | None = None) -> None:
     p = h.parser(__doc__, "smoke run: small model, 2 repeats, 1 process")
-    p.add_argument("--models", help="comma list of: small, large (default both)")
     p.add_argument("--micro-batch-size", type=int, default=8, help="rows per micro-batch (8)")
-    p.add_argument("--threads", type=int, default=NUM_THREADS, help="torch threads (2)")
-    p.add_argument("--warmup", type=int, default=1, help="warm-up pairs (1)")
-    p.add_argument("--repeats", type=int, help="timed updates per side (7, --quick 2)")
-    p.add_argument("--processes", type=int, help="fresh processes per row (3, --quick 1)")
-    h.add_wait_idle(p)
+    h.add_common(p, NUM_THREADS, list(w.SIZES), 1, "7, --quick 2", "3, --quick 1")
     args = p.parse_args(argv)
     h.fill_defaults(args, dict(models="small,large", repeats=7, processes=3),
                     dict(models="small", repeats=2, processes=1))  # fmt: skip
@@ -176,16 +170,14 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.perf_counter()
     deadline = h.deadline_from(args.wait_idle, t0)
     rows = []
-    for m in h.csv(args.models, list(MODELS), "--models", p):
+    for m in h.csv(args.models, list(w.SIZES), "--models", p):
         work = functools.partial(bench, m, args)
-        runs = h.in_processes(work, args.processes, args.threads, deadline, MODELS[m][0])
+        runs = h.in_processes(work, args.processes, args.threads, deadline, w.SIZES[m][0])
         row = Row(**vars(h.pool(runs)), grad_diff=max(r.grad_diff for r in runs))
         rows.append(row if len(runs) > 1 else runs[0])
         print(f"{rows[-1].name}: {rows[-1].ratio:.2f}x (grad diff {row.grad_diff:.1e})", flush=True)
     command = h.command_line("update.py", argv)
-    text = report(rows, args, command, time.perf_counter() - t0)
-    print("\n" + text)
-    h.write_report(text, args.out)
+    h.finish(report(rows, args, command, time.perf_counter() - t0), args.out)
 
 
 if __name__ == "__main__":

@@ -15,9 +15,11 @@ run, so its peak RSS is its own).
 Measured per run: the ``reward_mean`` and ``tokens_generated`` of every
 iteration, wall time of ``learn`` and the process's peak resident memory
 (``ru_maxrss``, which includes the ~0.5 GB that importing torch and transformers
-costs). This module runs the jobs; ``lmgym.training.bench_report`` summarises
-them and writes the report (``README.md`` tables, ``results.json`` with every
-curve, one PNG of learning curves per task).
+costs). Running and reporting are apart: ``run_jobs`` runs a spec and returns
+its records (one dict per run), and ``lmgym.training.bench_report`` renders records
+(``render_markdown``: the ``README.md`` tables; ``render_json``: ``results.json``
+with every curve) and writes them with one PNG of learning curves per task
+(``write_report``). ``run_bench`` is the two in a row.
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ from lmgym.training.bench_report import (  # noqa: F401  (re-exported: the repor
     format_summary,
     format_table,
     load_results,
+    machine_line,
+    render_json,
+    render_markdown,
     solved_at,
     summarize,
     write_report,

@@ -4,8 +4,10 @@
 ``run_bench`` writes: ``summarize`` (per agent and task: the final reward as mean
 +- std over seeds, iterations and tokens to the solved threshold, wall time, peak
 RSS), ``format_summary`` / ``format_table`` (Markdown), ``plot_curves`` (reward
-against completion tokens, a line per agent with a +-1 std band) and
-``write_report`` (``README.md``, ``results.json``, one PNG per task);
+against completion tokens, a line per agent with a +-1 std band). Rendering is
+apart from writing: ``render_markdown`` and ``render_json`` turn run records into
+text with no side effects (the machine and date come in as an argument), and
+``write_report`` writes ``README.md``, ``results.json`` and one PNG per task;
 ``load_results`` reads ``results.json`` back.
 
 A task of the user's own (``module:Id``, registered without ``TaskInfo``) has no
@@ -283,20 +285,37 @@ def bench_command(spec: BenchSpec, out: str | Path) -> str:
     return shlex.join(parts)
 
 
-def write_report(
-    results: list[dict[str, Any]], spec: BenchSpec, out: str | Path, total_s: float
-) -> str:
-    """Write ``README.md``, ``results.json`` and one PNG per task into ``out``.
-
-    Returns:
-        The Markdown written to ``README.md``.
-    """
+def machine_line() -> str:
+    """``x86_64, 2 CPUs, torch 2.13.0, 2026-11-30``: what ran the benchmark, and when."""
     import platform
 
     import torch
 
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    return (
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+        f"torch {torch.__version__}, {time.strftime('%Y-%m-%d')}"
+    )
+
+
+def render_markdown(
+    results: list[dict[str, Any]],
+    spec: BenchSpec,
+    total_s: float,
+    *,
+    out: str | Path,
+    machine: str,
+    ablations: bool = False,
+) -> str:
+    """The report's ``README.md`` from run records, with no side effects.
+
+    Args:
+        results: ``run_job`` records (``history`` as a list of per-iteration dicts).
+        spec: what ran (names, budgets, overrides).
+        total_s: wall seconds of the whole benchmark.
+        out: the output directory, as the reproducing command names it.
+        machine: the machine and date text (``machine_line()``).
+        ablations: link ``ablations.md`` (hand-written notes kept beside the results).
+    """
     table = summarize(results, spec)
     overrides = "; ".join(f"{agent} {_agent_settings(spec, agent)}" for agent in spec.agents)
     iterations = ", ".join(f"{_short(t)} {spec.iterations_for(t)}" for t in spec.tasks)
@@ -309,9 +328,7 @@ def write_report(
         "# Agent benchmark",
         "",
         f"Command: `{bench_command(spec, out)}` — {len(results)} runs in "
-        f"{total_s / 60:.1f} min, {_at_a_time(spec)} with one torch thread "
-        f"({platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-        f"torch {torch.__version__}, {time.strftime('%Y-%m-%d')}).",
+        f"{total_s / 60:.1f} min, {_at_a_time(spec)} with one torch thread ({machine}).",
         "",
         f"Settings, equal for every agent: {_model_text(spec)}, "
         f"{spec.num_prompts} prompts x {spec.group_size} completions per iteration, bandit "
@@ -333,7 +350,7 @@ def write_report(
         "mean over seeds and the band ± 1 std.",
         "",
     ]
-    if (out / "ablations.md").exists():  # hand-written notes kept beside the results
+    if ablations:
         lines += [
             "Single-change ablations behind the comparison: [ablations.md](ablations.md).",
             "",
@@ -347,20 +364,45 @@ def write_report(
             f"![{_short(task)} learning curves]({_short(task)}.png)",
             "",
         ]
-        plot_curves(results, spec, task, out / f"{_short(task)}.png")
-    markdown = "\n".join(lines)
-    (out / "README.md").write_text(markdown)
-    (out / "results.json").write_text(
-        json.dumps(
-            {
-                "spec": dataclasses.asdict(spec),
-                "total_s": round(total_s, 1),
-                "summary": table,
-                "runs": [_compact(r) for r in results],
-            }
-        )
-        + "\n"
+    return "\n".join(lines)
+
+
+def render_json(results: list[dict[str, Any]], spec: BenchSpec, total_s: float) -> str:
+    """The report's ``results.json`` from run records: the spec, the summary and every
+    run with its curve as columns (``load_results`` reads it back)."""
+    document = {
+        "spec": dataclasses.asdict(spec),
+        "total_s": round(total_s, 1),
+        "summary": summarize(results, spec),
+        "runs": [_compact(r) for r in results],
+    }
+    return json.dumps(document) + "\n"
+
+
+def write_report(
+    results: list[dict[str, Any]], spec: BenchSpec, out: str | Path, total_s: float
+) -> str:
+    """Render the report and write ``README.md``, ``results.json`` and one PNG per task
+    into ``out``.
+
+    Returns:
+        The Markdown written to ``README.md``.
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    markdown = render_markdown(
+        results,
+        spec,
+        total_s,
+        out=out,
+        machine=machine_line(),
+        ablations=(out / "ablations.md").exists(),
     )
+    data = render_json(results, spec, total_s)
+    for task in spec.tasks:
+        plot_curves(results, spec, task, out / f"{_short(task)}.png")
+    (out / "README.md").write_text(markdown)
+    (out / "results.json").write_text(data)
     return markdown
 
 

@@ -127,3 +127,42 @@ def test_options_fill_quick_defaults_and_name_bad_items(capsys):
     with pytest.raises(SystemExit):
         h.csv("small,huge", ["small", "large"], "--models", p)
     assert "--models: unknown 'huge'; choose from ['small', 'large']" in capsys.readouterr().err
+
+
+def test_a_row_over_processes_is_the_median_ratio_and_the_worst_load():
+    rows = [
+        h.Comparison("r", a, b, 2, load) for a, b, load in [(4, 2, 0.0), (3, 3, 0.2), (9, 3, 0.1)]
+    ]
+    row = h.Runs("r", rows)
+    assert (row.ratio, row.process_ratios, row.other_load) == (2.0, (2.0, 1.0, 3.0), 0.2)
+    assert h.Runs("r", rows[:1]).process_ratios == ()  # one process: nothing to list
+    assert (
+        h.target_line("r", 1.499, 1.5, "a vs b") == "- r: 1.50x a vs b (target >= 1.5x) -> NOT MET"
+    )
+    assert h.target_line("r", 1.5, 1.5, "a vs b") == "- r: 1.50x a vs b (target >= 1.5x) -> MET"
+
+
+def test_common_options_and_the_decode_line_in_the_header():
+    p = h.parser("Doc.")
+    h.add_common(p, 2, ["small", "large"], 1, "9", "3", compile_decode=True)
+    args = p.parse_args(["--compile-decode"])
+    assert (args.threads, args.warmup, args.repeats, args.processes) == (2, 1, None, None)
+    assert args.compile_decode and args.wait_idle == 0.0 and args.models is None
+    assert not p.parse_args([]).compile_decode
+    head = h.header("T", "torch threads = 2", [], "cmd", compile_decode=True)
+    assert head[-1].startswith("- lmgym decode: compiled (`--compile-decode`")
+    assert h.header("T", "t", [], "cmd", compile_decode=False)[-1] == (
+        "- lmgym decode: eager (the default; `--compile-decode` compiles it)"
+    )
+    assert not any("decode" in line for line in h.header("T", "t", [], "cmd"))
+
+
+def test_the_source_line_names_the_commit_the_run_started_from(monkeypatch):
+    """Reports are written at the end of a run: a commit made meanwhile is not the one
+    measured (a results file named a commit made while it ran)."""
+    h.source_line.cache_clear()
+    h.parser("Doc.")  # every script's start
+    first = h.source_line()
+    monkeypatch.setattr(h.subprocess, "run", lambda *a, **k: pytest.fail("git ran again"))
+    assert h.header("T", "t", [], "cmd")[5] == first
+    assert first.startswith("- source: commit ")

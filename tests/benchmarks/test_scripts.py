@@ -21,8 +21,11 @@ SCRIPTS = [
     "gpu",
     "data_parallel",
     "update",
+    "async",
 ]
 sys.path.insert(0, str(BENCHMARKS))
+
+import harness as h  # noqa: E402
 
 
 def load(name: str) -> ModuleType:
@@ -77,3 +80,43 @@ def test_update_batch_is_bimodal_with_exact_lengths(tokenizer):
     assert torch.equal(batch.prompt_ids[::8].repeat_interleave(8, 0), batch.prompt_ids)
     assert not bool((batch.rewards != 0)[~batch.dones].any())
     assert torch.equal(batch.dones.sum(1), torch.ones(rows, dtype=torch.long))
+
+
+@pytest.mark.parametrize("name", ["rollout", "continuous", "trl_iteration", "gpu"])
+def test_lmgym_side_can_decode_compiled(name, capsys):
+    with pytest.raises(SystemExit):
+        load(name).main(["--help"])
+    assert "--compile-decode" in capsys.readouterr().out
+
+
+def test_a_compile_fallback_fails_the_run_instead_of_timing_eager_decoding():
+    workloads = load("workloads")
+    eager = type("Policy", (), {"compile_decode": False})()
+    workloads.check_compiled(eager, requested=False)
+    with pytest.raises(RuntimeError, match="--compile-decode: torch.compile of the decode step"):
+        workloads.check_compiled(eager, requested=True)
+
+
+def test_rollout_report_renders_its_table_and_targets():
+    """The report crashed after every measurement: it gave ``harness.table`` a list
+    for the header, which takes a ``" | "``-joined string."""
+    rollout = load("rollout")
+    rows = [
+        h.Comparison("rollout, GPT-2 2L/128d, B=64, 16+64 tok", 2000.0, 1000.0, 7, 0.0),
+        h.Comparison("env steps, lmgym/TargetString-v0, 256 envs, 64 steps/call", 5e5, 1e4, 5, 0.2),
+    ]
+    lines = rollout.markdown(rows, "cmd", 10.0, compiled=False)
+    start = lines.index(
+        "| benchmark | unit | lmgym (median) | baseline | baseline (median) | ratio | repeats "
+        "| other CPU load |"
+    )
+    assert lines[start + 1 : start + 4] == [
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| rollout, GPT-2 2L/128d, B=64, 16+64 tok | completion tok/s | 2,000 | model.generate "
+        "| 1,000 | 2.00x | 7 | 0% |",
+        "| env steps, lmgym/TargetString-v0, 256 envs, 64 steps/call | env steps/s | 500,000 "
+        "| SyncVectorEnv | 10,000 | 50.00x | 5 | 20% (noisy) |",
+    ]
+    assert "- rollout >= 1.0x generate, GPT-2 2L/128d: 2.00x -> MET" in lines
+    assert "- native env >= 20x SyncVectorEnv at 256 envs: 50.0x -> MET" in lines
+    assert "- lmgym decode: eager (the default; `--compile-decode` compiles it)" in lines
