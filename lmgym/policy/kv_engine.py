@@ -12,8 +12,9 @@ text.
 - ``_decode``: the common step, one new token per advanced row; with
   ``compile_decode`` a fixed-shape compiled step over every slot column
   (``compiled_decode``), rows writing their own columns from the prefill on.
-- ``_restart``: rows that started a new episode (continuous batching) are
-  prefilled alone into their own first slots while the others take a decode step.
+- ``_restart``: rows that started a new episode (continuous batching): their
+  new text is packed into the others' decode step (``PackedText``), each token
+  one more one-token input that writes its own row's first slots.
 
 ``KVCacheRollout`` is a mixin: ``CausalLMPolicy`` (``causal_lm``) supplies the
 model, ``hidden_states``, ``next_token_logits`` and the sampling settings.
@@ -80,6 +81,26 @@ class PolicyState:
     padded: bool = True
     cols: Tensor | None = None
     special_mass: Tensor | None = None
+
+
+@dataclass
+class PackedText:
+    """Restarted rows' text as ``T`` extra one-token inputs of a decode step.
+
+    Attributes:
+        ids: ``[T] int64`` the tokens (every restarted row's real tokens, in order).
+        positions: ``[T] int64`` their position ids.
+        rows: ``[T] int64`` the cache row each one belongs to.
+        cols: ``[T] int64`` the slot column each one writes (its observation column).
+        allowed: ``[T, W] bool`` the columns of its row each one attends to: the real
+            ones up to its own.
+    """
+
+    ids: Tensor
+    positions: Tensor
+    rows: Tensor
+    cols: Tensor
+    allowed: Tensor
 
 
 def distinct_rows(ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor] | None:
@@ -215,6 +236,7 @@ class KVCacheRollout:
         state: PolicyState,
         all_advanced: bool = False,
         filled: int | None = None,
+        packed: PackedText | None = None,
     ) -> tuple[Tensor, PolicyState]:
         """The common step: feed each advanced row's one new token.
 
@@ -222,6 +244,12 @@ class KVCacheRollout:
         cache column masked out, so it sees nothing new. ``all_advanced``: the caller
         already knows every row advanced by one column. ``filled``: with per-row
         columns, the exact width in use after this step (default: an upper bound).
+        ``packed``: restarted rows' text, fed in the same forward after the ``N``
+        rows' tokens (per-row columns only).
+
+        Returns:
+            ``(hidden [N (+ T), H], new_state)``: the ``N`` rows' last hidden states,
+            then the packed tokens'.
         """
         tokens = ids.gather(1, last_col[:, None])
         if all_advanced:
@@ -252,15 +280,26 @@ class KVCacheRollout:
             attention_mask = cache_mask[:, :filled]
             padded = True
         advanced = advanced[:, 0]
+        positions_in, write_cols, write_rows, attend = state.positions[:, None], cols, None, None
+        if packed is not None:
+            tokens = torch.cat([tokens, packed.ids[:, None]])
+            positions_in = torch.cat([positions_in, packed.positions[:, None]])
+            write_cols = torch.cat([cols, packed.cols])
+            write_rows = torch.cat(
+                [self._constant("arange", ids.shape[0], ids.device), packed.rows]
+            )
+            attend = (packed.rows, packed.allowed)
         hidden = None
         if cols is not None and self._compiled_decode.enabled:
-            set_step(cache, cols, filled, read_all=True)
-            hidden = self._compiled_trunk(tokens, cache_mask, state.positions[:, None], cache)
+            set_step(cache, write_cols, filled, read_all=True, rows=write_rows)
+            hidden = self._compiled_trunk(tokens, cache_mask, positions_in, cache, attend)
         if hidden is None:  # eager (or the compiled step just failed)
             if cols is not None:
-                set_step(cache, cols, filled)
+                set_step(cache, write_cols, filled, rows=write_rows)
+            if packed is not None:
+                attention_mask = attention_mask[:, None, None, :]
             hidden = self.hidden_states(
-                tokens, self._trunk_mask(attention_mask, padded), state.positions[:, None], cache
+                tokens, self._trunk_mask(attention_mask, padded), positions_in, cache, attend
             )[:, 0]
         if padded:
             positions = state.positions + advanced
@@ -275,27 +314,35 @@ class KVCacheRollout:
     def _restart(
         self, ids: Tensor, mask: Tensor, last_col: Tensor, restart: Tensor, state: PolicyState
     ) -> tuple[Tensor, PolicyState]:
-        """Re-feed the restarted rows from their new text; the other rows take one decode step.
+        """Re-feed the restarted rows from their new text while the others take a decode step.
 
-        The ``k`` restarted rows are prefilled alone, in a cache of their own, and
-        their ``W`` new columns overwrite the first ``W`` slots of their own rows
-        (their old columns are all dead; the rest are masked out). From then on each
-        row writes its own next column (``PolicyState.cols``). Then one decode step
-        feeds every advanced row its new token. The cost is a ``[k, W]`` prefill plus
-        an ordinary ``[N, 1]`` step; nothing is copied or compacted, and attention
-        reads about as many columns as the longest in-flight row holds.
+        The ``k`` restarted rows' ``W`` new columns go to the first ``W`` slots of their
+        own rows (their old columns are all dead; the rest are masked out); from then
+        on each row writes its own next column (``PolicyState.cols``). Their text is
+        packed into the decode step (``PackedText``): its ``T`` real tokens are ``T``
+        more one-token inputs after the ``N`` rows', each writing its own column and
+        attending causally to its row's new text, so the linear layers run once over
+        ``N + T`` tokens and there is no separate prefill. Nothing is copied or
+        compacted, and attention reads about as many columns as the longest in-flight
+        row holds.
         """
         cache = state.cache
         rows = restart.nonzero().squeeze(1)
         width = int(last_col[rows].max()) + 1
-        new_ids, new_mask = ids[rows, :width], mask[rows, :width]
-        new_positions = (new_mask.long().cumsum(1) - 1).clamp(min=0)
-        fresh = DynamicCache(config=self.model.config)
-        new_hidden = self.hidden_states(new_ids, new_mask, new_positions, fresh)
-        newest = new_hidden[torch.arange(rows.numel(), device=ids.device), last_col[rows]]
+        new_mask = mask[rows, :width]
+        new_positions = new_mask.long().cumsum(1) - 1
+        local, col = new_mask.nonzero(as_tuple=True)  # row-major: each row's text in order
+        arange = self._constant("arange", width, ids.device)
+        packed = PackedText(
+            ids=ids[rows[local], col],
+            positions=new_positions[local, col],
+            rows=rows[local],
+            cols=col,
+            allowed=new_mask[local] & (arange[None, :] <= col[:, None]),
+        )
+        # Each restarted row's newest token (its last real column) is its last packed one.
+        newest = new_mask.sum(1).cumsum(0) - 1 + ids.shape[0]
         cache_mask = _widen(state.cache_mask, reserve(cache, width))
-        for shared, own in zip(cache.layers, fresh.layers, strict=True):
-            shared.write_rows(rows, own.keys, own.values)
         cache_mask = cache_mask & ~restart[:, None]
         cache_mask[rows, :width] = new_mask
         cols = state.cols
@@ -311,8 +358,10 @@ class KVCacheRollout:
             cols,
         )
         # Restarted rows now have last_col == state.last_col: _decode feeds them nothing.
-        hidden, state = self._decode(ids, last_col, state, filled=int(cols.max()) + 1)
-        return hidden.index_put((rows,), newest), state
+        hidden, state = self._decode(
+            ids, last_col, state, filled=int(cols.max()) + 1, packed=packed
+        )
+        return hidden[: ids.shape[0]].index_put((rows,), hidden[newest]), state
 
     @labelled(ACT)
     def act(

@@ -333,6 +333,39 @@ def test_restarting_some_rows_keeps_the_others_cache_and_matches_a_fresh_prefill
     assert new_mask[[0, 2], :kept_columns].equal(state.cache_mask[[0, 2], :kept_columns])
 
 
+def test_restarted_rows_text_is_packed_into_the_decode_step(make_env, policy, ids, monkeypatch):
+    # Continuous batching: the restarted rows' prompts are fed in the same forward
+    # as the other rows' new tokens (one-token inputs after the N rows'), not in a
+    # prefill of their own.
+    env = make_env(prompts=["ab", "hello", "xyz"], num_prompts=3, max_new_tokens=2, autoreset=True)
+    a = torch.tensor(ids("aaa"))
+    obs, _ = env.reset(seed=0)
+    _, _, state = policy.act(obs)
+    obs, *_ = env.step(a)
+    _, _, state = policy.act(obs, state)
+    obs, _, terminated, truncated, _ = env.step(a)  # every row ends (max_new_tokens)
+    _, _, state = policy.act(obs, state)
+    obs, *_ = env.step(a)  # next-step autoreset: every row shows a new prompt
+    starts = terminated | truncated
+    assert starts.all()
+    shapes = []
+    original = policy.hidden_states
+
+    def counting(input_ids, *args, **kwargs):
+        shapes.append(tuple(input_ids.shape))
+        return original(input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(policy, "hidden_states", counting)
+    gen = torch.Generator().manual_seed(0)
+    cached = policy.act(obs, state, episode_starts=starts, generator=gen)
+    real = int(obs["attention_mask"].sum())
+    assert shapes == [(3 + real, 1)]  # one forward: 3 rows' tokens + the prompts' tokens
+    monkeypatch.undo()
+    fresh = policy.act(obs, None, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(cached[0], fresh[0])
+    torch.testing.assert_close(cached[1], fresh[1], atol=1e-5, rtol=1e-5)
+
+
 # A wide prompt region (max_prompt_length=12 for prompts of <= 5 tokens): restarted
 # rows' text is wider than their prompt, and the longest in-flight row changes often.
 @pytest.mark.parametrize("max_prompt_length", [None, 12])
