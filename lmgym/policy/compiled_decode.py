@@ -8,7 +8,9 @@ the unwritten ones with a boolean ``[N, 1, 1, capacity]`` mask, so all its shape
 are fixed by ``N`` and the slot capacity: one graph serves every step of every
 rollout over the same env shape. Row ``i`` writes its new key/value at column
 ``cols[i]`` in place (``SlotLayer``), so the step mutates its inputs and allocates
-no cache memory.
+no cache memory. A step that also carries restarted rows' text (``kv_engine``'s
+``PackedText``) has as many inputs as that text has tokens: it compiles once more,
+with dynamic shapes.
 
 Attention is ``slot_attention``, registered with transformers' ``AttentionInterface``
 as ``"lmgym_slots"`` and switched on only around the compiled call: a plain
