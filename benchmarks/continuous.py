@@ -210,7 +210,9 @@ def noting(policy: CausalLMPolicy, notes: dict[str, list[float]]) -> Iterator[No
 
 def bench(name: str, path: Path, finetune: str, args: argparse.Namespace, process: int) -> Result:
     """Load the fine-tuned policy, build both envs, prime the collector, alternate."""
-    policy = CausalLMPolicy.from_pretrained(path, temperature=1.0, top_k=None, top_p=None)
+    policy = CausalLMPolicy.from_pretrained(
+        path, temperature=1.0, top_k=None, top_p=None, compile_decode=args.compile_decode
+    )
     prompts, is_short = make_prompts()
     g = args.group_size
     kwargs = dict(num_prompts=NUM_ENVS // g, group_size=g, max_new_tokens=NEW_TOKENS)
@@ -309,7 +311,7 @@ def report(results: list[Result], args: argparse.Namespace, command: str, wall: 
     )
     lines += [
         f"- work: {NUM_ENVS} rows, {PROMPT_TOKENS}-token prompts, max_new_tokens = {NEW_TOKENS}"
-        f", temperature 1; a sample is {args.calls} calls of {NUM_ENVS} completed episodes per "
+        f", temperature 1, compile_decode = {args.compile_decode}; a sample is {args.calls} calls of {NUM_ENVS} completed episodes per "
         f"side, after {args.prime} untimed collector calls; fine-tune: {ft}.",
         f"- method: alternated (ABBA) after {args.warmup} warm-up pair(s), {args.repeats} "
         "samples per side and process; tok/s = completion tokens produced during a sample / "
@@ -363,6 +365,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--finetune-steps", type=int, help="override the per-model default")
     p.add_argument("--profile-calls", type=int, help="profiled calls per side (4)")
     p.add_argument("--processes", type=int, help="fresh processes per row (3, --quick 1)")
+    p.add_argument(
+        "--compile-decode", action="store_true", help="both sides with compile_decode=True"
+    )
     h.add_wait_idle(p)
     args = p.parse_args(argv)
     h.fill_defaults(
