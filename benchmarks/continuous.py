@@ -226,7 +226,7 @@ def report(
     )
     lines += [
         f"- work: {NUM_ENVS} rows, {PROMPT_TOKENS}-token prompts, max_new_tokens = {NEW_TOKENS}"
-        f", temperature 1; a sample is {args.calls} calls of {NUM_ENVS} completed episodes per "
+        f", temperature 1, compile_decode = {args.compile_decode}; a sample is {args.calls} calls of {NUM_ENVS} completed episodes per "
         f"side, after {args.prime} untimed collector calls; fine-tune: {ft}.",
         f"- method: alternated (ABBA) after {args.warmup} warm-up pair(s), {args.repeats} "
         "samples per side and process; tok/s = completion tokens produced during a sample / "

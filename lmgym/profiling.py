@@ -10,7 +10,7 @@ label                   phase
 ``lmgym.act``           ``CausalLMPolicy.act`` (its own time: masks, positions, copies)
 ``lmgym.prefill``       ``act`` builds a fresh KV cache from the text
 ``lmgym.decode``        ``act`` feeds each row its one new token
-``lmgym.restart``       ``act`` re-feeds rows that started a new episode, then decodes
+``lmgym.restart``       ``act`` packs new episodes' text into the others' decode step
 ``lmgym.trunk``         the model's trunk forward (``hidden_states``), in any phase
 ``lmgym.lm_head``       the LM head on the last hidden states (``act``)
 ``lmgym.sample``        temperature/top-k/top-p and the draw (``act``)

@@ -247,8 +247,8 @@ class ContinuousCollector:
             state, starts = None, torch.zeros_like(self._restarting)
         complete = self._complete_groups()
         while complete.numel() < num_groups:
-            # A group's rows share a prefill at the start and when restarted together;
-            # a cache rebuilt mid-episode (new weights) sees each row's own completion.
+            # A group's rows share a prefill at the start; a cache rebuilt mid-episode
+            # (new weights) sees each row's own completion, so no sharing then.
             groups = self._info["group_id"] if state is not None or self._fresh else None
             actions, logprobs, state = self.policy.act(
                 self._obs, state, episode_starts=starts, generator=self.generator, group_ids=groups

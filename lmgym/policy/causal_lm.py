@@ -48,7 +48,7 @@ from lmgym.policy.adapters import (
     save_merged_model,
     transformer_of,
 )
-from lmgym.policy.compiled_decode import CompiledDecode
+from lmgym.policy.compiled_decode import CompiledDecode, slot_attention_on
 from lmgym.policy.groups import shared_rows
 from lmgym.policy.kv_engine import KVCacheRollout, PolicyState
 from lmgym.policy.logprobs import token_logprobs
@@ -479,15 +479,27 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
         attention_mask: Tensor | None,
         position_ids: Tensor,
         cache: DynamicCache | None = None,
+        packed: tuple[Tensor, Tensor] | None = None,
     ) -> Tensor:
         """Final hidden states of the trunk: ``[N, S, H]`` for ``[N, S]`` inputs.
 
         ``attention_mask`` is ``[N, C]`` over cache plus input columns (bool or int),
         or ``None`` when every column is real (plain causal attention).
+
+        ``packed``: a packed decode step over KV slots (``kv_engine``): the inputs are
+        ``[N + T, 1]``, ``N`` rows' new tokens then ``T`` tokens of restarted rows'
+        text, ``attention_mask`` is ``[N, 1, 1, C] bool`` and ``packed`` the
+        ``(rows, allowed)`` of ``compiled_decode.slot_attention``, which the model
+        then attends with.
         """
+        trunk = transformer_of(self.model).base_model
         kwargs = {self._cache_kwarg: cache, "use_cache": cache is not None}
-        with self.autocast(), self._trunk_context():
-            out = transformer_of(self.model).base_model(
+        attention: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+        if packed is not None:
+            kwargs["lmgym_packed"] = packed
+            attention = slot_attention_on(trunk.config)
+        with self.autocast(), self._trunk_context(), attention:
+            out = trunk(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
                 position_ids=position_ids,
@@ -497,17 +509,23 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
 
     @labelled(TRUNK)
     def _compiled_trunk(
-        self, input_ids: Tensor, cache_mask: Tensor, position_ids: Tensor, cache: DynamicCache
+        self,
+        input_ids: Tensor,
+        cache_mask: Tensor,
+        position_ids: Tensor,
+        cache: DynamicCache,
+        packed: tuple[Tensor, Tensor] | None = None,
     ) -> Tensor | None:
         """``hidden_states`` of a one-token step through the compiled step:
-        ``[N, H]``, or ``None`` when compiling failed (``compiled_decode``).
+        ``[N (+ T), H]``, or ``None`` when compiling failed (``compiled_decode``).
 
-        ``cache_mask`` is ``[N, C] bool`` over every slot column.
+        ``cache_mask`` is ``[N, C] bool`` over every slot column; ``packed`` as in
+        ``hidden_states``.
         """
         trunk = transformer_of(self.model).base_model
         with self.autocast(), self._trunk_context():
             return self._compiled_decode(
-                trunk, input_ids, cache_mask, position_ids, cache, self._cache_kwarg
+                trunk, input_ids, cache_mask, position_ids, cache, self._cache_kwarg, packed
             )
 
     @labelled(LM_HEAD)

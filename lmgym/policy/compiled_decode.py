@@ -8,7 +8,9 @@ the unwritten ones with a boolean ``[N, 1, 1, capacity]`` mask, so all its shape
 are fixed by ``N`` and the slot capacity: one graph serves every step of every
 rollout over the same env shape. Row ``i`` writes its new key/value at column
 ``cols[i]`` in place (``SlotLayer``), so the step mutates its inputs and allocates
-no cache memory.
+no cache memory. A step that also carries restarted rows' text (``kv_engine``'s
+``PackedText``) has as many inputs as that text has tokens: it compiles once more,
+with dynamic shapes.
 
 Attention is ``slot_attention``, registered with transformers' ``AttentionInterface``
 as ``"lmgym_slots"`` and switched on only around the compiled call: a plain
@@ -48,6 +50,7 @@ def slot_attention(
     attention_mask: Tensor | None,
     scaling: float | None = None,
     dropout: float = 0.0,
+    lmgym_packed: tuple[Tensor, Tensor] | None = None,
     **kwargs: object,
 ) -> tuple[Tensor, None]:
     """Masked scaled dot-product attention over the slot columns (transformers'
@@ -55,16 +58,20 @@ def slot_attention(
 
     Args:
         module: the attention module (unused; part of the interface).
-        query: ``[N, Hq, S, D]``.
+        query: ``[N, Hq, S, D]``, or ``[N + T, Hq, 1, D]`` with ``lmgym_packed``.
         key, value: ``[N, Hkv, C, D]``; ``Hq`` is a multiple of ``Hkv`` (grouped
             heads: query head ``h`` reads key/value head ``h // (Hq // Hkv)``).
         attention_mask: ``[N, 1, S, C] bool``, True where a column may be read
             (``None``: all may).
         scaling: the score scale (default ``D ** -0.5``).
         dropout: must be 0 (the policy runs in eval mode).
+        lmgym_packed: ``(rows [T] int64, allowed [T, W] bool)``: ``T`` more
+            one-token queries after the first ``N`` (restarted rows' text, packed
+            into the decode step): query ``N + t`` reads columns ``[0, W)`` of cache
+            row ``rows[t]`` where ``allowed[t]``.
 
     Returns:
-        ``(out [N, S, Hq, D], None)``.
+        ``(out [N (+ T), S, Hq, D], None)``.
 
     Raises:
         NotImplementedError: a sliding window, logit soft-capping or attention
@@ -75,6 +82,22 @@ def slot_attention(
             raise NotImplementedError(f"{ATTENTION_NAME} attention does not apply {name}")
     if dropout:
         raise NotImplementedError(f"{ATTENTION_NAME} attention does not apply dropout")
+    if lmgym_packed is None:
+        return _attend(query, key, value, attention_mask, scaling), None
+    rows, allowed = lmgym_packed
+    n, width = key.shape[0], allowed.shape[1]
+    out = _attend(query[:n], key, value, attention_mask, scaling)
+    # The packed queries read their own rows' first W columns: a [T, Hkv, W, D] gather.
+    packed = _attend(
+        query[n:], key[rows, :, :width], value[rows, :, :width], allowed[:, None, None], scaling
+    )
+    return torch.cat([out, packed]), None
+
+
+def _attend(
+    query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None, scaling: float | None
+) -> Tensor:
+    """``slot_attention`` without packed queries: ``[N, S, Hq, D]``."""
     n, heads, s, dim = query.shape
     kv_heads = key.shape[1]
     group = heads // kv_heads
@@ -87,7 +110,7 @@ def slot_attention(
         scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
     probs = scores.float().softmax(dim=-1).to(value.dtype)
     out = torch.matmul(probs, value).reshape(n, heads, s, dim)
-    return out.transpose(1, 2), None
+    return out.transpose(1, 2)
 
 
 AttentionInterface.register(ATTENTION_NAME, slot_attention)
@@ -111,31 +134,39 @@ def _step(
     position_ids: Tensor,
     cache: DynamicCache,
     cache_kwarg: str,
+    packed: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
-    """The traced function: the trunk on one token per row, ``[N, H]`` last hidden states.
+    """The traced function: the trunk on one token per input row, ``[N (+ T), H]``
+    last hidden states.
 
     A module-level function of its inputs (no ``self``): a deep copy of the policy
     (a frozen reference) shares no state with it through the compiled code.
     """
+    kwargs = {cache_kwarg: cache}
+    if packed is not None:
+        kwargs["lmgym_packed"] = packed
     out = trunk(
         input_ids=input_ids,
         attention_mask=attention_mask,
         position_ids=position_ids,
         use_cache=True,
-        **{cache_kwarg: cache},
+        **kwargs,
     )
     return out.last_hidden_state[:, 0]
 
 
-_compiled: dict[str, Callable[..., Tensor]] = {}
+_compiled: dict[tuple[str, bool], Callable[..., Tensor]] = {}
 
 
-def compile_step(mode: str | None) -> Callable[..., Tensor]:
+def compile_step(mode: str | None, packed: bool = False) -> Callable[..., Tensor]:
     """``torch.compile(_step)``, made once per mode (dynamo keeps one graph per model
-    and shape under it). Tests replace this function to run the step uncompiled."""
-    key = mode or "default"
+    and shape under it). The plain step has fixed shapes; a packed step's number of
+    inputs (and restart width) changes from step to step, so it compiles with
+    dynamic shapes. Tests replace this function to run the step uncompiled."""
+    key = (mode or "default", packed)
     if key not in _compiled:
-        _compiled[key] = torch.compile(_step, mode=mode, dynamic=False, fullgraph=True)
+        dynamic = None if packed else False  # None: sizes that change become symbolic
+        _compiled[key] = torch.compile(_step, mode=mode, dynamic=dynamic, fullgraph=True)
     return _compiled[key]
 
 
@@ -158,23 +189,35 @@ class CompiledDecode:
         position_ids: Tensor,
         cache: DynamicCache,
         cache_kwarg: str,
+        packed: tuple[Tensor, Tensor] | None = None,
     ) -> Tensor | None:
         """Run the compiled step; ``None`` when compiling failed (decode eagerly).
 
         Args:
             trunk: the transformers base model (``model.base_model``).
-            input_ids: ``[N, 1] int64``.
+            input_ids: ``[N (+ T), 1] int64``.
             cache_mask: ``[N, C] bool`` over every slot column, the new ones included.
-            position_ids: ``[N, 1] int64``.
+            position_ids: ``[N (+ T), 1] int64``.
             cache: slots planned by ``set_step(..., read_all=True)``.
             cache_kwarg: the trunk's name for the cache argument.
+            packed: ``T`` packed inputs (``slot_attention``'s ``lmgym_packed``).
 
         Returns:
-            ``[N, H]`` last hidden states, or ``None``.
+            ``[N (+ T), H]`` last hidden states, or ``None``.
         """
         cuda = input_ids.device.type == "cuda"
         try:
-            step = compile_step("reduce-overhead" if cuda else None)
+            step = compile_step("reduce-overhead" if cuda else None, packed is not None)
+            if packed is not None:  # mark what changes from one packed step to the next
+                for tensor in (
+                    input_ids,
+                    position_ids,
+                    *packed,
+                    cache.layers[0].cols,
+                    cache.layers[0].write_rows,
+                ):
+                    torch._dynamo.maybe_mark_dynamic(tensor, 0)
+                torch._dynamo.maybe_mark_dynamic(packed[1], 1)
             if cuda:
                 for layer in cache.layers:
                     torch._dynamo.mark_static_address(layer.key_slots)
@@ -182,7 +225,13 @@ class CompiledDecode:
                 torch.compiler.cudagraph_mark_step_begin()
             with slot_attention_on(trunk.config):
                 hidden = step(
-                    trunk, input_ids, cache_mask[:, None, None, :], position_ids, cache, cache_kwarg
+                    trunk,
+                    input_ids,
+                    cache_mask[:, None, None, :],
+                    position_ids,
+                    cache,
+                    cache_kwarg,
+                    packed,
                 )
             # A CUDA graph's output is overwritten by its next replay.
             return hidden.clone() if cuda else hidden

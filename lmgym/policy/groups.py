@@ -62,6 +62,6 @@ def shared_rows(
             f"group_ids: rows {leader} and {row} share group id {int(labels[inverse[row]])} "
             f"but not their text in the {ids.shape[1]} shared columns; pass the env's "
             "info['group_id'] only where a group's rows show the same prompt (a batch "
-            "start, rows restarted together), or group_ids=None"
+            "start), or group_ids=None"
         )
     return first, inverse

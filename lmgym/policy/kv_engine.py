@@ -12,9 +12,9 @@ text.
 - ``_decode``: the common step, one new token per advanced row; with
   ``compile_decode`` a fixed-shape compiled step over every slot column
   (``compiled_decode``), rows writing their own columns from the prefill on.
-- ``_restart``: rows that started a new episode (continuous batching) are
-  prefilled into their own first slots (rows of one group restarted together
-  share one prefill) while the others take a decode step.
+- ``_restart``: rows that started a new episode (continuous batching): their
+  new text is packed into the others' decode step (``PackedText``), each token
+  one more one-token input that writes its own row's first slots.
 
 ``KVCacheRollout`` is a mixin: ``CausalLMPolicy`` (``causal_lm``) supplies the
 model, ``hidden_states``, ``next_token_logits`` and the sampling settings.
@@ -82,6 +82,26 @@ class PolicyState:
     padded: bool = True
     cols: Tensor | None = None
     special_mass: Tensor | None = None
+
+
+@dataclass
+class PackedText:
+    """Restarted rows' text as ``T`` extra one-token inputs of a decode step.
+
+    Attributes:
+        ids: ``[T] int64`` the tokens (every restarted row's real tokens, in order).
+        positions: ``[T] int64`` their position ids.
+        rows: ``[T] int64`` the cache row each one belongs to.
+        cols: ``[T] int64`` the slot column each one writes (its observation column).
+        allowed: ``[T, W] bool`` the columns of its row each one attends to: the real
+            ones up to its own.
+    """
+
+    ids: Tensor
+    positions: Tensor
+    rows: Tensor
+    cols: Tensor
+    allowed: Tensor
 
 
 def _plain_cache(cache: DynamicCache) -> bool:
@@ -216,6 +236,7 @@ class KVCacheRollout:
         state: PolicyState,
         all_advanced: bool = False,
         filled: int | None = None,
+        packed: PackedText | None = None,
     ) -> tuple[Tensor, PolicyState]:
         """The common step: feed each advanced row's one new token.
 
@@ -223,6 +244,12 @@ class KVCacheRollout:
         cache column masked out, so it sees nothing new. ``all_advanced``: the caller
         already knows every row advanced by one column. ``filled``: with per-row
         columns, the exact width in use after this step (default: an upper bound).
+        ``packed``: restarted rows' text, fed in the same forward after the ``N``
+        rows' tokens (per-row columns only).
+
+        Returns:
+            ``(hidden [N (+ T), H], new_state)``: the ``N`` rows' last hidden states,
+            then the packed tokens'.
         """
         tokens = ids.gather(1, last_col[:, None])
         if all_advanced:
@@ -253,15 +280,26 @@ class KVCacheRollout:
             attention_mask = cache_mask[:, :filled]
             padded = True
         advanced = advanced[:, 0]
+        positions_in, write_cols, write_rows, attend = state.positions[:, None], cols, None, None
+        if packed is not None:
+            tokens = torch.cat([tokens, packed.ids[:, None]])
+            positions_in = torch.cat([positions_in, packed.positions[:, None]])
+            write_cols = torch.cat([cols, packed.cols])
+            write_rows = torch.cat(
+                [self._constant("arange", ids.shape[0], ids.device), packed.rows]
+            )
+            attend = (packed.rows, packed.allowed)
         hidden = None
         if cols is not None and self._compiled_decode.enabled:
-            set_step(cache, cols, filled, read_all=True)
-            hidden = self._compiled_trunk(tokens, cache_mask, state.positions[:, None], cache)
+            set_step(cache, write_cols, filled, read_all=True, rows=write_rows)
+            hidden = self._compiled_trunk(tokens, cache_mask, positions_in, cache, attend)
         if hidden is None:  # eager (or the compiled step just failed)
             if cols is not None:
-                set_step(cache, cols, filled)
+                set_step(cache, write_cols, filled, rows=write_rows)
+            if packed is not None:
+                attention_mask = attention_mask[:, None, None, :]
             hidden = self.hidden_states(
-                tokens, self._trunk_mask(attention_mask, padded), state.positions[:, None], cache
+                tokens, self._trunk_mask(attention_mask, padded), positions_in, cache, attend
             )[:, 0]
         if padded:
             positions = state.positions + advanced
@@ -280,31 +318,36 @@ class KVCacheRollout:
         last_col: Tensor,
         restart: Tensor,
         state: PolicyState,
-        group_ids: Tensor | None,
     ) -> tuple[Tensor, PolicyState]:
-        """Re-feed the restarted rows from their new text; the other rows take one decode step.
+        """Re-feed the restarted rows from their new text while the others take a decode step.
 
-        The ``k`` restarted rows are prefilled in a cache of their own (restarted rows
-        of one group, by ``group_ids``, once: they hold one prompt), and
-        their ``W`` new columns overwrite the first ``W`` slots of their own rows
-        (their old columns are all dead; the rest are masked out). From then on each
-        row writes its own next column (``PolicyState.cols``). Then one decode step
-        feeds every advanced row its new token. The cost is a ``[k, W]`` prefill plus
-        an ordinary ``[N, 1]`` step; nothing is copied or compacted, and attention
-        reads about as many columns as the longest in-flight row holds.
+        The ``k`` restarted rows' ``W`` new columns go to the first ``W`` slots of their
+        own rows (their old columns are all dead; the rest are masked out); from then
+        on each row writes its own next column (``PolicyState.cols``). Their text is
+        packed into the decode step (``PackedText``): its ``T`` real tokens are ``T``
+        more one-token inputs after the ``N`` rows', each writing its own column and
+        attending causally to its row's new text, so the linear layers run once over
+        ``N + T`` tokens and there is no separate prefill. Nothing is copied or
+        compacted, and attention reads about as many columns as the longest in-flight
+        row holds.
         """
         cache = state.cache
         rows = restart.nonzero().squeeze(1)
         width = int(last_col[rows].max()) + 1
-        new_ids, new_mask = ids[rows, :width], mask[rows, :width]
-        new_positions = (new_mask.long().cumsum(1) - 1).clamp(min=0)
-        fresh = DynamicCache(config=self.model.config)
-        groups = shared_rows(None if group_ids is None else group_ids[rows], new_ids, new_mask)
-        new_hidden, source = self._shared_pass(new_ids, new_mask, new_positions, fresh, groups)
-        newest = new_hidden[source, last_col[rows]]
+        new_mask = mask[rows, :width]
+        new_positions = new_mask.long().cumsum(1) - 1
+        local, col = new_mask.nonzero(as_tuple=True)  # row-major: each row's text in order
+        arange = self._constant("arange", width, ids.device)
+        packed = PackedText(
+            ids=ids[rows[local], col],
+            positions=new_positions[local, col],
+            rows=rows[local],
+            cols=col,
+            allowed=new_mask[local] & (arange[None, :] <= col[:, None]),
+        )
+        # Each restarted row's newest token (its last real column) is its last packed one.
+        newest = new_mask.sum(1).cumsum(0) - 1 + ids.shape[0]
         cache_mask = _widen(state.cache_mask, reserve(cache, width))
-        for shared, own in zip(cache.layers, fresh.layers, strict=True):
-            shared.write_rows(rows, own.keys, own.values)
         cache_mask = cache_mask & ~restart[:, None]
         cache_mask[rows, :width] = new_mask
         cols = state.cols
@@ -320,8 +363,10 @@ class KVCacheRollout:
             cols,
         )
         # Restarted rows now have last_col == state.last_col: _decode feeds them nothing.
-        hidden, state = self._decode(ids, last_col, state, filled=int(cols.max()) + 1)
-        return hidden.index_put((rows,), newest), state
+        hidden, state = self._decode(
+            ids, last_col, state, filled=int(cols.max()) + 1, packed=packed
+        )
+        return hidden[: ids.shape[0]].index_put((rows,), hidden[newest]), state
 
     @labelled(ACT)
     def act(
@@ -345,12 +390,12 @@ class KVCacheRollout:
                 Rows that moved back or jumped are detected without the flag.
             generator: RNG for sampling.
             group_ids: ``[N] int64`` each row's group, the env's ``info["group_id"]``:
-                rows of one group that this call feeds from their text (every row when
-                ``state`` is ``None``, else the restarted rows) share one prefill. They
+                when ``state`` is ``None`` the rows of one group share one prefill. They
                 must then show the same text, as a group does at its start (checked:
                 a ``ValueError`` otherwise); pass ``None`` when rebuilding a cache
                 mid-episode (``state=None`` on rows with completions). ``None``: no
-                sharing.
+                sharing. (Restarted rows' text is packed into the decode step, each
+                row its own; the ids are not needed then.)
 
         Returns:
             ``(actions [N] int64, sampler_logprobs [N] float32, new_state)``.
@@ -391,7 +436,7 @@ class KVCacheRollout:
             if restart is None:
                 hidden, state = self._decode(ids, last_col, state, all_advanced=low == 1)
             elif is_slot_cache(state.cache):
-                hidden, state = self._restart(ids, mask, last_col, restart, state, groups)
+                hidden, state = self._restart(ids, mask, last_col, restart, state)
             else:  # a cache kind whose tensors lmgym does not edit: refill every row
                 # (mid-episode: a group's rows hold their own completions, no sharing)
                 hidden, state = self._prefill(ids, mask, last_col, None)

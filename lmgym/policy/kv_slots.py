@@ -14,7 +14,9 @@ Two ways to write a step:
   columns, so every row's columns run from 0 and ``filled`` is about the longest
   in-flight row. No column is ever moved or compacted. The caller sets
   ``cols`` and ``filled`` before the forward (``set_step``); the attention mask
-  hides the columns of other rows' lengths and of stopped rows.
+  hides the columns of other rows' lengths and of stopped rows. A restarted row's
+  text comes in the same forward as extra one-token inputs that write their own
+  row's columns (``set_step(..., rows=...)``).
 
 The compiled decode step (``compiled_decode``) writes per-row columns too, but
 attention reads every column, ``[0, capacity)`` (``set_step(..., read_all=True)``),
@@ -49,6 +51,7 @@ class SlotLayer(DynamicLayer):
         self.cols: Tensor | None = None
         self.read_all = False
         self._rows = torch.arange(n, device=keys.device)
+        self.write_rows = self._rows
         self.device = keys.device
         self.is_initialized = True
         self._expose()
@@ -84,24 +87,13 @@ class SlotLayer(DynamicLayer):
             self.filled = end
             self._expose()
         else:
-            # [N, heads, dim] goes to column cols[i] of row i (set_step exposed the views).
-            self.key_slots[self._rows, :, self.cols] = key_states[:, :, 0]
-            self.value_slots[self._rows, :, self.cols] = value_states[:, :, 0]
+            # Token-row t's [heads, dim] goes to column cols[t] of row write_rows[t] (set_step
+            # exposed the views).
+            self.key_slots[self.write_rows, :, self.cols] = key_states[:, :, 0]
+            self.value_slots[self.write_rows, :, self.cols] = value_states[:, :, 0]
             if self.read_all:
                 return self.key_slots, self.value_slots
         return self.keys, self.values
-
-    def write_rows(self, rows: Tensor, keys: Tensor, values: Tensor) -> None:
-        """Put restarted rows' new text into their own first columns (their old
-        columns are all dead).
-
-        Args:
-            rows: ``[k] int64``.
-            keys, values: ``[k, heads, W, dim]`` from prefilling those rows alone.
-        """
-        width = keys.shape[2]
-        self.key_slots[rows, :, :width] = keys
-        self.value_slots[rows, :, :width] = values
 
     def get_seq_length(self) -> int:
         return self.filled if self.cols is None else self.filled - 1
@@ -141,14 +133,25 @@ def reserve(cache: DynamicCache, columns: int) -> int:
     return capacity
 
 
-def set_step(cache: DynamicCache, cols: Tensor, filled: int, read_all: bool = False) -> None:
+def set_step(
+    cache: DynamicCache,
+    cols: Tensor,
+    filled: int,
+    read_all: bool = False,
+    rows: Tensor | None = None,
+) -> None:
     """Plan a one-token step with per-row columns: row ``i`` writes column ``cols[i]``
     and attention reads ``[0, filled)`` (``cols.max() < filled <= capacity``), or
     every column with ``read_all`` (the compiled step's fixed shape; ``filled`` stays
-    the bound on the columns in use)."""
+    the bound on the columns in use).
+
+    ``rows``: ``[B] int64``, the row each of the step's ``B`` one-token inputs writes
+    (``cols`` is then ``[B]`` too); default one input per row, in order. A packed
+    step (``kv_engine``) adds restarted rows' text as extra one-token inputs."""
     for layer in cache.layers:
         layer.cols = cols
         layer.read_all = read_all
+        layer.write_rows = layer._rows if rows is None else rows
         if layer.filled != filled:
             layer.filled = filled
             layer._expose()

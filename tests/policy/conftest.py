@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
+import torch
 
 from lmgym.policy import compiled_decode
 
@@ -16,9 +19,14 @@ DECODE_MODES = [
 
 
 @pytest.fixture(params=DECODE_MODES)
-def decode(request, monkeypatch) -> bool:
+def decode(request, monkeypatch) -> Iterator[bool]:
     """``compile_decode`` for the policy under test; in ``fixed_shape`` mode the step
     that ``torch.compile`` would compile runs as plain Python."""
     if request.param == "fixed_shape":
-        monkeypatch.setattr(compiled_decode, "compile_step", lambda mode: compiled_decode._step)
-    return request.param != "eager"
+        monkeypatch.setattr(
+            compiled_decode, "compile_step", lambda mode, packed=False: compiled_decode._step
+        )
+    # dynamo keeps at most recompile_limit graphs per function; a test session
+    # compiles the step for many models and shapes (a process rarely does).
+    with torch._dynamo.config.patch(recompile_limit=64):
+        yield request.param != "eager"

@@ -69,6 +69,7 @@ def test_rollouts_match_teacher_forcing_on_a_rotary_gqa_model(
     batches = [collector.collect(num_groups=3) for _ in range(3)]
     for batch in batches:
         assert max_logprob_gap(policy, batch) < 1e-4
+    assert policy.compile_decode == decode  # no fallback to eager
     # A plain cache moved into slots; a sliding-window cache is left to transformers.
     assert is_slot_cache(collector._state.cache) == (sliding_window is None)
     if sliding_window is not None:

@@ -22,16 +22,20 @@ def teacher_forced_gap(policy, batch) -> float:
 
 
 @pytest.fixture
-def step_calls(monkeypatch) -> list[tuple[torch.Size, ...]]:
-    """Run the step uncompiled and record the shapes of every call."""
-    calls: list[tuple[torch.Size, ...]] = []
+def step_calls(monkeypatch) -> list[tuple[str, tuple[torch.Size, ...] | None]]:
+    """Run the step uncompiled and record every call: ``("plain", shapes)`` or
+    ``("packed", None)``."""
+    calls: list[tuple[str, tuple[torch.Size, ...] | None]] = []
 
-    def recording(mode):
-        def step(trunk, input_ids, attention_mask, position_ids, cache, cache_kwarg):
+    def recording(mode, packed=False):
+        def step(trunk, input_ids, attention_mask, position_ids, cache, cache_kwarg, packed):
+            # A packed step's inputs change with the restarted rows' text.
+            kind = "plain" if packed is None else "packed"
             widths = {layer.key_slots.shape for layer in cache.layers}
-            calls.append((input_ids.shape, attention_mask.shape, position_ids.shape, *widths))
+            shapes = (input_ids.shape, attention_mask.shape, position_ids.shape, *widths)
+            calls.append((kind, shapes if packed is None else None))
             return compiled_decode._step(
-                trunk, input_ids, attention_mask, position_ids, cache, cache_kwarg
+                trunk, input_ids, attention_mask, position_ids, cache, cache_kwarg, packed
             )
 
         return step
@@ -74,7 +78,8 @@ def test_slot_attention_refuses_what_it_does_not_apply():
 def test_every_decode_step_has_one_shape(make_env, make_eos_policy, tokenizer, step_calls):
     # Rows stop at different steps (synchronous) and restart at different steps
     # (continuous): the step still reads all slot columns with the same shapes, so
-    # one compiled graph serves every step.
+    # one compiled graph serves every step without a restart (steps that pack
+    # restarted rows' text have a dynamic-shape graph of their own).
     policy = make_eos_policy(tokenizer, compile_decode=True)
     env = make_env(prompts=["ab", "hello there", "x"], num_prompts=3, group_size=2)
     batch = collect(env, policy, seed=0)
@@ -82,7 +87,7 @@ def test_every_decode_step_has_one_shape(make_env, make_eos_policy, tokenizer, s
     assert len(step_calls) == int(batch.lengths.max()) - 1  # every step after the prefill
     width = env.prompt_width + env.max_new_tokens
     n = env.num_envs
-    assert set(step_calls) == {((n, 1), (n, 1, 1, width), (n, 1), (n, 4, width, 16))}
+    assert set(step_calls) == {("plain", ((n, 1), (n, 1, 1, width), (n, 1), (n, 4, width, 16)))}
     step_calls.clear()
     env = make_env(
         prompts=["ab", "hello there", "x"],
@@ -94,7 +99,9 @@ def test_every_decode_step_has_one_shape(make_env, make_eos_policy, tokenizer, s
     collector = ContinuousCollector(env, policy, seed=0)
     for _ in range(3):
         assert teacher_forced_gap(policy, collector.collect(num_groups=3)) < 1e-4
-    assert len(step_calls) > 10 and len(set(step_calls)) == 1
+    plain = [shapes for kind, shapes in step_calls if kind == "plain"]
+    assert len(plain) >= 3 and len(set(plain)) == 1
+    assert len(step_calls) - len(plain) >= 3  # packed restarts
     assert len(set(collector._state.cols.tolist())) > 1  # rows restarted at different steps
 
 
@@ -103,7 +110,7 @@ def test_a_failed_compile_warns_once_and_decodes_eagerly(
 ):
     attempts = []
 
-    def failing(mode):
+    def failing(mode, packed=False):
         attempts.append(mode)
         raise RuntimeError("no C++ compiler\nsecond line")
 
@@ -137,21 +144,29 @@ def test_compiled_decode_is_off_by_default_and_kept_by_from_pretrained(
 
 
 @pytest.mark.slow
-def test_one_graph_serves_every_step_of_synchronous_and_continuous_rollouts(
+@torch._dynamo.config.patch(recompile_limit=64)  # other tests compiled the step already
+def test_a_few_graphs_serve_every_step_of_synchronous_and_continuous_rollouts(
     make_env, make_eos_policy, tokenizer
 ):
     from torch._dynamo.utils import counters
 
-    # 5 rows: a shape no other test compiles, so this test's compile is the first.
+    # 5 rows: a shape no other test compiles, so this test's compiles are its own.
     prompts = ["ab", "hello there", "x", "q", "xyz"]
     policy = make_eos_policy(tokenizer, compile_decode=True)
     graphs = counters["stats"]["unique_graphs"]
     batch = collect(make_env(prompts=prompts, num_prompts=5, max_new_tokens=10), policy, seed=0)
     assert batch.lengths.min() < batch.lengths.max()
     assert teacher_forced_gap(policy, batch) < 1e-4
+    assert counters["stats"]["unique_graphs"] - graphs == 1  # every synchronous step
     env = make_env(prompts=prompts, num_prompts=5, max_new_tokens=10, autoreset=True)
     collector = ContinuousCollector(env, policy, seed=0)
-    for _ in range(3):
+    for _ in range(4):
         assert teacher_forced_gap(policy, collector.collect(num_groups=5)) < 1e-4
-    assert counters["stats"]["unique_graphs"] - graphs == 1
+    # Packed restarts: one dynamic-shape graph, plus specialisations for a size of 1
+    # (one restarted token, or one-column text).
+    compiled = counters["stats"]["unique_graphs"] - graphs
+    assert 2 <= compiled <= 4
+    for _ in range(4):
+        assert teacher_forced_gap(policy, collector.collect(num_groups=5)) < 1e-4
+    assert counters["stats"]["unique_graphs"] - graphs == compiled  # no more compiles
     assert policy.compile_decode

@@ -387,36 +387,37 @@ def test_restarting_some_rows_keeps_the_others_cache_and_matches_a_fresh_prefill
     assert new_mask[[0, 2], :kept_columns].equal(state.cache_mask[[0, 2], :kept_columns])
 
 
-def test_rows_of_one_group_restarted_together_share_one_prefill(make_env, policy, monkeypatch):
-    env = make_env(
-        prompts=["ab", "hello", "xyz"],
-        num_prompts=2,
-        group_size=2,
-        max_new_tokens=6,
-        prompt_order="sequential",
-        autoreset=True,
-    )
-    obs, info = env.reset(seed=0)
-    _, _, state = policy.act(obs, group_ids=info["group_id"])
-    obs, *_ = env.step(torch.zeros(4, dtype=torch.long) + 5)
-    _, _, state = policy.act(obs, state, group_ids=info["group_id"])
-    starts = torch.tensor([True, False, True, False])
-    # Rows 0 and 2 start the next prompt slots: one new group, one prompt.
-    obs, info = env.reset(options={"reset_mask": starts})
-    assert info["group_id"][0] == info["group_id"][2] != info["group_id"][1]
-    rows = trunk_rows(policy, monkeypatch)
-    cached = policy.act(
-        obs,
-        state,
-        episode_starts=starts,
-        generator=torch.Generator().manual_seed(3),
-        group_ids=info["group_id"],
-    )
-    assert rows == [1, 4]  # the new group's prompt once, then the step of every row
-    fresh = policy.act(obs, None, generator=torch.Generator().manual_seed(3))
-    # (Rows 1 and 3 did not advance: their outputs are not a next token.)
-    assert torch.equal(cached[0][starts], fresh[0][starts])
-    torch.testing.assert_close(cached[1][starts], fresh[1][starts], atol=1e-5, rtol=1e-5)
+def test_restarted_rows_text_is_packed_into_the_decode_step(make_env, policy, ids, monkeypatch):
+    # Continuous batching: the restarted rows' prompts are fed in the same forward
+    # as the other rows' new tokens (one-token inputs after the N rows'), not in a
+    # prefill of their own.
+    env = make_env(prompts=["ab", "hello", "xyz"], num_prompts=3, max_new_tokens=2, autoreset=True)
+    a = torch.tensor(ids("aaa"))
+    obs, _ = env.reset(seed=0)
+    _, _, state = policy.act(obs)
+    obs, *_ = env.step(a)
+    _, _, state = policy.act(obs, state)
+    obs, _, terminated, truncated, _ = env.step(a)  # every row ends (max_new_tokens)
+    _, _, state = policy.act(obs, state)
+    obs, *_ = env.step(a)  # next-step autoreset: every row shows a new prompt
+    starts = terminated | truncated
+    assert starts.all()
+    shapes = []
+    original = policy.hidden_states
+
+    def counting(input_ids, *args, **kwargs):
+        shapes.append(tuple(input_ids.shape))
+        return original(input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(policy, "hidden_states", counting)
+    gen = torch.Generator().manual_seed(0)
+    cached = policy.act(obs, state, episode_starts=starts, generator=gen)
+    real = int(obs["attention_mask"].sum())
+    assert shapes == [(3 + real, 1)]  # one forward: 3 rows' tokens + the prompts' tokens
+    monkeypatch.undo()
+    fresh = policy.act(obs, None, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(cached[0], fresh[0])
+    torch.testing.assert_close(cached[1], fresh[1], atol=1e-5, rtol=1e-5)
 
 
 # A wide prompt region (max_prompt_length=12 for prompts of <= 5 tokens): restarted
