@@ -5,9 +5,11 @@ Equal global work on both sides: the same GRPO iteration (``--prompts`` prompts 
 so every row runs to the budget) on a GPT-2 of ``--layers`` layers. The two-process
 side is launched with ``torchrun`` (gloo) and each rank holds half of the prompts.
 Reported: seconds per iteration, generated tokens/s, the ratio, and the share of
-an iteration spent in ``torch.distributed`` collectives (the ``lmgym.comm``
-profiler label, from one extra profiled iteration), with the bytes all-reduced per
-optimizer step. The results file also says how this should scale on N GPUs.
+an iteration spent in ``torch.distributed`` collectives: lmgym's own (the
+``lmgym.comm`` profiler label: gathers of the advantage inputs, counts, metrics,
+from one extra profiled iteration) and the gradient all-reduce, which DDP runs
+inside the backward pass, timed alone on a buffer of the same size, with the bytes
+all-reduced per optimizer step. The results file also says how this should scale on N GPUs.
 
     .venv/bin/python benchmarks/data_parallel.py --out benchmarks/results/data_parallel.md
 """
@@ -26,6 +28,22 @@ from pathlib import Path
 
 import harness as h
 import workloads as w
+
+
+def allreduce_seconds(numel: int, repeats: int = 5) -> float:
+    """Median seconds of one ``SUM`` all-reduce of ``numel`` float32 values (the
+    gradients' volume; DDP overlaps it with the backward in 25 MiB buckets)."""
+    import torch
+    import torch.distributed as dist
+
+    buffer = torch.zeros(numel)
+    times = []
+    for _ in range(repeats):
+        dist.barrier()
+        start = time.perf_counter()
+        dist.all_reduce(buffer)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def run_side(args: argparse.Namespace, num_prompts: int, out: Path) -> None:
@@ -49,12 +67,14 @@ def run_side(args: argparse.Namespace, num_prompts: int, out: Path) -> None:
     phases = h.profile_phases(agent.step, 1)
     comm = sum(sec for path, (sec, _) in phases.items() if path.split("/")[-1] == "comm")
     params = sum(p.numel() for p in agent.policy.model.parameters() if p.requires_grad)
+    allreduce = allreduce_seconds(params) if group.size > 1 else 0.0
     if group.rank == 0:
         result = {
             "world_size": group.size,
             "seconds": statistics.median(times),
             "tokens_per_iter": statistics.median(tokens) * group.size,
             "comm_share": comm / phases["wall"][0],
+            "allreduce_share": allreduce / statistics.median(times),
             "allreduce_bytes": 4 * params,
             "params": params,
         }
@@ -79,14 +99,18 @@ def report(args: argparse.Namespace, single: dict, double: dict, argv: list[str]
   completions x {args.new_tokens} tokens globally (EOS unsampleable: equal work);
   median of {args.iters} iterations after {args.warmup} warm-up.
 
-| side | s / iteration | tokens / s | comm share |
-|---|---|---|---|
-| 1 process x 2 threads | {single["seconds"]:.3f} | {tps[0]:.0f} | - |
-| 2 processes x 1 thread (gloo) | {double["seconds"]:.3f} | {tps[1]:.0f} | {double["comm_share"]:.1%} |
+| side | s / iteration | tokens / s | lmgym's collectives | gradient all-reduce alone |
+|---|---|---|---|---|
+| 1 process x 2 threads | {single["seconds"]:.3f} | {tps[0]:.0f} | - | - |
+| 2 processes x 1 thread (gloo) | {double["seconds"]:.3f} | {tps[1]:.0f} | {double["comm_share"]:.1%} | {double.get("allreduce_share", float("nan")):.1%} |
+
+(Shares of the 2-process iteration. The gradient all-reduce runs inside DDP's
+backward, overlapped with it; its column is one all-reduce of the same volume
+timed alone, an upper bound on what it adds.)
 
 Ratio (1-process time / 2-process time): **{ratio:.2f}x**.
 
-Communication per optimizer step: the gradients all-reduced in 25 MiB buckets
+Communication per optimizer step: the gradients all-reduced by DDP in 25 MiB buckets
 ({mb:.1f} MiB in float32), plus small all-gathers of the advantage inputs and
 metrics (`[B, L]` floats, a few KiB) and two counts.
 
