@@ -61,7 +61,7 @@ from lmgym.agents.rollout_source import collect_batch
 from lmgym.distributed import DataParallelGroup
 from lmgym.envs.rewards import reward_component_means
 from lmgym.envs.token_env import TokenVectorEnv
-from lmgym.parallel import DataParallelUpdate, trainable_modules
+from lmgym.parallel import ShardedUpdate, build_update
 from lmgym.persistence.agent import load_agent, save_agent
 from lmgym.policy.causal_lm import CausalLMPolicy
 from lmgym.policy.value import Critic
@@ -117,18 +117,26 @@ class Agent(Generic[ConfigT]):
         check_batch_split(self.config, self.env.num_envs)
 
         self.critic: Critic | None = self.make_critic() if self.uses_critic else None
-        params = trainable_parameters(self.policy, self.critic)
-        self.optimizer = make_optimizer(params, self.config)
-        self.lr_schedule = LearningRateSchedule(self.optimizer, self.config)
         self.group = DataParallelGroup(process_group)
         self.group.check_same_on_every_rank(f"{self.name} config", dataclasses.asdict(self.config))
-        # The update's trainable modules under DDP (gradients summed over ranks); one
-        # process calls the loss directly. Looked up per call: a probe may shadow it.
-        self.parallel = DataParallelUpdate(
-            trainable_modules(self.policy, self.critic),
+        # The update's trainable modules under DDP (gradients summed over ranks) or as
+        # FSDP2-sharded replicas; one process calls the loss directly. Looked up per
+        # call: a probe may shadow it.
+        self.parallel = build_update(
+            self.config.data_parallel,
+            self.policy,
+            self.critic,
             lambda data, counts: self.micro_batch_loss(data, counts),
             self.group,
         )
+        params = (
+            self.parallel.parameters()  # FSDP: the optimizer over the sharded replicas
+            if isinstance(self.parallel, ShardedUpdate)
+            else trainable_parameters(self.policy, self.critic)
+        )
+        self.optimizer = make_optimizer(params, self.config)
+        self.parallel.adopt(self.optimizer)
+        self.lr_schedule = LearningRateSchedule(self.optimizer, self.config)
         self.generator = torch.Generator(device=self.policy.device)
         # Rank 0 samples exactly as a single process; other ranks draw other completions.
         self.generator.manual_seed(self.config.seed + 7919 * self.group.rank)
@@ -322,21 +330,27 @@ class Agent(Generic[ConfigT]):
         if self.config.bucket_by_length:  # micro-batches of similar lengths, no padding computed
             minibatch = minibatch[data.lengths[minibatch].argsort(descending=True, stable=True)]
         chunks = minibatch.split(self.config.micro_batch_size or minibatch.numel())
-        for index, rows in enumerate(chunks):
+        # FSDP: every forward is a collective, so a rank with fewer micro-batches than
+        # another repeats its last one with the loss times zero (nothing added).
+        steps = self.parallel.micro_batch_count(len(chunks))
+        for index in range(steps):
+            rows = chunks[min(index, len(chunks) - 1)]
             micro = data.rows(rows)
             # Data parallel: the last micro-batch's backward sums the gradients over ranks.
-            with self.parallel.micro_batch(last=index == len(chunks) - 1):
+            with self.parallel.micro_batch(last=index == steps - 1):
                 with phase(LOSS):
                     loss = self.parallel(
                         micro.trimmed() if self.config.bucket_by_length else micro, counts
                     )
                 with phase(BACKWARD):
-                    loss.total.backward()
-            parts.append((rows, loss))
+                    (loss.total if index < len(chunks) else 0.0 * loss.total).backward()
+            if index < len(chunks):
+                parts.append((rows, loss))
         with phase(OPTIMIZER):
             terms, norm = sync_check_step(
                 parts, self.optimizer, self.lr_schedule, self.group, self.config, where
             )
+            self.parallel.after_step()  # FSDP: the full updated weights on every rank
         return parts, terms, norm
 
     def evaluate(

@@ -152,6 +152,17 @@ class DataParallelUpdate:
                 "(requires_grad_(False)) before building the agent"
             )
 
+    def micro_batch_count(self, count: int) -> int:
+        """Micro-batches this rank runs: its own ``count`` (``no_sync`` ones communicate
+        nothing, so ranks may differ)."""
+        return count
+
+    def after_step(self) -> None:
+        """Nothing: DDP's replicas are the modules themselves, equal on every rank."""
+
+    def adopt(self, optimizer: torch.optim.Optimizer) -> None:
+        """Nothing: the optimizer's state is whole on every rank."""
+
     def __call__(self, data: "PreparedBatch", counts: "Counts") -> "MicroBatchLoss":
         """The micro-batch's loss (through DDP's forward when wrapped)."""
         if self.ddp is None:
