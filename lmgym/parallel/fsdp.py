@@ -196,11 +196,14 @@ class ShardedUpdate:
         state_dict = optimizer.state_dict
 
         def local_state_dict() -> dict[str, Any]:
-            state = state_dict()
-            for per_param in state["state"].values():
-                for key, value in per_param.items():
-                    if isinstance(value, DTensor):
-                        per_param[key] = value.to_local().clone()
+            state = state_dict()  # its per-parameter dicts are the optimizer's own: copy
+            state["state"] = {
+                index: {
+                    key: value.to_local().clone() if isinstance(value, DTensor) else value
+                    for key, value in per_param.items()
+                }
+                for index, per_param in state["state"].items()
+            }
             state["fsdp_shard"] = {"rank": self.group.rank, "world_size": size}
             return state
 
