@@ -9,8 +9,8 @@ from torch.distributed.tensor import DTensor
 
 from lmgym.agents import ALGORITHMS, GSPO
 from lmgym.agents.aggregation import AGGREGATION_MODES
-from lmgym.parallel import trainable_modules
 from lmgym.envs.tasks.target_string import make_target_string_vector
+from lmgym.parallel import trainable_modules
 from lmgym.policy import CausalLMPolicy, make_char_tokenizer, make_tiny_model
 from lmgym.rollout import collect
 from lmgym.types import RolloutBatch
