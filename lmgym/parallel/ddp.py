@@ -32,6 +32,7 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from lmgym.distributed import DataParallelGroup
+from lmgym.parallel.sharded_state import refuse_sharded_state
 
 if TYPE_CHECKING:
     from lmgym.agents.records import Counts, MicroBatchLoss, PreparedBatch
@@ -161,7 +162,9 @@ class DataParallelUpdate:
         """Nothing: DDP's replicas are the modules themselves, equal on every rank."""
 
     def adopt(self, optimizer: torch.optim.Optimizer) -> None:
-        """Nothing: the optimizer's state is whole on every rank."""
+        """Refuse to load an fsdp checkpoint's optimizer state (one rank's shard) into
+        ``optimizer``, whose state is whole on every rank."""
+        refuse_sharded_state(optimizer)
 
     def __call__(self, data: "PreparedBatch", counts: "Counts") -> "MicroBatchLoss":
         """The micro-batch's loss (through DDP's forward when wrapped)."""

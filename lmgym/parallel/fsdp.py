@@ -44,6 +44,7 @@ from torch.distributed.tensor import DTensor
 
 from lmgym.distributed import DataParallelGroup
 from lmgym.parallel.ddp import trainable_modules
+from lmgym.parallel.sharded_state import MARKER, refuse_sharded_state
 
 if TYPE_CHECKING:
     from lmgym.agents.records import Counts, MicroBatchLoss, PreparedBatch
@@ -51,14 +52,6 @@ if TYPE_CHECKING:
     from lmgym.policy.value import Critic
 
 LossFn = Callable[["PreparedBatch", "Counts"], "MicroBatchLoss"]
-
-RESUME_REFUSED = (
-    "resume: this checkpoint comes from a data_parallel='fsdp' run, whose optimizer state "
-    "is sharded over the ranks and was saved from rank 0's shard only; resuming it is not "
-    "supported yet. Its weights are complete: start a new run from them "
-    "(CausalLMPolicy.from_pretrained on the checkpoint's policy directory), or train with "
-    "data_parallel='ddp' to get resumable checkpoints"
-)
 
 
 def _owners(policy: CausalLMPolicy, critic: Critic | None) -> dict[str, tuple[Any, str]]:
@@ -191,7 +184,7 @@ class ShardedUpdate:
     def adopt(self, optimizer: torch.optim.Optimizer) -> None:
         """Make ``optimizer`` (over ``parameters()``) checkpoint-safe: its ``state_dict``
         (rank 0 alone writes checkpoints) holds this rank's shards as plain tensors,
-        marked; loading any state into it is refused (``RESUME_REFUSED``)."""
+        marked; loading any state into it is refused (``lmgym.parallel.sharded_state``)."""
         size = self.group.size
         state_dict = optimizer.state_dict
 
@@ -204,14 +197,11 @@ class ShardedUpdate:
                 }
                 for index, per_param in state["state"].items()
             }
-            state["fsdp_shard"] = {"rank": self.group.rank, "world_size": size}
+            state[MARKER] = {"rank": self.group.rank, "world_size": size}
             return state
 
-        def refuse(state: dict[str, Any]) -> None:
-            raise ValueError(RESUME_REFUSED)
-
         optimizer.state_dict = local_state_dict  # type: ignore[method-assign]
-        optimizer.load_state_dict = refuse  # type: ignore[method-assign]
+        refuse_sharded_state(optimizer, refuse_all=True)
 
 
 def full_value(value: Tensor) -> Tensor:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lmgym.parallel.fsdp import RESUME_REFUSED
+from lmgym.parallel.sharded_state import RESUME_REFUSED
 from lmgym.persistence.state import load_state
 from lmgym.policy import CausalLMPolicy
 

@@ -15,7 +15,7 @@ sys.path.insert(0, str(HERE))
 
 from dp_cases import CASES, full_batch, gradient_of, make_agent  # noqa: E402
 
-from lmgym.parallel.fsdp import RESUME_REFUSED  # noqa: E402
+from lmgym.parallel.sharded_state import RESUME_REFUSED  # noqa: E402
 
 
 def torchrun(script: Path, *args: str, nproc: int = 2, timeout: float = 300) -> None:
@@ -87,3 +87,13 @@ def test_fsdp_on_one_process_is_the_plain_single_process_update():
     got = gradient_of(fsdp, full_batch(fsdp), ("grpo-fsdp", "token-mean"))
     want = gradient_of(plain, full_batch(plain), ("grpo", "token-mean"))
     torch.testing.assert_close(got["grad"], want["grad"], rtol=0, atol=0)
+
+
+def test_an_fsdp_shard_of_optimizer_state_is_refused_by_a_whole_optimizer():
+    """Rank 0's shard loaded as a whole state would train with wrong moments: refused."""
+    agent = make_agent(("grpo", "token-mean"))
+    state = agent.optimizer.state_dict()
+    agent.optimizer.load_state_dict(state)  # a whole state loads
+    with pytest.raises(ValueError) as error:
+        agent.optimizer.load_state_dict({**state, "fsdp_shard": {"rank": 0, "world_size": 2}})
+    assert str(error.value) == RESUME_REFUSED
