@@ -37,6 +37,11 @@ VARIANTS: dict[str, tuple[str, dict, dict]] = {
     "ppo-separate-critic-fsdp": ("ppo", {"data_parallel": "fsdp", "value_model": "separate"}, {}),
     "vapo-after-warmup-fsdp": ("vapo", {"data_parallel": "fsdp", "value_warmup_iterations": 1}, {}),
     "grpo-lora-fsdp": ("grpo", {"data_parallel": "fsdp"}, {"lora": True}),
+    "grpo-gradient-checkpointing-fsdp": (
+        "grpo",
+        {"data_parallel": "fsdp"},
+        {"gradient_checkpointing": True},
+    ),
     # Two real optimizer steps: the sharded AdamW state and the full weights gathered back.
     "grpo-fsdp-step": ("grpo", {"data_parallel": "fsdp"}, {}),
     "ppo-fsdp-step": ("ppo", {"data_parallel": "fsdp"}, {}),
