@@ -30,7 +30,7 @@ from lmgym.agents.config import AgentConfig, build_config, check_complete, resol
 from lmgym.agents.kl import kl_estimator
 from lmgym.agents.metrics import rule_clip_fractions
 from lmgym.agents.numerics import NonFiniteUpdateError
-from lmgym.agents.optim import optim_and_schedule, sync_check_step
+from lmgym.agents.optim import optim_and_schedule, sync_check_step, trainable_parameters
 from lmgym.agents.prepare import prepare_batch
 from lmgym.agents.ratios import tis_weights
 from lmgym.agents.records import Counts, MicroBatchLoss, PolicyOutput, PreparedBatch, UpdateLog
@@ -39,7 +39,7 @@ from lmgym.agents.rollout_source import collect_batch, seeded_generators
 from lmgym.distributed import DataParallelGroup
 from lmgym.envs.rewards import reward_component_means
 from lmgym.envs.token_env import TokenVectorEnv
-from lmgym.parallel import DataParallelUpdate, trainable_modules
+from lmgym.parallel import ShardedUpdate, build_update
 from lmgym.persistence.agent import load_agent, save_agent
 from lmgym.policy.causal_lm import CausalLMPolicy
 from lmgym.policy.value import Critic
@@ -87,16 +87,25 @@ class Agent(Generic[ConfigT]):
         check_complete(self.config, self.env.num_envs)
 
         self.critic: Critic | None = self.make_critic() if self.uses_critic else None
-        self.optimizer, self.lr_schedule = optim_and_schedule(self.policy, self.critic, self.config)
         self.group = DataParallelGroup(process_group)
         self.group.check_same_on_every_rank(f"{self.name} config", dataclasses.asdict(self.config))
-        # The update's trainable modules under DDP (gradients summed over ranks); one
-        # process calls the loss directly. Looked up per call: a probe may shadow it.
-        self.parallel = DataParallelUpdate(
-            trainable_modules(self.policy, self.critic),
+        # The update's trainable modules under DDP (gradients summed over ranks) or as
+        # FSDP2-sharded replicas; one process calls the loss directly. Looked up per
+        # call: a probe may shadow it.
+        self.parallel = build_update(
+            self.config.data_parallel,
+            self.policy,
+            self.critic,
             lambda data, counts: self.micro_batch_loss(data, counts),
             self.group,
         )
+        params = (
+            self.parallel.parameters()  # FSDP: the optimizer over the sharded replicas
+            if isinstance(self.parallel, ShardedUpdate)
+            else trainable_parameters(self.policy, self.critic)
+        )
+        self.optimizer, self.lr_schedule = optim_and_schedule(params, self.config)
+        self.parallel.adopt(self.optimizer)
         self.generator, self._shuffle = seeded_generators(
             self.config.seed, self.policy.device, self.group.rank
         )
@@ -268,21 +277,27 @@ class Agent(Generic[ConfigT]):
         if self.config.bucket_by_length:  # micro-batches of similar lengths, no padding computed
             minibatch = minibatch[data.lengths[minibatch].argsort(descending=True, stable=True)]
         chunks = minibatch.split(self.config.micro_batch_size or minibatch.numel())
-        for index, rows in enumerate(chunks):
+        # FSDP: every forward is a collective, so a rank with fewer micro-batches than
+        # another repeats its last one with the loss times zero (nothing added).
+        steps = self.parallel.micro_batch_count(len(chunks))
+        for index in range(steps):
+            rows = chunks[min(index, len(chunks) - 1)]
             micro = data.rows(rows)
             # Data parallel: the last micro-batch's backward sums the gradients over ranks.
-            with self.parallel.micro_batch(last=index == len(chunks) - 1):
+            with self.parallel.micro_batch(last=index == steps - 1):
                 with phase(LOSS):
                     loss = self.parallel(
                         micro.trimmed() if self.config.bucket_by_length else micro, counts
                     )
                 with phase(BACKWARD):
-                    loss.total.backward()
-            parts.append((rows, loss))
+                    (loss.total if index < len(chunks) else 0.0 * loss.total).backward()
+            if index < len(chunks):
+                parts.append((rows, loss))
         with phase(OPTIMIZER):
             terms, norm = sync_check_step(
                 parts, self.optimizer, self.lr_schedule, self.group, self.config, where
             )
+            self.parallel.after_step()  # FSDP: the full updated weights on every rank
         return parts, terms, norm
 
     def evaluate(

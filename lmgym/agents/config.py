@@ -32,6 +32,7 @@ LRSchedulerType = Literal[
     "inverse_sqrt",
 ]
 LR_SCHEDULER_TYPES: tuple[str, ...] = typing.get_args(LRSchedulerType)
+DataParallelMode = Literal["ddp", "fsdp"]
 
 
 @dataclass
@@ -90,6 +91,8 @@ class AgentConfig:
     """Seed of the sampler, minibatch shuffling and the env's prompt stream."""
     skip_nonfinite: bool = False
     """Skip (and count) an optimizer step whose loss or gradient norm is NaN/inf instead of raising."""
+    data_parallel: DataParallelMode = "ddp"
+    """With several processes: ddp (full gradients and optimizer state on every rank, summed by DDP) or fsdp (FSDP2: parameters, gradients and optimizer state sharded during the update, full weights gathered after each step for rollouts; resuming an fsdp run is refused). One process: ignored."""
 
 
 ConfigT = TypeVar("ConfigT", bound=AgentConfig)

@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
+from torch.nn.utils import get_total_norm
 from torch.optim.lr_scheduler import LRScheduler
 from transformers import get_scheduler
 
@@ -29,6 +31,7 @@ from lmgym.agents.config import AgentConfig
 from lmgym.agents.numerics import check_finite, check_parameters, clip_grads, total_grad_norm
 from lmgym.agents.records import MicroBatchLoss
 from lmgym.distributed import DataParallelGroup
+from lmgym.parallel.fsdp import full_value
 
 if TYPE_CHECKING:
     from lmgym.policy.causal_lm import CausalLMPolicy
@@ -59,10 +62,11 @@ def make_optimizer(params: list[nn.Parameter], config: AgentConfig) -> torch.opt
 
 
 def optim_and_schedule(
-    policy: CausalLMPolicy, critic: Critic | None, config: AgentConfig
+    params: Sequence[nn.Parameter], config: AgentConfig
 ) -> tuple[torch.optim.AdamW, LearningRateSchedule]:
-    """The agent's optimizer over ``trainable_parameters`` and its learning-rate schedule."""
-    optimizer = make_optimizer(trainable_parameters(policy, critic), config)
+    """The agent's optimizer over ``params`` (``trainable_parameters``, or FSDP's
+    sharded replicas) and its learning-rate schedule."""
+    optimizer = make_optimizer(params, config)
     return optimizer, LearningRateSchedule(optimizer, config)
 
 
@@ -190,10 +194,13 @@ def sync_check_step(
     for name, value in terms.items():
         check_finite(name, torch.tensor(value), where)
     params = [p for param_group in optimizer.param_groups for p in param_group["params"]]
-    norm = total_grad_norm(params)
-    check_finite("grad_norm", norm, where)
+    norm = total_grad_norm(params)  # FSDP: a DTensor, partial over the ranks' shards
+    check_finite("grad_norm", full_value(norm), where)
     clip_grads(params, config.max_grad_norm, norm)
     optimizer.step()
     lr_schedule.step()
-    check_parameters(params, where, config.learning_rate)
-    return terms, float(norm)
+    if any(isinstance(p, DTensor) for p in params):  # the global norm of the sharded weights
+        check_parameters([full_value(get_total_norm(params))], where, config.learning_rate)
+    else:
+        check_parameters(params, where, config.learning_rate)
+    return terms, float(full_value(norm))

@@ -1,7 +1,39 @@
 """How the learner's trainable modules take part in a data-parallel update
-(docs/distributed.md): ``DataParallelUpdate`` wraps them in
-``DistributedDataParallel`` with a summing communication hook."""
+(docs/distributed.md): ``DataParallelUpdate`` wraps them in ``DistributedDataParallel``
+with a summing communication hook (``data_parallel="ddp"``); ``ShardedUpdate`` runs
+the update through FSDP2-sharded replicas (``data_parallel="fsdp"``)."""
 
-from lmgym.parallel.ddp import DataParallelUpdate, sum_hook, trainable_modules
+from __future__ import annotations
 
-__all__ = ["DataParallelUpdate", "sum_hook", "trainable_modules"]
+from typing import TYPE_CHECKING
+
+from lmgym.distributed import DataParallelGroup
+from lmgym.parallel.ddp import DataParallelUpdate, LossFn, sum_hook, trainable_modules
+from lmgym.parallel.fsdp import ShardedUpdate, full_value
+
+if TYPE_CHECKING:
+    from lmgym.policy.causal_lm import CausalLMPolicy
+    from lmgym.policy.value import Critic
+
+
+def build_update(
+    mode: str,
+    policy: CausalLMPolicy,
+    critic: Critic | None,
+    loss_fn: LossFn,
+    group: DataParallelGroup,
+) -> DataParallelUpdate | ShardedUpdate:
+    """The update's wrapper for ``data_parallel=mode``; one process: none (either mode)."""
+    if mode == "fsdp" and group.active:
+        return ShardedUpdate(policy, critic, loss_fn, group)
+    return DataParallelUpdate(trainable_modules(policy, critic), loss_fn, group)
+
+
+__all__ = [
+    "DataParallelUpdate",
+    "ShardedUpdate",
+    "build_update",
+    "full_value",
+    "sum_hook",
+    "trainable_modules",
+]

@@ -32,6 +32,7 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from lmgym.distributed import DataParallelGroup
+from lmgym.parallel.sharded_state import refuse_sharded_state
 
 if TYPE_CHECKING:
     from lmgym.agents.records import Counts, MicroBatchLoss, PreparedBatch
@@ -151,6 +152,19 @@ class DataParallelUpdate:
                 f"the loss ({shown}); DDP would not sum the gradients over ranks. Freeze them "
                 "(requires_grad_(False)) before building the agent"
             )
+
+    def micro_batch_count(self, count: int) -> int:
+        """Micro-batches this rank runs: its own ``count`` (``no_sync`` ones communicate
+        nothing, so ranks may differ)."""
+        return count
+
+    def after_step(self) -> None:
+        """Nothing: DDP's replicas are the modules themselves, equal on every rank."""
+
+    def adopt(self, optimizer: torch.optim.Optimizer) -> None:
+        """Refuse to load an fsdp checkpoint's optimizer state (one rank's shard) into
+        ``optimizer``, whose state is whole on every rank."""
+        refuse_sharded_state(optimizer)
 
     def __call__(self, data: "PreparedBatch", counts: "Counts") -> "MicroBatchLoss":
         """The micro-batch's loss (through DDP's forward when wrapped)."""

@@ -8,7 +8,12 @@ from torch import nn
 
 from lmgym.agents.config import AgentConfig
 from lmgym.agents.numerics import NonFiniteUpdateError
-from lmgym.agents.optim import LearningRateSchedule, optim_and_schedule, sync_check_step
+from lmgym.agents.optim import (
+    LearningRateSchedule,
+    optim_and_schedule,
+    sync_check_step,
+    trainable_parameters,
+)
 from lmgym.agents.records import MicroBatchLoss
 from lmgym.distributed import DataParallelGroup
 
@@ -53,7 +58,7 @@ def test_a_non_finite_term_stops_the_step_and_names_itself():
 
 def test_optim_and_schedule_builds_adamw_over_the_trainable_parameters(policy):
     config = AgentConfig(learning_rate=3e-4, weight_decay=0.1)
-    optimizer, schedule = optim_and_schedule(policy, None, config)
+    optimizer, schedule = optim_and_schedule(trainable_parameters(policy, None), config)
     assert isinstance(optimizer, torch.optim.AdamW)
     trainable = [p for p in policy.model.parameters() if p.requires_grad]
     grouped = [p for group in optimizer.param_groups for p in group["params"]]

@@ -5,10 +5,12 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from lmgym.agents import ALGORITHMS, GSPO
 from lmgym.agents.aggregation import AGGREGATION_MODES
 from lmgym.envs.tasks.target_string import make_target_string_vector
+from lmgym.parallel import trainable_modules
 from lmgym.policy import CausalLMPolicy, make_char_tokenizer, make_tiny_model
 from lmgym.rollout import collect
 from lmgym.types import RolloutBatch
@@ -28,6 +30,21 @@ VARIANTS: dict[str, tuple[str, dict, dict]] = {
     # One update in value pretraining (the policy frozen), then the measured one with
     # everything trainable: the DDP wrapper is rebuilt over the new parameter set.
     "vapo-after-warmup": ("vapo", {"value_warmup_iterations": 1}, {}),
+    # FSDP2: the update through sharded replicas, gradients reduce-scattered and summed.
+    "grpo-fsdp": ("grpo", {"data_parallel": "fsdp"}, {}),
+    "grpo-fsdp-micro-batches": ("grpo", {"data_parallel": "fsdp", "micro_batch_size": 3}, {}),
+    "ppo-fsdp": ("ppo", {"data_parallel": "fsdp"}, {}),
+    "ppo-separate-critic-fsdp": ("ppo", {"data_parallel": "fsdp", "value_model": "separate"}, {}),
+    "vapo-after-warmup-fsdp": ("vapo", {"data_parallel": "fsdp", "value_warmup_iterations": 1}, {}),
+    "grpo-lora-fsdp": ("grpo", {"data_parallel": "fsdp"}, {"lora": True}),
+    "grpo-gradient-checkpointing-fsdp": (
+        "grpo",
+        {"data_parallel": "fsdp"},
+        {"gradient_checkpointing": True},
+    ),
+    # Two real optimizer steps: the sharded AdamW state and the full weights gathered back.
+    "grpo-fsdp-step": ("grpo", {"data_parallel": "fsdp"}, {}),
+    "ppo-fsdp-step": ("ppo", {"data_parallel": "fsdp"}, {}),
 }
 
 CASES: list[tuple[str, str]] = [
@@ -77,12 +94,26 @@ def full_batch(agent) -> RolloutBatch:
     return dataclasses.replace(batch, rewards=rewards, valid=valid)
 
 
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
 def gradient_of(agent, batch: RolloutBatch, case: tuple[str, str]) -> dict:
+    """One update's gradient (``"grad"``: gathered when sharded) and metrics; for a
+    ``-step`` case, two real optimizer steps and then every trainable module's weights
+    as the agent holds them outside the update (``"grad"`` then holds those)."""
+    if case[0].endswith("-step"):
+        metrics = agent.train_on_batch(batch)
+        agent.train_on_batch(batch)
+        modules = trainable_modules(agent.policy, agent.critic).values()
+        weights = [p for m in modules for p in m.parameters()]
+        assert not any(isinstance(p, DTensor) for p in weights)  # ordinary full tensors
+        return {"grad": torch.cat([p.detach().flatten() for p in weights]), "metrics": metrics}
     agent.optimizer.step = lambda *a, **k: None
-    if case[0] == "vapo-after-warmup":  # a value-pretraining update, then the measured one
+    if case[0].startswith("vapo-after-warmup"):  # a value-pretraining update, then the measured one
         agent.train_on_batch(batch)
         agent.iteration = agent.config.value_warmup_iterations
     metrics = agent.train_on_batch(batch)
     params = [p for g in agent.optimizer.param_groups for p in g["params"]]
-    grad = torch.cat([p.grad.flatten() for p in params if p.grad is not None])
+    grad = torch.cat([_full(p.grad).flatten() for p in params if p.grad is not None])
     return {"grad": grad, "metrics": metrics}

@@ -36,7 +36,23 @@ def main(out: Path) -> None:
         mine = groups[:2] if rank == 0 else groups[2:]  # 2 groups on rank 0, 1 on rank 1
         local = batch.select(torch.isin(batch.group_ids, mine))
         results[key] = gradient_of(agent, local, key)
-        results[key]["wrapped"] = type(agent.parallel.ddp).__name__
+        wrapper = agent.parallel.ddp if agent.parallel.ddp is not None else agent.parallel
+        results[key]["wrapped"] = type(wrapper).__name__
+    # FSDP: the optimizer state a checkpoint gets is this rank's shard, plain tensors,
+    # marked; loading any state into a sharded optimizer is refused.
+    agent = make_agent(("grpo-fsdp-step", "token-mean"))
+    agent.train_on_batch(full_batch(agent))
+    state = agent.optimizer.state_dict()
+    moments = [v for per_param in state["state"].values() for v in per_param.values()]
+    results["fsdp-optimizer-state"] = {
+        "marker": state["fsdp_shard"],
+        "plain": all(type(v) is torch.Tensor for v in moments),
+        "sizes": sum(v.numel() for v in moments if v.ndim > 0),
+    }
+    try:
+        agent.optimizer.load_state_dict(state)
+    except ValueError as error:
+        results["fsdp-optimizer-state"]["load"] = str(error)
     # A trainable parameter the loss never reaches: refused, not left unreduced.
     agent = make_agent(("grpo", "token-mean"))
     agent.policy.model.register_parameter("unused", torch.nn.Parameter(torch.zeros(3)))

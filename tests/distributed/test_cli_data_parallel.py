@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from lmgym.parallel.sharded_state import RESUME_REFUSED
 from lmgym.persistence.state import load_state
+from lmgym.policy import CausalLMPolicy
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -140,3 +142,42 @@ def test_num_minibatches_not_dividing_a_rank_s_batch_fails_on_every_rank(tmp_pat
     assert [(tmp_path / f"rc{r}").read_text() for r in range(2)] == ["2", "2"]
     assert each.stderr.count(message) == 2
     assert not (tmp_path / "run").exists()
+
+
+def test_fsdp_run_matches_the_ddp_run_and_its_resume_is_refused(two_process_run, tmp_path):
+    """``--data-parallel fsdp``: the same run as DDP (metrics row for row, the checkpoint's
+    full weights), up to float rounding; resuming it is refused on both ranks, exit 2."""
+    ddp_run, _ = two_process_run
+    run = tmp_path / "run"
+    done = lmgym(
+        "--nproc-per-node", "2", "--data-parallel", "fsdp", "--iterations", "4",
+        "--save-every", "2", "--keep-checkpoints", "0", "--run-dir", str(run), *FAST,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    fsdp_rows, ddp_rows = rows(run), rows(ddp_run)
+    assert len(fsdp_rows) == len(ddp_rows) == 4
+    for got, want in zip(fsdp_rows, ddp_rows, strict=True):
+        for key, value in without_time(want).items():
+            assert float(got[key]) == pytest.approx(float(value), rel=1e-4, abs=1e-6), key
+    policy = Path("checkpoints", "iter_000004", "agent", "policy")
+    got_weights = CausalLMPolicy.from_pretrained(run / policy).model.state_dict()
+    want_weights = CausalLMPolicy.from_pretrained(ddp_run / policy).model.state_dict()
+    assert got_weights.keys() == want_weights.keys()
+    # AdamW moves an entry by ~learning_rate (1e-3) per step whatever its gradient's
+    # size, so rounding in a near-zero gradient shows up to ~1e-5 here; a weight not
+    # gathered back after a step would be off by ~1e-3.
+    for name, weight in want_weights.items():
+        torch.testing.assert_close(got_weights[name], weight, rtol=0, atol=1e-4, msg=name)
+
+    # Through cli_rank_argv: each rank returns its exit status (torchrun would stop the
+    # other rank once one exits with an error, maybe before it printed).
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += ["--nproc-per-node", "2", str(HERE / "cli_rank_argv.py"), str(tmp_path), "", ""]
+    command += ["--", "--resume", str(run), "--iterations", "5", *FAST]
+    resumed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]  # every rank returned: no hang
+    assert [(tmp_path / f"rc{r}").read_text() for r in range(2)] == ["2", "2"]
+    assert resumed.stderr.count(f"lmgym train: error: {RESUME_REFUSED}") == 2
+    assert len(rows(run)) == 4  # nothing written
