@@ -23,8 +23,9 @@ Memory per rank for ``P`` trainable parameter elements: ``P`` full weights plus
 ``P/N`` each of sharded weights, gradients and two AdamW moments, against DDP's
 ``4P``; generation still needs the full model on every device.
 
-Checkpoints: the weights saved by rank 0 are complete; the optimizer state is not
-(rank 0 holds its shard only), so resuming an fsdp run is refused with a clear error.
+Checkpoints: the weights saved by rank 0 are complete; the optimizer state is
+sharded, so every rank's shard goes into the checkpoint's per-rank state
+(``rank_state``) and each rank loads its own on resume (same world size only).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from torch.distributed.tensor import DTensor
 
 from lmgym.distributed import DataParallelGroup
 from lmgym.parallel.ddp import trainable_modules
-from lmgym.parallel.sharded_state import MARKER, refuse_sharded_state
+from lmgym.parallel.sharded_state import MARKER, wrong_shard
 
 if TYPE_CHECKING:
     from lmgym.agents.records import Counts, MicroBatchLoss, PreparedBatch
@@ -182,26 +183,64 @@ class ShardedUpdate:
                 original.copy_(full)
 
     def adopt(self, optimizer: torch.optim.Optimizer) -> None:
-        """Make ``optimizer`` (over ``parameters()``) checkpoint-safe: its ``state_dict``
-        (rank 0 alone writes checkpoints) holds this rank's shards as plain tensors,
-        marked; loading any state into it is refused (``lmgym.parallel.sharded_state``)."""
-        size = self.group.size
-        state_dict = optimizer.state_dict
+        """Make ``optimizer`` (over ``parameters()``) checkpoint-safe.
+
+        Its ``state_dict`` holds this rank's shards as plain CPU tensors (a checkpoint
+        gathers every rank's, ``rank_state``), marked ``{"rank", "world_size"}``; its
+        ``load_state_dict`` takes only a state marked with this rank and world size and
+        turns each shard back into a ``DTensor`` laid out as its parameter.
+        """
+        rank, size = self.group.rank, self.group.size
+        state_dict, load = optimizer.state_dict, optimizer.load_state_dict
+        # Optimizer.state_dict numbers the parameters in param_groups' order.
+        params = [p for group in optimizer.param_groups for p in group["params"]]
 
         def local_state_dict() -> dict[str, Any]:
             state = state_dict()  # its per-parameter dicts are the optimizer's own: copy
             state["state"] = {
                 index: {
-                    key: value.to_local().clone() if isinstance(value, DTensor) else value
+                    key: value.to_local().detach().to("cpu", copy=True)
+                    if isinstance(value, DTensor)
+                    else value
                     for key, value in per_param.items()
                 }
                 for index, per_param in state["state"].items()
             }
-            state[MARKER] = {"rank": self.group.rank, "world_size": size}
+            state[MARKER] = {"rank": rank, "world_size": size}
             return state
 
+        def load_shard(state: dict[str, Any]) -> None:
+            marker = state.get(MARKER)
+            if marker != {"rank": rank, "world_size": size}:
+                raise ValueError(wrong_shard(marker, rank, size))
+            state = {key: value for key, value in state.items() if key != MARKER}
+            state["state"] = {
+                index: {key: _as_shard(value, params[index]) for key, value in per_param.items()}
+                for index, per_param in state["state"].items()
+            }
+            load(state)
+
         optimizer.state_dict = local_state_dict  # type: ignore[method-assign]
-        refuse_sharded_state(optimizer, refuse_all=True)
+        optimizer.load_state_dict = load_shard  # type: ignore[method-assign]
+
+
+def _as_shard(value: Any, param: Tensor) -> Any:
+    """A saved per-parameter ``value`` as the optimizer holds it: a tensor shaped as
+    ``param``'s local shard (an AdamW moment) becomes a ``DTensor`` laid out as ``param``;
+    anything else (the step count) is kept."""
+    if not isinstance(param, DTensor) or not isinstance(value, Tensor):
+        return value
+    local = param.to_local()
+    if value.shape != local.shape:
+        return value
+    return DTensor.from_local(
+        value.to(local.device),
+        param.device_mesh,
+        param.placements,
+        run_check=False,
+        shape=param.shape,
+        stride=param.stride(),
+    )
 
 
 def full_value(value: Tensor) -> Tensor:

@@ -1,8 +1,10 @@
-"""The optimizer state of a ``data_parallel="fsdp"`` checkpoint: one rank's shard, never loaded.
+"""The optimizer state of a ``data_parallel="fsdp"`` run: one shard per rank.
 
-Rank 0 alone writes checkpoints; under FSDP the optimizer state it holds is its own
-shard. ``ShardedUpdate`` stores it marked ``"fsdp_shard"``; every optimizer refuses a
-marked state (a shard loaded as the whole state would train with the wrong moments).
+Under FSDP each rank's optimizer holds its own shard of the state. ``ShardedUpdate``
+gives it out marked ``"fsdp_shard": {"rank", "world_size"}``; a checkpoint stores
+every rank's shard (``lmgym.persistence.agent.rank_state``), and on resume each rank
+loads its own (``load_shard``). A whole optimizer (DDP, one process) refuses a marked
+state: a shard loaded as the whole state would train with the wrong moments.
 """
 
 from __future__ import annotations
@@ -13,23 +15,41 @@ import torch
 
 MARKER = "fsdp_shard"
 
-RESUME_REFUSED = (
-    "resume: this checkpoint comes from a data_parallel='fsdp' run, whose optimizer state "
-    "is sharded over the ranks and was saved from rank 0's shard only; resuming it is not "
-    "supported yet. Its weights are complete: start a new run from them "
-    "(CausalLMPolicy.from_pretrained on the checkpoint's policy directory), or train with "
-    "data_parallel='ddp' to get resumable checkpoints"
-)
+
+def shard_refused(marker: dict[str, int]) -> str:
+    """The error for a whole optimizer given rank ``marker["rank"]``'s shard."""
+    size = marker["world_size"]
+    return (
+        f"resume: this optimizer state is rank {marker['rank']}'s shard of a "
+        f"data_parallel='fsdp' run of {size} processes, not a whole optimizer state; "
+        f"resume the run with the same number of processes (lmgym train --nproc-per-node "
+        f"{size} --resume ...), where each rank loads its own shard. Its weights are "
+        "complete: to start a new run from them, use CausalLMPolicy.from_pretrained on the "
+        "checkpoint's policy directory"
+    )
 
 
-def refuse_sharded_state(optimizer: torch.optim.Optimizer, refuse_all: bool = False) -> None:
-    """Make ``optimizer.load_state_dict`` raise ``ValueError(RESUME_REFUSED)`` on a state
-    marked as an FSDP shard (``refuse_all``: on any state, for a sharded optimizer)."""
+def wrong_shard(marker: dict[str, int] | None, rank: int, size: int) -> str:
+    """The error for a sharded optimizer (rank ``rank`` of ``size``) given another state."""
+    if marker is None:
+        got = "a whole optimizer state (a data_parallel='ddp' or one-process run)"
+    else:
+        got = f"rank {marker['rank']}'s shard of a run of {marker['world_size']} processes"
+    return (
+        f"resume: this data_parallel='fsdp' optimizer is rank {rank} of {size} and loads "
+        f"only its own shard, but was given {got}; resume with the data_parallel mode and "
+        "number of processes that wrote the checkpoint"
+    )
+
+
+def refuse_sharded_state(optimizer: torch.optim.Optimizer) -> None:
+    """Make ``optimizer.load_state_dict`` (a whole optimizer's) raise ``ValueError``
+    (``shard_refused``) on a state marked as an FSDP shard."""
     load = optimizer.load_state_dict
 
     def checked_load(state: dict[str, Any]) -> None:
-        if refuse_all or MARKER in state:
-            raise ValueError(RESUME_REFUSED)
+        if MARKER in state:
+            raise ValueError(shard_refused(state[MARKER]))
         load(state)
 
     optimizer.load_state_dict = checked_load  # type: ignore[method-assign]

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
+from lmgym.parallel.sharded_state import MARKER
 from lmgym.persistence.atomic import atomic_directory
 from lmgym.persistence.manifest import (
     MANIFEST_FILE,
@@ -74,20 +75,25 @@ def agent_state(agent: Agent) -> dict[str, Any]:
 
 def rank_state(agent: Agent) -> dict[str, Any]:
     """What differs between data-parallel ranks: the sampler and shuffle RNG, the env's
-    prompt stream (its shard), the process's global RNG and the token counter.
+    prompt stream (its shard), the process's global RNG, the token counter and, under
+    ``data_parallel="fsdp"``, the optimizer state (this rank's shard, marked ``MARKER``).
 
     A checkpoint of an N-process run holds one per rank (``trainer_state["ranks"]``);
     ``load_agent(rank_state=...)`` restores a rank's own. Plain data and CPU tensors.
     """
     from lmgym.persistence.state import global_rng_state
 
-    return {
+    state = {
         "generator": agent.generator.get_state().cpu(),
         "shuffle": agent._shuffle.get_state(),
         "env": agent.env.get_state() if agent._env_seeded else None,
         "rng": global_rng_state(),
         "tokens_generated": agent.tokens_generated,
     }
+    optimizer = agent.optimizer.state_dict()
+    if MARKER in optimizer:  # a whole optimizer is the same on every rank: saved once
+        state["optimizer"] = optimizer
+    return state
 
 
 def write_agent(agent: Agent, directory: Path) -> None:
@@ -168,8 +174,9 @@ def load_agent(
         ref_policy: the frozen reference, when the agent's ``beta > 0``.
         device: where to load the policy.
         verified: ``check_agent_dir(path)`` was just called (skip hashing again).
-        rank_state: a data-parallel rank's own sampler, shuffle, prompt-stream and
-            counter state (``rank_state``), used instead of the saved agent's (rank 0's).
+        rank_state: a data-parallel rank's own sampler, shuffle, prompt-stream,
+            counter and (fsdp) optimizer-shard state (``rank_state``), used instead of
+            the saved agent's (rank 0's).
 
     Raises:
         FileNotFoundError: ``path`` is not a saved agent.
@@ -191,9 +198,8 @@ def load_agent(
         saved["adam_betas"] = tuple(saved["adam_betas"])
     state = load_state(path / STATE_FILE, map_location=device)
     if rank_state is not None:
-        state.update(
-            {k: rank_state[k] for k in ("generator", "shuffle", "env", "tokens_generated")}
-        )
+        own = ("generator", "shuffle", "env", "tokens_generated", "optimizer")
+        state.update({k: rank_state[k] for k in own if k in rank_state})
     policy = CausalLMPolicy.from_pretrained(path / POLICY_DIR, device=device, **state["sampling"])
     if ref_policy is None and policy.is_peft and saved.get("beta", 0) > 0:
         ref_policy = frozen_copy(policy)  # the base under the adapter: exact, no copy

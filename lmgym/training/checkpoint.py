@@ -8,7 +8,8 @@ One checkpoint is a directory ``checkpoints/iter_000050/``::
                          agent_config.json, manifest.json
     trainer_state.pt     torch/numpy/python global RNG, callback state (early-stop window, ...);
                          of an N-process run also ``world_size`` and ``ranks``: every
-                         rank's sampler/shuffle/global RNG and prompt stream (rank_state)
+                         rank's sampler/shuffle/global RNG and prompt stream (rank_state),
+                         and with data_parallel="fsdp" its optimizer shard
     manifest.json        size + SHA-256 of trainer_state.pt and agent/manifest.json
 
 It is written with ``atomic_directory`` (under ``.iter_000050.tmp-<pid>``, renamed

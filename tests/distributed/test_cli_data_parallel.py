@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from lmgym.parallel.sharded_state import RESUME_REFUSED
 from lmgym.persistence.state import load_state
 from lmgym.policy import CausalLMPolicy
 
@@ -144,23 +143,28 @@ def test_num_minibatches_not_dividing_a_rank_s_batch_fails_on_every_rank(tmp_pat
     assert not (tmp_path / "run").exists()
 
 
-def test_fsdp_run_matches_the_ddp_run_and_its_resume_is_refused(two_process_run, tmp_path):
-    """``--data-parallel fsdp``: the same run as DDP (metrics row for row, the checkpoint's
-    full weights), up to float rounding; resuming it is refused on both ranks, exit 2."""
-    ddp_run, _ = two_process_run
-    run = tmp_path / "run"
+@pytest.fixture(scope="module")
+def fsdp_run(tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("fsdp") / "run"
     done = lmgym(
         "--nproc-per-node", "2", "--data-parallel", "fsdp", "--iterations", "4",
         "--save-every", "2", "--keep-checkpoints", "0", "--run-dir", str(run), *FAST,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    fsdp_rows, ddp_rows = rows(run), rows(ddp_run)
+    return run
+
+
+def test_fsdp_run_matches_the_ddp_run(two_process_run, fsdp_run):
+    """``--data-parallel fsdp``: the same run as DDP (metrics row for row, the checkpoint's
+    full weights), up to float rounding."""
+    ddp_run, _ = two_process_run
+    fsdp_rows, ddp_rows = rows(fsdp_run), rows(ddp_run)
     assert len(fsdp_rows) == len(ddp_rows) == 4
     for got, want in zip(fsdp_rows, ddp_rows, strict=True):
         for key, value in without_time(want).items():
             assert float(got[key]) == pytest.approx(float(value), rel=1e-4, abs=1e-6), key
     policy = Path("checkpoints", "iter_000004", "agent", "policy")
-    got_weights = CausalLMPolicy.from_pretrained(run / policy).model.state_dict()
+    got_weights = CausalLMPolicy.from_pretrained(fsdp_run / policy).model.state_dict()
     want_weights = CausalLMPolicy.from_pretrained(ddp_run / policy).model.state_dict()
     assert got_weights.keys() == want_weights.keys()
     # AdamW moves an entry by ~learning_rate (1e-3) per step whatever its gradient's
@@ -169,15 +173,41 @@ def test_fsdp_run_matches_the_ddp_run_and_its_resume_is_refused(two_process_run,
     for name, weight in want_weights.items():
         torch.testing.assert_close(got_weights[name], weight, rtol=0, atol=1e-4, msg=name)
 
-    # Through cli_rank_argv: each rank returns its exit status (torchrun would stop the
-    # other rank once one exits with an error, maybe before it printed).
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    command += ["--nproc-per-node", "2", str(HERE / "cli_rank_argv.py"), str(tmp_path), "", ""]
-    command += ["--", "--resume", str(run), "--iterations", "5", *FAST]
-    resumed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]  # every rank returned: no hang
-    assert [(tmp_path / f"rc{r}").read_text() for r in range(2)] == ["2", "2"]
-    assert resumed.stderr.count(f"lmgym train: error: {RESUME_REFUSED}") == 2
-    assert len(rows(run)) == 4  # nothing written
+
+def test_fsdp_checkpoints_hold_every_rank_s_optimizer_shard(fsdp_run):
+    """Each rank's AdamW moments (its shard, marked) sit in the checkpoint's per-rank state;
+    together they cover every trainable parameter's moments once."""
+    state = load_state(fsdp_run / "checkpoints" / "iter_000002" / "trainer_state.pt")
+    policy = CausalLMPolicy.from_pretrained(
+        fsdp_run / "checkpoints" / "iter_000002" / "agent" / "policy"
+    )
+    total = sum(p.numel() for p in policy.model.parameters())  # tied weights once
+    sizes = []
+    for rank, own in enumerate(state["ranks"]):
+        optimizer = own["optimizer"]
+        assert optimizer["fsdp_shard"] == {"rank": rank, "world_size": 2}
+        moments = [v for p in optimizer["state"].values() for k, v in p.items() if k != "step"]
+        assert all(type(v) is torch.Tensor and v.device.type == "cpu" for v in moments)
+        sizes.append(sum(v.numel() for v in moments))
+    assert sum(sizes) == 2 * total  # exp_avg and exp_avg_sq of every parameter
+    assert 0 < sizes[1] < sum(sizes)
+
+
+def test_fsdp_resume_reproduces_the_uninterrupted_run(fsdp_run, tmp_path):
+    """Stopped after iteration 2 and resumed with 2 processes: iterations 3 and 4 equal
+    the uninterrupted fsdp run's, every metric (each rank reloads its optimizer shard)."""
+    copy = tmp_path / "run"
+    shutil.copytree(fsdp_run, copy)
+    done = lmgym(
+        "--nproc-per-node", "2", "--resume", str(copy / "checkpoints" / "iter_000002"),
+        "--iterations", "4", *FAST,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    resumed, straight = rows(copy), rows(fsdp_run)
+    assert [float(r["iteration"]) for r in resumed] == [1, 2, 3, 4]
+    assert [without_time(r) for r in resumed[2:]] == [without_time(r) for r in straight[2:]]
+    policy = Path("checkpoints", "iter_000004", "agent", "policy")
+    got = CausalLMPolicy.from_pretrained(copy / policy).model.state_dict()
+    want = CausalLMPolicy.from_pretrained(fsdp_run / policy).model.state_dict()
+    for name, weight in want.items():
+        torch.testing.assert_close(got[name], weight, rtol=0, atol=0, msg=name)
