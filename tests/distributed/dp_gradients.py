@@ -39,20 +39,34 @@ def main(out: Path) -> None:
         wrapper = agent.parallel.ddp if agent.parallel.ddp is not None else agent.parallel
         results[key]["wrapped"] = type(wrapper).__name__
     # FSDP: the optimizer state a checkpoint gets is this rank's shard, plain tensors,
-    # marked; loading any state into a sharded optimizer is refused.
+    # marked; a fresh sharded optimizer loads it back, and refuses another rank's or a
+    # whole state.
     agent = make_agent(("grpo-fsdp-step", "token-mean"))
     agent.train_on_batch(full_batch(agent))
     state = agent.optimizer.state_dict()
     moments = [v for per_param in state["state"].values() for v in per_param.values()]
-    results["fsdp-optimizer-state"] = {
+    got = results["fsdp-optimizer-state"] = {
         "marker": state["fsdp_shard"],
         "plain": all(type(v) is torch.Tensor for v in moments),
         "sizes": sum(v.numel() for v in moments if v.ndim > 0),
     }
-    try:
-        agent.optimizer.load_state_dict(state)
-    except ValueError as error:
-        results["fsdp-optimizer-state"]["load"] = str(error)
+    fresh = make_agent(("grpo-fsdp-step", "token-mean"))
+    fresh.optimizer.load_state_dict(state)
+    inner = fresh.optimizer.state[fresh.optimizer.param_groups[0]["params"][0]]["exp_avg"]
+    got["loaded_as"] = type(inner).__name__
+    reloaded = fresh.optimizer.state_dict()
+    got["round_trip"] = reloaded.keys() == state.keys() and all(
+        torch.equal(value, reloaded["state"][index][key])
+        for index, per_param in state["state"].items()
+        for key, value in per_param.items()
+    )
+    other = {**state, "fsdp_shard": {"rank": 1 - rank, "world_size": 2}}
+    whole = {key: value for key, value in state.items() if key != "fsdp_shard"}
+    for name, bad in (("other_rank", other), ("whole", whole)):
+        try:
+            fresh.optimizer.load_state_dict(bad)
+        except ValueError as error:
+            got[name] = str(error)
     # A trainable parameter the loss never reaches: refused, not left unreduced.
     agent = make_agent(("grpo", "token-mean"))
     agent.policy.model.register_parameter("unused", torch.nn.Parameter(torch.zeros(3)))

@@ -15,8 +15,6 @@ sys.path.insert(0, str(HERE))
 
 from dp_cases import CASES, full_batch, gradient_of, make_agent  # noqa: E402
 
-from lmgym.parallel.sharded_state import RESUME_REFUSED  # noqa: E402
-
 
 def torchrun(script: Path, *args: str, nproc: int = 2, timeout: float = 300) -> None:
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -63,9 +61,12 @@ def test_a_trainable_parameter_the_loss_never_reaches_is_refused_on_every_rank(t
         )
 
 
-def test_fsdp_optimizer_state_is_this_rank_s_shard_and_resuming_it_is_refused(two_rank_results):
-    """Rank 0 alone writes checkpoints: the optimizer state it gets holds plain tensors
-    (its shard of AdamW's two moments), marked; loading a state is refused."""
+def test_fsdp_optimizer_state_is_this_rank_s_shard_and_loads_back_on_that_rank_only(
+    two_rank_results,
+):
+    """A checkpoint gets each rank's optimizer state as plain tensors (its shard of AdamW's
+    two moments), marked; a fresh sharded optimizer on that rank loads it back exactly (as
+    DTensors) and refuses the other rank's shard or a whole state, naming what it got."""
     agent = make_agent(("grpo", "token-mean"))
     total = sum(p.numel() for p in agent.optimizer.param_groups[0]["params"])
     sizes = []
@@ -74,7 +75,19 @@ def test_fsdp_optimizer_state_is_this_rank_s_shard_and_resuming_it_is_refused(tw
         assert got["marker"] == {"rank": r, "world_size": 2}
         assert got["plain"]
         sizes.append(got["sizes"])
-        assert got["load"] == RESUME_REFUSED
+        assert got["loaded_as"] == "DTensor"
+        assert got["round_trip"]
+        assert got["other_rank"] == (
+            f"resume: this data_parallel='fsdp' optimizer is rank {r} of 2 and loads only its "
+            f"own shard, but was given rank {1 - r}'s shard of a run of 2 processes; resume "
+            "with the data_parallel mode and number of processes that wrote the checkpoint"
+        )
+        assert got["whole"] == (
+            f"resume: this data_parallel='fsdp' optimizer is rank {r} of 2 and loads only its "
+            "own shard, but was given a whole optimizer state (a data_parallel='ddp' or "
+            "one-process run); resume with the data_parallel mode and number of processes "
+            "that wrote the checkpoint"
+        )
     assert sum(sizes) == 2 * total  # the two shards hold both moments of every parameter once
     assert max(sizes) < 2 * total
 
@@ -90,10 +103,17 @@ def test_fsdp_on_one_process_is_the_plain_single_process_update():
 
 
 def test_an_fsdp_shard_of_optimizer_state_is_refused_by_a_whole_optimizer():
-    """Rank 0's shard loaded as a whole state would train with wrong moments: refused."""
+    """Rank 0's shard loaded as a whole state would train with wrong moments: refused,
+    naming the world size to resume with."""
     agent = make_agent(("grpo", "token-mean"))
     state = agent.optimizer.state_dict()
     agent.optimizer.load_state_dict(state)  # a whole state loads
     with pytest.raises(ValueError) as error:
         agent.optimizer.load_state_dict({**state, "fsdp_shard": {"rank": 0, "world_size": 2}})
-    assert str(error.value) == RESUME_REFUSED
+    assert str(error.value) == (
+        "resume: this optimizer state is rank 0's shard of a data_parallel='fsdp' run of 2 "
+        "processes, not a whole optimizer state; resume the run with the same number of "
+        "processes (lmgym train --nproc-per-node 2 --resume ...), where each rank loads its "
+        "own shard. Its weights are complete: to start a new run from them, use "
+        "CausalLMPolicy.from_pretrained on the checkpoint's policy directory"
+    )
