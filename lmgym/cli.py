@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -308,6 +309,11 @@ def train(argv: Sequence[str]) -> int:
         return _train(argv)
     finally:
         if dist.is_available() and dist.is_initialized():
+            # The agent and its DDP reducer sit in a reference cycle (the update wrapper
+            # calls back into the agent): free them while the process group still
+            # exists, not during interpreter shutdown, where a gloo thread torn down
+            # late aborted a finished rank once in a while.
+            gc.collect()
             dist.destroy_process_group()
 
 

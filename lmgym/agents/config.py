@@ -92,7 +92,7 @@ class AgentConfig:
     skip_nonfinite: bool = False
     """Skip (and count) an optimizer step whose loss or gradient norm is NaN/inf instead of raising."""
     data_parallel: DataParallelMode = "ddp"
-    """With several processes: ddp (full gradients and optimizer state on every rank, summed by DDP) or fsdp (FSDP2: parameters, gradients and optimizer state sharded during the update, full weights gathered after each step for rollouts; resuming an fsdp run is refused). One process: ignored."""
+    """With several processes: ddp (full gradients and optimizer state on every rank, summed by DDP) or fsdp (FSDP2: parameters, gradients and optimizer state sharded during the update, full weights gathered after each step for rollouts; resumable with the same process count). One process: ignored."""
 
 
 ConfigT = TypeVar("ConfigT", bound=AgentConfig)
