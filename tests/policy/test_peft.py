@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -293,3 +294,15 @@ def test_the_adapter_disabled_reference_masks_the_policys_special_tokens(tokeniz
         lp = policy.logprobs(text, attn, 2, with_entropy=False)[0]
     assert torch.isfinite(lp_ref).all()
     torch.testing.assert_close(lp_ref, lp)  # LoRA's B = 0: the base is the policy
+
+
+def test_a_lora_run_raises_no_checkpointing_deprecation_warning(make_env, tokenizer, tmp_path):
+    """peft reads transformers' deprecated ``is_gradient_checkpointing`` when it wraps a
+    model; building, training, saving and loading a LoRA policy must not show it."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        env = make_env(num_prompts=2, group_size=2)
+        agent = GRPO(lora_policy(tokenizer), env, learning_rate=1e-2, seed=0)
+        agent.learn(1)
+        GRPO.load(agent.save(tmp_path / "ckpt"), make_env(num_prompts=2, group_size=2))
+    assert not [w for w in caught if "is_gradient_checkpointing" in str(w.message)]
