@@ -91,52 +91,6 @@ def _greedy(logits: Tensor, refused: Tensor | None) -> tuple[Tensor, Tensor]:
     return actions, best - logits.logsumexp(dim=-1)
 
 
-def draw(weights: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
-    """One id per row with probability proportional to ``weights``, and each row's total.
-
-    On CPU this inverts the running sum at one uniform per row: the first id whose
-    running sum reaches ``u * total``, ``u`` in ``(0, 1]``. An id of weight 0 is never
-    drawn: CPU ``cumsum`` adds in order (accumulating in float64, each sum rounded to
-    float32), so its running sum equals its predecessor's exactly. An id's chance is
-    its weight's share up to one float32 rounding of the running sums and of ``u``
-    (about ``2**-24`` of the row's total). It draws ``N`` uniforms where
-    ``torch.multinomial`` draws ``N * V`` exponentials (an exponential race), about
-    8x faster at ``V = 49`` and 12x at ``V = 50257`` on one thread. Other devices
-    keep ``torch.multinomial``: a parallel ``cumsum`` may round a weight-0 id's
-    running sum above its predecessor's.
-
-    Args:
-        weights: ``[N, V] float32``, >= 0, with each row's largest weight 1 (so no
-            row's total underflows).
-        generator: RNG of the draw.
-
-    Returns:
-        ``(ids [N, 1] int64, totals [N] float32)``, ``totals`` the rows' sums.
-
-    Raises:
-        RuntimeError: a row's total is NaN or infinite (non-finite logits: diverged
-            weights), with torch.multinomial's wording ("probability tensor contains
-            either inf, nan or element < 0").
-    """
-    if weights.device.type != "cpu":
-        return torch.multinomial(weights, 1, generator=generator), weights.sum(dim=-1)
-    running = weights.cumsum(dim=-1)
-    totals = running[:, -1:]
-    # One read back per step, as multinomial's own check; a NaN or inf anywhere makes
-    # the sum non-finite (a finite row's total is at most V).
-    if not math.isfinite(float(totals.sum())):
-        rows = (~totals.isfinite()).nonzero()[:, 0].tolist()
-        raise RuntimeError(
-            "probability tensor contains either inf, nan or element < 0: the next-token "
-            f"logits of rows {rows[:8]} are not finite (NaN/inf weights?)"
-        )
-    # torch.rand is in [0, 1), so 1 - u is in (0, 1]: the target is > 0 (a weight-0 id
-    # before the first positive one is never drawn) and <= the total (some id reaches it).
-    uniform = torch.rand(totals.shape, generator=generator, device=weights.device)
-    target = torch.rsub(uniform, 1.0).mul_(totals)
-    return torch.searchsorted(running, target), totals.squeeze(1)
-
-
 def _sample(
     logits: Tensor,
     temperature: float,
@@ -152,22 +106,19 @@ def _sample(
         actions, logprobs = _greedy(logits, refused)
         mass = special_mass(logits, refused, 0.0) if with_mass and refused is not None else None
         return actions, logprobs, mass
+    # filter_logits' first two steps, kept for the mass: masking before or after the
+    # division gives the same values (-inf / T is -inf).
     scaled = logits / temperature if temperature != 1.0 else logits
     kept = scaled if refused is None else scaled.masked_fill(refused.to(scaled.device), _NEG_INF)
-    filtered = filter_logits(kept, 1.0, top_k, top_p)
-    # top-k/top-p always keep a row's largest kept logit: one max serves both.
-    top = kept.amax(dim=-1, keepdim=True)
-    shifted = filtered - top
-    actions, totals = draw(shifted.exp(), generator)
-    log_kept = totals.log()
-    # The drawn id's log-softmax, from its logit (no exp/log round trip).
-    logprobs = shifted.gather(1, actions).squeeze(1) - log_kept
+    probs = filter_logits(kept, 1.0, top_k, top_p).softmax(dim=-1)
+    actions = torch.multinomial(probs, 1, generator=generator)
+    # log of the drawn id's probability only: one [N] log instead of a [N, V] log_softmax.
+    # A drawn id has probability well above float32's underflow, so this matches
+    # log_softmax to rounding.
+    logprobs = probs.gather(1, actions).squeeze(1).log()
     mass = None
-    if with_mass and refused is not None:
-        if filtered is not kept:  # top-k/top-p removed ids: the kept ids' total before
-            log_kept = (kept - top).exp().sum(dim=-1).log()
-        # 1 - Z_kept / Z_all in log space, as special_mass.
-        mass = -torch.expm1(top.squeeze(1) + log_kept - scaled.logsumexp(dim=-1))
+    if with_mass and refused is not None:  # special_mass's formula on the same tensors
+        mass = -torch.expm1(kept.logsumexp(dim=-1) - scaled.logsumexp(dim=-1))
     return actions.squeeze(1), logprobs, mass
 
 
@@ -186,7 +137,7 @@ def sample_tokens(
         temperature: > 0 samples; 0 is greedy decoding (argmax).
         top_k, top_p: see ``filter_logits`` (no effect when greedy: the argmax is
             always kept).
-        generator: RNG of the draw (``draw``).
+        generator: RNG of the draw.
         refused: ``[V] bool`` ids never chosen (the policy's special-token mask).
 
     Returns:
@@ -197,7 +148,8 @@ def sample_tokens(
         untempered and unfiltered distribution (``logprob_temperature``).
 
     Raises:
-        RuntimeError: non-finite logits (``draw``).
+        RuntimeError: non-finite logits (``torch.multinomial``: "probability tensor
+            contains either inf, nan or element < 0"; ``Agent`` names the cause).
     """
     actions, logprobs, _ = _sample(logits, temperature, top_k, top_p, generator, refused, False)
     return actions, logprobs
@@ -211,16 +163,16 @@ def sample_step(
     generator: torch.Generator | None = None,
     refused: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
-    """``sample_tokens`` and ``special_mass`` of one step, sharing their work (one
-    ``[N, V]`` logsumexp and no second mask, instead of two and one).
+    """``sample_tokens`` and ``special_mass`` of one step, sharing their work (the
+    masked, tempered logits: one ``[N, V]`` mask and division fewer).
 
     Args:
         logits, temperature, top_k, top_p, generator, refused: as ``sample_tokens``.
 
     Returns:
         ``(actions [N] int64, logprobs [N] float32, special_mass [N] float32 | None)``:
-        ``sample_tokens``'s pair (the same draw) and ``special_mass(logits, refused,
-        temperature)`` up to rounding (``None`` when ``refused`` is ``None``).
+        ``sample_tokens``'s pair and ``special_mass(logits, refused, temperature)``,
+        bit for bit (``None`` when ``refused`` is ``None``).
     """
     return _sample(logits, temperature, top_k, top_p, generator, refused, True)
 
