@@ -11,7 +11,8 @@
   its weights are unchanged; after an update it is rebuilt once from the text.
 - ``EpisodeRecorder``: the per-step records (sampler log-probs, rewards, special
   mass) both collectors and the async sampler keep, and the ``RolloutBatch`` of the
-  episodes that end.
+  episodes that end. ``collect``, whose rows all write step ``t`` at column ``t``,
+  keeps its steps in lists and writes them once at the end (``record_steps``).
 
 Both pass the env's group ids to ``act``, so a group's rows share one prefill of
 their prompt; a cache rebuilt mid-episode gets none (its rows hold their own
