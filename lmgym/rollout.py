@@ -11,7 +11,8 @@
   its weights are unchanged; after an update it is rebuilt once from the text.
 - ``EpisodeRecorder``: the per-step records (sampler log-probs, rewards, special
   mass) both collectors and the async sampler keep, and the ``RolloutBatch`` of the
-  episodes that end.
+  episodes that end. ``collect``, whose rows all write step ``t`` at column ``t``,
+  keeps its steps in lists and writes them once at the end (``record_steps``).
 
 Both pass the env's group ids to ``act``, so a group's rows share one prefill of
 their prompt; a cache rebuilt mid-episode gets none (its rows hold their own
@@ -99,20 +100,21 @@ class EpisodeRecorder:
         truncated: Tensor,
     ) -> RolloutBatch:
         """A ``RolloutBatch`` of the finished episodes in ``rows`` (``[k] int64``),
-        read from the step's final ``obs``/``info`` and flags and these records."""
+        read from the step's final ``obs``/``info`` and flags and these records
+        (a record past an episode's end is ignored: it reads as 0)."""
         env = self.env
         lp = env.prompt_width
         ids, mask = obs["input_ids"][rows], obs["attention_mask"][rows]
         completion_mask = mask[:, lp:]
         lengths = completion_mask.sum(dim=1)
-        special_mass = (self.special_mass[rows] * completion_mask).sum(dim=1)
+        special_mass = torch.where(completion_mask, self.special_mass[rows], 0.0).sum(dim=1)
         return RolloutBatch(
             prompt_ids=ids[:, :lp],
             prompt_mask=mask[:, :lp],
             completion_ids=ids[:, lp:],
             completion_mask=completion_mask,
-            sampler_logprobs=self.logprobs[rows] * completion_mask,
-            rewards=self.rewards[rows] * completion_mask,
+            sampler_logprobs=torch.where(completion_mask, self.logprobs[rows], 0.0),
+            rewards=torch.where(completion_mask, self.rewards[rows], 0.0),
             dones=self._columns[None, :] == (lengths - 1)[:, None],
             group_ids=info["group_id"][rows],
             prompt_index=info["prompt_index"][rows],
@@ -122,6 +124,20 @@ class EpisodeRecorder:
             valid=info["valid"][rows],
             special_mass=special_mass / lengths.clamp(min=1),
         )
+
+    def record_steps(
+        self, logprobs: list[Tensor], rewards: list[Tensor], special_mass: list[Tensor] | None
+    ) -> None:
+        """Write steps ``0 .. T-1`` of episodes that all started together at once:
+        step ``t`` of every row at column ``t``, each list holding ``T`` tensors of
+        ``[N] float32`` (as ``record``'s). Columns past a row's end hold what the
+        step returned for it, ignored by ``finished``."""
+        steps = len(logprobs)
+        device = self.env.device
+        self.logprobs[:, :steps] = torch.stack(logprobs, dim=1).to(device)
+        self.rewards[:, :steps] = torch.stack(rewards, dim=1)
+        if special_mass is not None:
+            self.special_mass[:, :steps] = torch.stack(special_mass, dim=1).to(device)
 
     def clear(self, rows: Tensor) -> None:
         """Zero the records of ``rows`` (``[N] bool``), which start new episodes."""
@@ -160,20 +176,30 @@ def collect(
     if generator is None:
         generator = _make_generator(seed, policy.device)
     obs, info = env.reset(seed=seed)
-    recorder = EpisodeRecorder(env)
-    live = torch.ones(env.num_envs, dtype=torch.bool, device=env.device)
+    groups = info["group_id"]
     state: PolicyState | None = None
+    # Every row's step t lands in column t: the records are kept per step and written
+    # once at the end (EpisodeRecorder.record_steps), not merged into [N, L] each step.
+    logprobs: list[Tensor] = []
+    rewards: list[Tensor] = []
+    masses: list[Tensor] | None = []
     for _ in range(env.max_new_tokens):
         # Every row starts at its group's prompt: a group's rows share one prefill.
-        actions, logprobs, state = policy.act(
-            obs, state, generator=generator, group_ids=info["group_id"]
+        actions, step_logprobs, state = policy.act(
+            obs, state, generator=generator, group_ids=groups
         )
-        obs, reward, terminated, truncated, next_info = env.step(actions.to(env.device))
-        recorder.record(info, live, logprobs, reward, state.special_mass)
-        info = next_info
-        live = ~(terminated | truncated)
-        if not bool(live.any()):
+        obs, reward, terminated, truncated, info = env.step(actions.to(env.device))
+        logprobs.append(step_logprobs)
+        rewards.append(reward)
+        if state.special_mass is None:
+            masses = None
+        elif masses is not None:
+            masses.append(state.special_mass)
+        # The env's flags are cumulative here (autoreset=False): all set, all done.
+        if bool((terminated | truncated).all()):
             break
+    recorder = EpisodeRecorder(env)
+    recorder.record_steps(logprobs, rewards, masses)
     rows = torch.arange(env.num_envs, device=env.device)
     return recorder.finished(obs, info, rows, terminated, truncated)
 

@@ -99,3 +99,30 @@ def test_score_policy_refuses_the_training_env_and_moves_nothing(make_env, polic
         score_policy(training, policy, training_env=training)
     scored = score_policy(make_env(**kw), policy, num_batches=2, seed=5, training_env=training)
     assert scored == score_policy(make_env(**kw), policy, num_batches=2, seed=5)
+
+
+def test_collect_records_what_a_per_step_recorder_records(make_env, make_eos_policy, tokenizer):
+    """collect writes its per-step records once at the end (record_steps): the batch is
+    bit for bit that of the per-step EpisodeRecorder.record loop, +0.0 past each end."""
+    from lmgym.rollout import EpisodeRecorder
+
+    kw = dict(prompts=["ab", "cd"], num_prompts=2, group_size=4, max_new_tokens=6)
+    policy = make_eos_policy(tokenizer, eos_bias=1.0)
+    batch = collect(make_env(**kw), policy, seed=3)
+    env = make_env(**kw)
+    generator = torch.Generator().manual_seed(3)
+    obs, info = env.reset(seed=3)
+    recorder, state = EpisodeRecorder(env), None
+    live = torch.ones(env.num_envs, dtype=torch.bool)
+    while bool(live.any()):
+        actions, logprobs, state = policy.act(obs, state, generator=generator)
+        obs, reward, terminated, truncated, next_info = env.step(actions)
+        recorder.record(info, live, logprobs, reward, state.special_mass)
+        info, live = next_info, ~(terminated | truncated)
+    expected = recorder.finished(obs, info, torch.arange(8), terminated, truncated)
+    assert batch.terminated.any() and not batch.terminated.all()
+    for field in dataclasses.fields(batch):
+        a, b = getattr(batch, field.name), getattr(expected, field.name)
+        if a.dtype == torch.float32:
+            a, b = a.view(torch.int32), b.view(torch.int32)  # -0.0 is not +0.0 here
+        assert torch.equal(a, b), field.name

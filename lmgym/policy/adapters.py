@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import sys
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -93,6 +94,23 @@ def check_adapter_model(model: nn.Module) -> None:
         )
 
 
+@contextmanager
+def _peft_wrapping() -> Iterator[None]:
+    """Wrap a model in ``PeftModel`` without transformers' deprecation warning.
+
+    ``PeftModel.__init__`` (peft 0.21.2, the newest) reads the model's
+    ``is_gradient_checkpointing``, which transformers 5 deprecates for
+    ``is_activation_checkpointing`` with a FutureWarning on every LoRA policy built
+    or loaded. The value is still right (lmgym turns checkpointing on after wrapping),
+    so only that warning, and only during the wrap, is silenced.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning
+        )
+        yield
+
+
 def add_adapter(model: PreTrainedModel, peft_config: Any) -> nn.Module:
     """``peft.get_peft_model(model, peft_config)``: the base weights frozen, the
     adapter's trainable."""
@@ -104,7 +122,8 @@ def add_adapter(model: PreTrainedModel, peft_config: Any) -> nn.Module:
         )
     if is_peft_model(model):
         raise ValueError("peft_config: the model is already a PeftModel; pass one or the other")
-    return peft.get_peft_model(model, peft_config)
+    with _peft_wrapping():
+        return peft.get_peft_model(model, peft_config)
 
 
 @contextmanager
@@ -185,5 +204,7 @@ def load_adapter_model(
                 f"and no base_model_name_or_path in {ADAPTER_CONFIG}"
             )
     base = AutoModelForCausalLM.from_pretrained(base_path, dtype=dtype)
-    model = peft.PeftModel.from_pretrained(base, path, is_trainable=True).to(device)
+    with _peft_wrapping():
+        model = peft.PeftModel.from_pretrained(base, path, is_trainable=True)
+    model = model.to(device)
     return model, base_path

@@ -39,7 +39,7 @@ from lmgym.policy.kv_slots import (
     slots_filled,
     to_slots,
 )
-from lmgym.policy.sampling import sample_tokens, special_mass
+from lmgym.policy.sampling import sample_step
 from lmgym.profiling import ACT, DECODE, PREFILL, RESTART, SAMPLE, labelled, phase
 
 if TYPE_CHECKING:
@@ -441,11 +441,10 @@ class KVCacheRollout:
                 # (mid-episode: a group's rows hold their own completions, no sharing)
                 hidden, state = self._prefill(ids, mask, last_col, None)
         logits = self.next_token_logits(hidden)
-        with phase(SAMPLE):
-            refused = self._refused
-            actions, logprobs = sample_tokens(
-                logits, self.temperature, self.top_k, self.top_p, generator, refused
+        with phase(SAMPLE):  # one masked, tempered [N, V] for the draw and the special mass
+            actions, logprobs, mass = sample_step(
+                logits, self.temperature, self.top_k, self.top_p, generator, self._refused
             )
-            if refused is not None:
-                state.special_mass = special_mass(logits, refused, self.temperature)
+            if mass is not None:
+                state.special_mass = mass
         return actions, logprobs, state

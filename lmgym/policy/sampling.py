@@ -9,6 +9,8 @@ from numbers import Real
 import torch
 from torch import Tensor
 
+_NEG_INF = float("-inf")
+
 
 def check_sampling_settings(temperature: float, top_k: int | None, top_p: float | None) -> None:
     """Reject settings the sampler cannot use, naming the field.
@@ -81,6 +83,45 @@ def filter_logits(
     return logits
 
 
+def _greedy(logits: Tensor, refused: Tensor | None) -> tuple[Tensor, Tensor]:
+    """The masked argmax of ``[N, V] float32`` logits and its untempered log-prob."""
+    if refused is not None:
+        logits = logits.masked_fill(refused.to(logits.device), _NEG_INF)
+    best, actions = logits.max(dim=-1)
+    return actions, best - logits.logsumexp(dim=-1)
+
+
+def _sample(
+    logits: Tensor,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    generator: torch.Generator | None,
+    refused: Tensor | None,
+    with_mass: bool,
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """``sample_step`` (``with_mass``) or ``sample_tokens`` with ``None`` for the mass."""
+    logits = logits.float()
+    if temperature == 0:
+        actions, logprobs = _greedy(logits, refused)
+        mass = special_mass(logits, refused, 0.0) if with_mass and refused is not None else None
+        return actions, logprobs, mass
+    # filter_logits' first two steps, kept for the mass: masking before or after the
+    # division gives the same values (-inf / T is -inf).
+    scaled = logits / temperature if temperature != 1.0 else logits
+    kept = scaled if refused is None else scaled.masked_fill(refused.to(scaled.device), _NEG_INF)
+    probs = filter_logits(kept, 1.0, top_k, top_p).softmax(dim=-1)
+    actions = torch.multinomial(probs, 1, generator=generator)
+    # log of the drawn id's probability only: one [N] log instead of a [N, V] log_softmax.
+    # A drawn id has probability well above float32's underflow, so this matches
+    # log_softmax to rounding.
+    logprobs = probs.gather(1, actions).squeeze(1).log()
+    mass = None
+    if with_mass and refused is not None:  # special_mass's formula on the same tensors
+        mass = -torch.expm1(kept.logsumexp(dim=-1) - scaled.logsumexp(dim=-1))
+    return actions.squeeze(1), logprobs, mass
+
+
 def sample_tokens(
     logits: Tensor,
     temperature: float = 1.0,
@@ -105,19 +146,35 @@ def sample_tokens(
         (masked, tempered and filtered): the sampler log-prob ``lp_s`` of
         docs/algorithms.md#notation. When greedy, it is the chosen id's log-prob under the masked,
         untempered and unfiltered distribution (``logprob_temperature``).
+
+    Raises:
+        RuntimeError: non-finite logits (``torch.multinomial``: "probability tensor
+            contains either inf, nan or element < 0"; ``Agent`` names the cause).
     """
-    logits = logits.float()
-    if temperature == 0:
-        if refused is not None:
-            logits = logits.masked_fill(refused.to(logits.device), float("-inf"))
-        best, actions = logits.max(dim=-1)
-        return actions, best - logits.logsumexp(dim=-1)
-    probs = filter_logits(logits, temperature, top_k, top_p, refused).softmax(dim=-1)
-    actions = torch.multinomial(probs, 1, generator=generator)
-    # log of the drawn id's probability only: one [N] log instead of a [N, V] log_softmax.
-    # A drawn id has probability well above float32's underflow, so this matches
-    # log_softmax to rounding.
-    return actions.squeeze(1), probs.gather(1, actions).squeeze(1).log()
+    actions, logprobs, _ = _sample(logits, temperature, top_k, top_p, generator, refused, False)
+    return actions, logprobs
+
+
+def sample_step(
+    logits: Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+    refused: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """``sample_tokens`` and ``special_mass`` of one step, sharing their work (the
+    masked, tempered logits: one ``[N, V]`` mask and division fewer).
+
+    Args:
+        logits, temperature, top_k, top_p, generator, refused: as ``sample_tokens``.
+
+    Returns:
+        ``(actions [N] int64, logprobs [N] float32, special_mass [N] float32 | None)``:
+        ``sample_tokens``'s pair and ``special_mass(logits, refused, temperature)``,
+        bit for bit (``None`` when ``refused`` is ``None``).
+    """
+    return _sample(logits, temperature, top_k, top_p, generator, refused, True)
 
 
 def special_mass(logits: Tensor, refused: Tensor, temperature: float) -> Tensor:
@@ -131,6 +188,8 @@ def special_mass(logits: Tensor, refused: Tensor, temperature: float) -> Tensor:
         refused: ``[V] bool``.
         temperature: The sampling temperature (0: greedy).
     """
-    scaled = logits.float() / logprob_temperature(temperature)
-    kept = scaled.masked_fill(refused.to(scaled.device), float("-inf")).logsumexp(dim=-1)
+    scaled = logits.float()
+    if logprob_temperature(temperature) != 1.0:
+        scaled = scaled / logprob_temperature(temperature)
+    kept = scaled.masked_fill(refused.to(scaled.device), _NEG_INF).logsumexp(dim=-1)
     return -torch.expm1(kept - scaled.logsumexp(dim=-1))

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 from lmgym.agents import GRPO
+from lmgym.envs import FunctionReward
 from lmgym.policy import CausalLMPolicy, make_tiny_llama
 from lmgym.policy.value import AdapterDisabledReference, frozen_copy
 from lmgym.rollout import ContinuousCollector, collect
@@ -41,6 +43,12 @@ def lora(init: bool = True) -> peft.LoraConfig:
     return peft.LoraConfig(
         r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=init
     )
+
+
+def first_char(prompts: list, completions: list[str]) -> list[float]:
+    """A reward that varies within a group whatever the draw (unlike counting a rare
+    character, whose groups are often flat: zero advantages, zero gradients)."""
+    return [float(ord(c[0])) if c else 0.0 for c in completions]
 
 
 def lora_policy(tokenizer, init: bool = True) -> CausalLMPolicy:
@@ -88,7 +96,7 @@ def test_only_the_adapter_gets_gradients_and_optimizer_slots(make_env, tokenizer
     adapter = lora_parameters(policy)
     assert adapter and all(p.requires_grad for p in adapter.values())
     base = {n: p.detach().clone() for n, p in policy.model.named_parameters() if n not in adapter}
-    env = make_env(num_prompts=2, group_size=4)
+    env = make_env(num_prompts=2, group_size=4, reward=FunctionReward(first_char))
     agent = GRPO(policy, env, learning_rate=1e-2)
 
     optimized = {id(p) for group in agent.optimizer.param_groups for p in group["params"]}
@@ -150,7 +158,7 @@ def test_kl_reference_is_the_base_model_through_the_same_weights(make_env, token
     ref_storage = {p.data_ptr() for p in ref.parameters()}
     assert ref_storage == {p.data_ptr() for p in policy.parameters()}
 
-    env = make_env(num_prompts=2, group_size=4)
+    env = make_env(num_prompts=2, group_size=4, reward=FunctionReward(first_char))
     agent = GRPO(policy, env, ref, beta=0.1, learning_rate=5e-2)
     batch = collect(make_env(num_prompts=2, group_size=4), policy, seed=0)
     data = agent.prepare(batch.to(policy.device))
@@ -293,3 +301,15 @@ def test_the_adapter_disabled_reference_masks_the_policys_special_tokens(tokeniz
         lp = policy.logprobs(text, attn, 2, with_entropy=False)[0]
     assert torch.isfinite(lp_ref).all()
     torch.testing.assert_close(lp_ref, lp)  # LoRA's B = 0: the base is the policy
+
+
+def test_a_lora_run_raises_no_checkpointing_deprecation_warning(make_env, tokenizer, tmp_path):
+    """peft reads transformers' deprecated ``is_gradient_checkpointing`` when it wraps a
+    model; building, training, saving and loading a LoRA policy must not show it."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        env = make_env(num_prompts=2, group_size=2)
+        agent = GRPO(lora_policy(tokenizer), env, learning_rate=1e-2, seed=0)
+        agent.learn(1)
+        GRPO.load(agent.save(tmp_path / "ckpt"), make_env(num_prompts=2, group_size=2))
+    assert not [w for w in caught if "is_gradient_checkpointing" in str(w.message)]

@@ -1,0 +1,42 @@
+"""``sample_step``: ``sample_tokens`` and ``special_mass`` of one step sharing their work,
+bit for bit the same as the two calls."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lmgym.policy.sampling import sample_step, sample_tokens, special_mass
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int32) if t.dtype == torch.float32 else t
+
+
+@pytest.mark.parametrize(
+    ("temperature", "top_k", "top_p"),
+    [(1.0, None, None), (0.7, 3, None), (1.3, None, 0.8), (0.0, None, None)],
+)
+def test_sample_step_is_sample_tokens_plus_the_special_mass_bit_for_bit(temperature, top_k, top_p):
+    torch.manual_seed(0)
+    logits = torch.randn(256, 6) * 2
+    refused = torch.tensor([True, False, False, True, False, False])
+    actions, lp = sample_tokens(
+        logits, temperature, top_k, top_p, torch.Generator().manual_seed(1), refused
+    )
+    step_actions, step_lp, mass = sample_step(
+        logits, temperature, top_k, top_p, torch.Generator().manual_seed(1), refused
+    )
+    assert torch.equal(step_actions, actions) and torch.equal(bits(step_lp), bits(lp))
+    assert not bool(refused[actions].any())
+    assert torch.equal(bits(mass), bits(special_mass(logits, refused, temperature)))
+    assert sample_step(logits, temperature, top_k, top_p, None, None)[2] is None
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_logits_raise_the_error_agents_name(bad):
+    """Agent._draw turns this message into NonFiniteUpdateError (diverged weights)."""
+    logits = torch.zeros(3, 4)
+    logits[1, 2] = bad
+    with pytest.raises(RuntimeError, match="probability tensor contains"):
+        sample_step(logits, generator=torch.Generator().manual_seed(0))
