@@ -8,8 +8,14 @@ row runs to the budget) on a GPT-2 of ``--layers`` layers: the synchronous
 of 1 thread each at ``--max-staleness``. Reported: generated tokens/s over the
 updates after ``--warmup``, the ratio, the synchronous generation/training split,
 and the async idle breakdown (learner waiting for rollouts, actor waiting for
-weights). The results file also says how throughput should scale with actors on
-GPUs, from the measured split.
+weights). The results file also says what one actor and one learner can reach on
+this machine (the synchronous loop also runs at 1 thread) and how throughput should
+scale with actors on GPUs, from the measured split.
+
+The default workload (4 prompts x 4 completions x 64 tokens) is one where
+generation and training cost about the same at 1 thread, the regime the actor-learner
+split is for (language-model RL is usually generation-heavier still); at 8 x 4 x 32
+training dominates and the learner bounds the async side (`--prompts 8 --new-tokens 32`).
 
     .venv/bin/python benchmarks/async.py --out benchmarks/results/async.md
 """
@@ -76,6 +82,11 @@ def run_async_side(args: argparse.Namespace, out: Path) -> None:
     from lmgym.asynchronous import AsyncConfig, run_async
 
     torch.set_num_threads(1)
+    # Each role on a core of its own, as actors and learners own their devices; left
+    # unpinned, the scheduler sometimes stacks both processes (and their gloo threads)
+    # on one core and the run-to-run spread grows.
+    cores = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cores[int(os.environ["LOCAL_RANK"]) % len(cores)]})
     transformers.logging.set_verbosity_error()
     marks: list[tuple[float, dict[str, float]]] = []
 
@@ -184,6 +195,11 @@ what the second thread fails to give each phase; on GPUs, where actor and learne
 each own a device, the bound is the one below."""
 
 
+def ratio(sync: dict, asyn: dict) -> float:
+    """Async over synchronous generated tokens per second."""
+    return (asyn["tokens"] / asyn["seconds"]) / (sync["tokens"] / sync["seconds"])
+
+
 def report(
     args: argparse.Namespace, sync: dict, one: dict, asyn: dict, argv: list[str] | None
 ) -> str:
@@ -246,23 +262,35 @@ def main(argv: list[str] | None = None) -> None:
     p = h.parser(__doc__, "2 layers x 96, 3 updates")
     p.add_argument("--worker-sync", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--worker-async", type=Path, help=argparse.SUPPRESS)
-    w.add_grpo_options(p, prompts=8, group=4, iters=8, quick_iters=3)
+    w.add_grpo_options(p, prompts=4, group=4, iters=8, quick_iters=3, new_tokens=64)
     p.add_argument("--max-staleness", type=int, default=1, help="the async side's bound (1)")
     p.add_argument("--threads", type=int, default=2, help=argparse.SUPPRESS)
+    p.add_argument("--repeats", type=int, help="fresh runs of both sides (3, --quick 1)")
     h.add_wait_idle(p)
     args = p.parse_args(argv)
     h.fill_defaults(args, *args.grpo_defaults)
+    if args.repeats is None:
+        args.repeats = 1 if args.quick else 3
     if args.worker_sync is not None:
         run_sync(args, args.worker_sync)
         return
     if args.worker_async is not None:
         run_async_side(args, args.worker_async)
         return
-    with tempfile.TemporaryDirectory() as tmp:
-        outs = [Path(tmp, f"{side}.json") for side in ("sync", "one_thread", "async")]
-        launch(args, *outs)
-        sync, one, asyn = (json.loads(p.read_text()) for p in outs)
-    h.finish([report(args, sync, one, asyn, argv).rstrip("\n")], args.out)
+    runs = []
+    for _ in range(args.repeats):
+        with tempfile.TemporaryDirectory() as tmp:
+            outs = [Path(tmp, f"{side}.json") for side in ("sync", "one_thread", "async")]
+            launch(args, *outs)
+            runs.append([json.loads(p.read_text()) for p in outs])
+    ratios = [ratio(sync, asyn) for sync, _, asyn in runs]
+    median = sorted(range(len(runs)), key=ratios.__getitem__)[len(runs) // 2]
+    text = report(args, *runs[median], argv).rstrip("\n")
+    if len(runs) > 1:
+        listed = ", ".join(f"{r:.2f}x" for r in ratios)
+        text += f"\n\nRatios of the {len(runs)} repeats (fresh processes each): {listed}; the"
+        text += " report above is the median one."
+    h.finish([text], args.out)
 
 
 if __name__ == "__main__":

@@ -194,15 +194,19 @@ GRPO_OPTIONS = ("layers", "width", "prompts", "group", "new_tokens", "warmup", "
 """The options of ``add_grpo_options``, forwarded to worker processes."""
 
 
-def add_grpo_options(p: Any, prompts: int, group: int, iters: int, quick_iters: int) -> None:
+def add_grpo_options(
+    p: Any, prompts: int, group: int, iters: int, quick_iters: int, new_tokens: int = 32
+) -> None:
     """The ``grpo_on_gpt2`` workload's options: ``--layers``/``--width`` (6 x 384; with
-    ``--quick`` 2 x 96), ``--prompts``, ``--group``, ``--new-tokens`` (32), ``--warmup``
-    (2; ``--quick`` 1), ``--iters`` (``iters``; ``--quick`` ``quick_iters``)."""
+    ``--quick`` 2 x 96), ``--prompts``, ``--group``, ``--new-tokens`` (``new_tokens``),
+    ``--warmup`` (2; ``--quick`` 1), ``--iters`` (``iters``; ``--quick`` ``quick_iters``)."""
     p.add_argument("--layers", type=int, help="GPT-2 layers (6, --quick 2)")
     p.add_argument("--width", type=int, help="GPT-2 width (384, --quick 96)")
     p.add_argument("--prompts", type=int, default=prompts, help=f"prompts per update ({prompts})")
     p.add_argument("--group", type=int, default=group, help=f"completions per prompt ({group})")
-    p.add_argument("--new-tokens", type=int, default=32, help="tokens per completion (32)")
+    p.add_argument(
+        "--new-tokens", type=int, default=new_tokens, help=f"tokens per completion ({new_tokens})"
+    )
     p.add_argument("--warmup", type=int, help="untimed updates first (2, --quick 1)")
     p.add_argument("--iters", type=int, help=f"timed updates ({iters}, --quick {quick_iters})")
     p.set_defaults(grpo_defaults=(dict(layers=6, width=384, warmup=2, iters=iters),
