@@ -91,37 +91,6 @@ def _greedy(logits: Tensor, refused: Tensor | None) -> tuple[Tensor, Tensor]:
     return actions, best - logits.logsumexp(dim=-1)
 
 
-def _sample(
-    logits: Tensor,
-    temperature: float,
-    top_k: int | None,
-    top_p: float | None,
-    generator: torch.Generator | None,
-    refused: Tensor | None,
-    with_mass: bool,
-) -> tuple[Tensor, Tensor, Tensor | None]:
-    """``sample_step`` (``with_mass``) or ``sample_tokens`` with ``None`` for the mass."""
-    logits = logits.float()
-    if temperature == 0:
-        actions, logprobs = _greedy(logits, refused)
-        mass = special_mass(logits, refused, 0.0) if with_mass and refused is not None else None
-        return actions, logprobs, mass
-    # filter_logits' first two steps, kept for the mass: masking before or after the
-    # division gives the same values (-inf / T is -inf).
-    scaled = logits / temperature if temperature != 1.0 else logits
-    kept = scaled if refused is None else scaled.masked_fill(refused.to(scaled.device), _NEG_INF)
-    probs = filter_logits(kept, 1.0, top_k, top_p).softmax(dim=-1)
-    actions = torch.multinomial(probs, 1, generator=generator)
-    # log of the drawn id's probability only: one [N] log instead of a [N, V] log_softmax.
-    # A drawn id has probability well above float32's underflow, so this matches
-    # log_softmax to rounding.
-    logprobs = probs.gather(1, actions).squeeze(1).log()
-    mass = None
-    if with_mass and refused is not None:  # special_mass's formula on the same tensors
-        mass = -torch.expm1(kept.logsumexp(dim=-1) - scaled.logsumexp(dim=-1))
-    return actions.squeeze(1), logprobs, mass
-
-
 def sample_tokens(
     logits: Tensor,
     temperature: float = 1.0,
@@ -151,7 +120,7 @@ def sample_tokens(
         RuntimeError: non-finite logits (``torch.multinomial``: "probability tensor
             contains either inf, nan or element < 0"; ``Agent`` names the cause).
     """
-    actions, logprobs, _ = _sample(logits, temperature, top_k, top_p, generator, refused, False)
+    actions, logprobs, _ = sample_step(logits, temperature, top_k, top_p, generator, refused)
     return actions, logprobs
 
 
@@ -174,7 +143,25 @@ def sample_step(
         ``sample_tokens``'s pair and ``special_mass(logits, refused, temperature)``,
         bit for bit (``None`` when ``refused`` is ``None``).
     """
-    return _sample(logits, temperature, top_k, top_p, generator, refused, True)
+    logits = logits.float()
+    if temperature == 0:
+        actions, logprobs = _greedy(logits, refused)
+        mass = special_mass(logits, refused, 0.0) if refused is not None else None
+        return actions, logprobs, mass
+    # filter_logits' first two steps, kept for the mass: masking before or after the
+    # division gives the same values (-inf / T is -inf).
+    scaled = logits / temperature if temperature != 1.0 else logits
+    kept = scaled if refused is None else scaled.masked_fill(refused.to(scaled.device), _NEG_INF)
+    probs = filter_logits(kept, 1.0, top_k, top_p).softmax(dim=-1)
+    actions = torch.multinomial(probs, 1, generator=generator)
+    # log of the drawn id's probability only: one [N] log instead of a [N, V] log_softmax.
+    # A drawn id has probability well above float32's underflow, so this matches
+    # log_softmax to rounding.
+    logprobs = probs.gather(1, actions).squeeze(1).log()
+    mass = None
+    if refused is not None:  # special_mass's formula on the same tensors
+        mass = -torch.expm1(kept.logsumexp(dim=-1) - scaled.logsumexp(dim=-1))
+    return actions.squeeze(1), logprobs, mass
 
 
 def special_mass(logits: Tensor, refused: Tensor, temperature: float) -> Tensor:

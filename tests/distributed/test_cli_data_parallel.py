@@ -72,9 +72,9 @@ def test_two_processes_write_one_run_directory_with_global_metrics(two_process_r
     assert not torch.equal(state["ranks"][0]["generator"], state["ranks"][1]["generator"])
 
 
-def test_two_process_resume_reproduces_the_uninterrupted_run(two_process_run, tmp_path):
-    run, _ = two_process_run
-    copy = tmp_path / "run"
+def resume_a_copy_and_compare(run: Path, copy: Path) -> None:
+    """Resume a copy of the 4-iteration 2-process ``run`` from its iteration-2 checkpoint
+    and assert iterations 3 and 4 log exactly the uninterrupted run's metrics."""
     shutil.copytree(run, copy)
     done = lmgym(
         "--nproc-per-node", "2", "--resume", str(copy / "checkpoints" / "iter_000002"),
@@ -84,6 +84,11 @@ def test_two_process_resume_reproduces_the_uninterrupted_run(two_process_run, tm
     resumed, straight = rows(copy), rows(run)
     assert [float(r["iteration"]) for r in resumed] == [1, 2, 3, 4]
     assert [without_time(r) for r in resumed[2:]] == [without_time(r) for r in straight[2:]]
+
+
+def test_two_process_resume_reproduces_the_uninterrupted_run(two_process_run, tmp_path):
+    run, _ = two_process_run
+    resume_a_copy_and_compare(run, tmp_path / "run")
 
 
 def test_resume_with_another_world_size_is_refused(two_process_run):
@@ -197,15 +202,7 @@ def test_fsdp_resume_reproduces_the_uninterrupted_run(fsdp_run, tmp_path):
     """Stopped after iteration 2 and resumed with 2 processes: iterations 3 and 4 equal
     the uninterrupted fsdp run's, every metric (each rank reloads its optimizer shard)."""
     copy = tmp_path / "run"
-    shutil.copytree(fsdp_run, copy)
-    done = lmgym(
-        "--nproc-per-node", "2", "--resume", str(copy / "checkpoints" / "iter_000002"),
-        "--iterations", "4", *FAST,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    resumed, straight = rows(copy), rows(fsdp_run)
-    assert [float(r["iteration"]) for r in resumed] == [1, 2, 3, 4]
-    assert [without_time(r) for r in resumed[2:]] == [without_time(r) for r in straight[2:]]
+    resume_a_copy_and_compare(fsdp_run, copy)
     policy = Path("checkpoints", "iter_000004", "agent", "policy")
     got = CausalLMPolicy.from_pretrained(copy / policy).model.state_dict()
     want = CausalLMPolicy.from_pretrained(fsdp_run / policy).model.state_dict()
