@@ -185,10 +185,10 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
             non-reentrant): less memory, about one more forward pass of compute.
             The model stays in eval mode (no dropout).
         compile_decode: Run the rollout's one-token decode step as one graph compiled
-            with ``torch.compile`` (inductor; CUDA graphs on a GPU) over a
-            fixed-shape KV cache (``lmgym.policy.compiled_decode``). It pays a compile
-            of tens of seconds on a CPU per process and per (rows, cache width)
-            shape, then runs each step with much less per-op overhead: worth it for
+            with ``torch.compile`` (inductor; CUDA graphs on a GPU) over
+            preallocated KV slots (``lmgym.policy.compiled_decode``). It pays a
+            compile of tens of seconds on a CPU per process and per (rows, cache
+            capacity) shape, then runs each step with much less per-op overhead: worth it for
             long trainings of small models, not for a short script. Only KV caches
             lmgym moves into slots use it; where compiling fails, a warning says so
             once and the policy decodes eagerly.
@@ -514,18 +514,19 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
         cache_mask: Tensor,
         position_ids: Tensor,
         cache: DynamicCache,
+        filled: int,
         packed: tuple[Tensor, Tensor] | None = None,
     ) -> Tensor | None:
         """``hidden_states`` of a one-token step through the compiled step:
         ``[N (+ T), H]``, or ``None`` when compiling failed (``compiled_decode``).
 
-        ``cache_mask`` is ``[N, C] bool`` over every slot column; ``packed`` as in
-        ``hidden_states``.
+        ``cache_mask`` is ``[N, C] bool`` over every slot column; ``filled`` the
+        columns in use after the step; ``packed`` as in ``hidden_states``.
         """
         trunk = transformer_of(self.model).base_model
         with self.autocast(), self._trunk_context():
             return self._compiled_decode(
-                trunk, input_ids, cache_mask, position_ids, cache, self._cache_kwarg, packed
+                trunk, input_ids, cache_mask, position_ids, cache, self._cache_kwarg, filled, packed
             )
 
     @labelled(LM_HEAD)

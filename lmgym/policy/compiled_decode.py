@@ -1,16 +1,23 @@
-"""A fixed-shape decode step over the KV slots, compiled once with ``torch.compile``.
+"""A decode step over the KV slots, compiled once with ``torch.compile``.
 
 The eager decode step (``kv_engine``) feeds ``[N, 1]`` tokens whose attention reads
-the slot columns in use, ``[0, filled)``: a width that changes every step, which a
-compiled graph would have to follow with a recompile (or dynamic shapes) per width.
-The compiled step reads *every* slot column instead, ``[0, capacity)``, and hides
-the unwritten ones with a boolean ``[N, 1, 1, capacity]`` mask, so all its shapes
-are fixed by ``N`` and the slot capacity: one graph serves every step of every
-rollout over the same env shape. Row ``i`` writes its new key/value at column
-``cols[i]`` in place (``SlotLayer``), so the step mutates its inputs and allocates
-no cache memory. A step that also carries restarted rows' text (``kv_engine``'s
-``PackedText``) has as many inputs as that text has tokens: it compiles once more,
-with dynamic shapes.
+the slot columns in use, ``[0, filled)``, through views whose width changes every
+step. The compiled step takes the whole slot buffers instead (``set_step(...,
+read_all=True)``) and a boolean ``[N, 1, 1, W]`` mask, and its attention reads the
+first ``W`` columns, the mask's width:
+
+- on CPU ``W = filled``, marked as a dynamic size, so one graph with a symbolic
+  width serves every step (a step reads the cache columns in use, as ``generate``'s
+  growing cache does, not the whole budget: decode attention is bound by reading
+  the cache);
+- on CUDA ``W`` is the slot capacity, a fixed shape that one CUDA graph replays at
+  every step (the step compiles with ``mode="reduce-overhead"``; the slot buffers
+  are marked as static addresses).
+
+Row ``i`` writes its new key/value at column ``cols[i]`` in place (``SlotLayer``),
+so the step mutates its inputs and allocates no cache memory. A step that also
+carries restarted rows' text (``kv_engine``'s ``PackedText``) has as many inputs as
+that text has tokens: it compiles once more, with dynamic shapes.
 
 Attention is ``slot_attention``, registered with transformers' ``AttentionInterface``
 as ``"lmgym_slots"`` and switched on only around the compiled call: a plain
@@ -21,9 +28,6 @@ reads grouped key/value heads without copying them (``repeat_kv``).
 Where ``torch.compile`` is unavailable or fails (no C++ compiler, an op dynamo
 cannot trace, an attention function that needs more than a mask), the first
 failure is reported once as a warning and the policy decodes eagerly from then on.
-
-On CUDA the step compiles with ``mode="reduce-overhead"`` (CUDA graphs; the slot
-buffers are marked as static addresses); on CPU with the default mode.
 """
 
 from __future__ import annotations
@@ -61,8 +65,8 @@ def slot_attention(
         query: ``[N, Hq, S, D]``, or ``[N + T, Hq, 1, D]`` with ``lmgym_packed``.
         key, value: ``[N, Hkv, C, D]``; ``Hq`` is a multiple of ``Hkv`` (grouped
             heads: query head ``h`` reads key/value head ``h // (Hq // Hkv)``).
-        attention_mask: ``[N, 1, S, C] bool``, True where a column may be read
-            (``None``: all may).
+        attention_mask: ``[N, 1, S, W] bool``, True where a column may be read;
+            only the first ``W <= C`` columns are read (``None``: all ``C`` are).
         scaling: the score scale (default ``D ** -0.5``).
         dropout: must be 0 (the policy runs in eval mode).
         lmgym_packed: ``(rows [T] int64, allowed [T, W] bool)``: ``T`` more
@@ -82,6 +86,9 @@ def slot_attention(
             raise NotImplementedError(f"{ATTENTION_NAME} attention does not apply {name}")
     if dropout:
         raise NotImplementedError(f"{ATTENTION_NAME} attention does not apply dropout")
+    if attention_mask is not None and attention_mask.shape[-1] < key.shape[2]:
+        width = attention_mask.shape[-1]  # the columns in use (CompiledDecode, on CPU)
+        key, value = key[:, :, :width], value[:, :, :width]
     if lmgym_packed is None:
         return _attend(query, key, value, attention_mask, scaling), None
     rows, allowed = lmgym_packed
@@ -159,14 +166,13 @@ _compiled: dict[tuple[str, bool], Callable[..., Tensor]] = {}
 
 
 def compile_step(mode: str | None, packed: bool = False) -> Callable[..., Tensor]:
-    """``torch.compile(_step)``, made once per mode (dynamo keeps one graph per model
-    and shape under it). The plain step has fixed shapes; a packed step's number of
-    inputs (and restart width) changes from step to step, so it compiles with
-    dynamic shapes. Tests replace this function to run the step uncompiled."""
+    """``torch.compile(_step)``, made once per mode and kind (dynamo keeps one graph
+    per model and shape under it). Sizes the caller marks dynamic (the read width on
+    CPU; a packed step's number of inputs and restart width) become symbolic, the
+    rest stay fixed. Tests replace this function to run the step uncompiled."""
     key = (mode or "default", packed)
     if key not in _compiled:
-        dynamic = None if packed else False  # None: sizes that change become symbolic
-        _compiled[key] = torch.compile(_step, mode=mode, dynamic=dynamic, fullgraph=True)
+        _compiled[key] = torch.compile(_step, mode=mode, dynamic=None, fullgraph=True)
     return _compiled[key]
 
 
@@ -189,6 +195,7 @@ class CompiledDecode:
         position_ids: Tensor,
         cache: DynamicCache,
         cache_kwarg: str,
+        filled: int,
         packed: tuple[Tensor, Tensor] | None = None,
     ) -> Tensor | None:
         """Run the compiled step; ``None`` when compiling failed (decode eagerly).
@@ -200,6 +207,8 @@ class CompiledDecode:
             position_ids: ``[N (+ T), 1] int64``.
             cache: slots planned by ``set_step(..., read_all=True)``.
             cache_kwarg: the trunk's name for the cache argument.
+            filled: the columns in use after this step (``cols.max() < filled``):
+                the read width on CPU.
             packed: ``T`` packed inputs (``slot_attention``'s ``lmgym_packed``).
 
         Returns:
@@ -218,6 +227,10 @@ class CompiledDecode:
                 ):
                     torch._dynamo.maybe_mark_dynamic(tensor, 0)
                 torch._dynamo.maybe_mark_dynamic(packed[1], 1)
+            mask = cache_mask[:, None, None, :]
+            if not cuda:
+                mask = mask[..., :filled]
+                torch._dynamo.maybe_mark_dynamic(mask, 3)
             if cuda:
                 for layer in cache.layers:
                     torch._dynamo.mark_static_address(layer.key_slots)
@@ -227,7 +240,7 @@ class CompiledDecode:
                 hidden = step(
                     trunk,
                     input_ids,
-                    cache_mask[:, None, None, :],
+                    mask,
                     position_ids,
                     cache,
                     cache_kwarg,

@@ -10,8 +10,8 @@ text.
   once and its cache is copied to the group (``groups.shared_rows``, from the
   env's group ids); a plain cache then moves into in-place slots (``kv_slots``).
 - ``_decode``: the common step, one new token per advanced row; with
-  ``compile_decode`` a fixed-shape compiled step over every slot column
-  (``compiled_decode``), rows writing their own columns from the prefill on.
+  ``compile_decode`` a compiled step over the slot buffers (``compiled_decode``),
+  rows writing their own columns from the prefill on.
 - ``_restart``: rows that started a new episode (continuous batching): their
   new text is packed into the others' decode step (``PackedText``), each token
   one more one-token input that writes its own row's first slots.
@@ -223,7 +223,7 @@ class KVCacheRollout:
             capacity = max(capacity, width + 1)
             to_slots(cache, capacity)
             cache_mask = _widen(mask, capacity)
-            if self._compiled_decode.enabled:  # its one step shape writes per-row columns
+            if self._compiled_decode.enabled:  # its one graph writes per-row columns
                 cols, padded = torch.full_like(last_col, width), True
         state = PolicyState(cache, cache_mask, mask.sum(1), last_col, padded, cols)
         return hidden[source, -1], state
@@ -292,7 +292,7 @@ class KVCacheRollout:
         hidden = None
         if cols is not None and self._compiled_decode.enabled:
             set_step(cache, write_cols, filled, read_all=True, rows=write_rows)
-            hidden = self._compiled_trunk(tokens, cache_mask, positions_in, cache, attend)
+            hidden = self._compiled_trunk(tokens, cache_mask, positions_in, cache, filled, attend)
         if hidden is None:  # eager (or the compiled step just failed)
             if cols is not None:
                 set_step(cache, write_cols, filled, rows=write_rows)

@@ -18,9 +18,9 @@ Two ways to write a step:
   text comes in the same forward as extra one-token inputs that write their own
   row's columns (``set_step(..., rows=...)``).
 
-The compiled decode step (``compiled_decode``) writes per-row columns too, but
-attention reads every column, ``[0, capacity)`` (``set_step(..., read_all=True)``),
-so that its shapes never change.
+The compiled decode step (``compiled_decode``) writes per-row columns too, and
+takes the whole buffers (``set_step(..., read_all=True)``): its attention reads as
+many columns as its mask is wide, so that the graph's inputs keep their shapes.
 """
 
 from __future__ import annotations
@@ -141,9 +141,9 @@ def set_step(
     rows: Tensor | None = None,
 ) -> None:
     """Plan a one-token step with per-row columns: row ``i`` writes column ``cols[i]``
-    and attention reads ``[0, filled)`` (``cols.max() < filled <= capacity``), or
-    every column with ``read_all`` (the compiled step's fixed shape; ``filled`` stays
-    the bound on the columns in use).
+    and attention reads ``[0, filled)`` (``cols.max() < filled <= capacity``); with
+    ``read_all`` ``update`` returns the whole buffers (the compiled step, whose
+    attention reads its mask's width).
 
     ``rows``: ``[B] int64``, the row each of the step's ``B`` one-token inputs writes
     (``cols`` is then ``[B]`` too); default one input per row, in order. A packed

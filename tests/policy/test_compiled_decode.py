@@ -67,6 +67,25 @@ def test_slot_attention_equals_sdpa_with_grouped_heads_and_a_mask(seq_len):
     torch.testing.assert_close(out, expected.transpose(1, 2), atol=1e-6, rtol=1e-5)
 
 
+def test_slot_attention_reads_only_the_columns_its_mask_covers():
+    # The compiled step hands over the whole slot buffers and a mask as wide as the
+    # columns in use: what lies beyond (here NaN) is never read.
+    gen = torch.Generator().manual_seed(1)
+    n, heads, width, capacity, dim = 3, 2, 5, 9, 4
+    query = torch.randn(n, heads, 1, dim, generator=gen)
+    key = torch.randn(n, heads, capacity, dim, generator=gen)
+    value = torch.randn(n, heads, capacity, dim, generator=gen)
+    key[:, :, width:] = value[:, :, width:] = float("nan")
+    mask = torch.rand(n, 1, 1, width, generator=gen) > 0.3
+    mask[..., 0] = True
+    out, _ = slot_attention(None, query, key, value, mask, scaling=0.5)
+    expected, _ = slot_attention(
+        None, query, key[:, :, :width], value[:, :, :width], mask, scaling=0.5
+    )
+    assert out.shape == (n, 1, heads, dim) and bool(out.isfinite().all())
+    torch.testing.assert_close(out, expected, atol=0, rtol=0)
+
+
 def test_slot_attention_refuses_what_it_does_not_apply():
     q, k = torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 3, 4)
     with pytest.raises(NotImplementedError, match="lmgym_slots attention does not apply"):
@@ -75,19 +94,25 @@ def test_slot_attention_refuses_what_it_does_not_apply():
         slot_attention(None, q, k, k, None, dropout=0.1)
 
 
-def test_every_decode_step_has_one_shape(make_env, make_eos_policy, tokenizer, step_calls):
+def test_every_decode_step_reads_the_columns_in_use(
+    make_env, make_eos_policy, tokenizer, step_calls
+):
     # Rows stop at different steps (synchronous) and restart at different steps
-    # (continuous): the step still reads all slot columns with the same shapes, so
-    # one compiled graph serves every step without a restart (steps that pack
-    # restarted rows' text have a dynamic-shape graph of their own).
+    # (continuous): the step takes the same slot buffers every time and a mask as
+    # wide as the columns in use, one more each step (on CPU the compiled graph's
+    # width is symbolic: one graph serves every step; steps that pack restarted
+    # rows' text have a dynamic-shape graph of their own).
     policy = make_eos_policy(tokenizer, compile_decode=True)
     env = make_env(prompts=["ab", "hello there", "x"], num_prompts=3, group_size=2)
     batch = collect(env, policy, seed=0)
+    steps = int(batch.lengths.max()) - 1  # every step after the prefill
     assert batch.lengths.min() < batch.lengths.max()
-    assert len(step_calls) == int(batch.lengths.max()) - 1  # every step after the prefill
-    width = env.prompt_width + env.max_new_tokens
-    n = env.num_envs
-    assert set(step_calls) == {("plain", ((n, 1), (n, 1, 1, width), (n, 1), (n, 4, width, 16)))}
+    capacity = env.prompt_width + env.max_new_tokens
+    n, first = env.num_envs, env.prompt_width + 1
+    assert step_calls == [
+        ("plain", ((n, 1), (n, 1, 1, first + k), (n, 1), (n, 4, capacity, 16)))
+        for k in range(steps)
+    ]
     step_calls.clear()
     env = make_env(
         prompts=["ab", "hello there", "x"],
@@ -100,7 +125,7 @@ def test_every_decode_step_has_one_shape(make_env, make_eos_policy, tokenizer, s
     for _ in range(3):
         assert teacher_forced_gap(policy, collector.collect(num_groups=3)) < 1e-4
     plain = [shapes for kind, shapes in step_calls if kind == "plain"]
-    assert len(plain) >= 3 and len(set(plain)) == 1
+    assert len(plain) >= 3 and len({(s[0], s[2], s[3]) for s in plain}) == 1
     assert len(step_calls) - len(plain) >= 3  # packed restarts
     assert len(set(collector._state.cols.tolist())) > 1  # rows restarted at different steps
 
