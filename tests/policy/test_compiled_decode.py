@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmgym.policy import CausalLMPolicy, compiled_decode, make_tiny_lm, save_tiny
+from lmgym.policy import CausalLMPolicy, compiled_decode, make_tiny_lm, make_tiny_model, save_tiny
 from lmgym.policy.compiled_decode import slot_attention
 from lmgym.rollout import ContinuousCollector, collect
 
@@ -195,3 +195,45 @@ def test_a_few_graphs_serve_every_step_of_synchronous_and_continuous_rollouts(
         assert teacher_forced_gap(policy, collector.collect(num_groups=5)) < 1e-4
     assert counters["stats"]["unique_graphs"] - graphs == compiled  # no more compiles
     assert policy.compile_decode
+
+
+@pytest.mark.slow
+@torch._dynamo.config.patch(recompile_limit=64)  # other tests compiled the step already
+def test_a_rollouts_later_steps_skip_full_guards_yet_run_their_own_graph(
+    make_env, tokenizer, monkeypatch
+):
+    # Two trunks with the same shapes but 1 and 2 layers decode one env in turns
+    # (6 rows: a shape no other test compiles). Each rollout's first step evaluates
+    # dynamo's guards in full, the later steps only those that tell the graphs apart:
+    # each policy must still run its own graph (the other's would drop or miss a
+    # layer), match teacher forcing, and sample what it samples with full guards.
+    shortcut: list[bool] = []
+    real = compiled_decode._only_differentiating_guards
+
+    def spy(on: bool):
+        shortcut.append(on)
+        return real(on)
+
+    monkeypatch.setattr(compiled_decode, "_only_differentiating_guards", spy)
+    policies = [
+        CausalLMPolicy(
+            make_tiny_model(len(tokenizer), n_layer=layers, seed=layers),
+            tokenizer,
+            compile_decode=True,
+        )
+        for layers in (1, 2)
+    ]
+    prompts = ["ab", "hello there", "x", "q", "xyz", "mn"]
+    env = make_env(prompts=prompts, num_prompts=6, max_new_tokens=6)
+    for seed in range(2):
+        for policy in policies:
+            shortcut.clear()
+            batch = collect(env, policy, seed=seed)
+            assert shortcut == [False] + [True] * (int(batch.lengths.max()) - 2)
+            assert teacher_forced_gap(policy, batch) < 1e-4
+            policy._compiled_decode.skip_guards = False
+            full = collect(env, policy, seed=seed)
+            policy._compiled_decode.skip_guards = True
+            assert torch.equal(full.completion_ids, batch.completion_ids)
+            assert torch.equal(full.sampler_logprobs, batch.sampler_logprobs)
+            assert policy.compile_decode
