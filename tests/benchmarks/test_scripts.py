@@ -117,6 +117,21 @@ def test_rollout_report_renders_its_table_and_targets():
         "| env steps, lmgym/TargetString-v0, 256 envs, 64 steps/call | env steps/s | 500,000 "
         "| SyncVectorEnv | 10,000 | 50.00x | 5 | 20% (noisy) |",
     ]
-    assert "- rollout >= 1.0x generate, GPT-2 2L/128d: 2.00x -> MET" in lines
+    assert (
+        "- rollout >= 1.0x generate (eager decode: issue 7's target), GPT-2 2L/128d: 2.00x -> MET"
+        in lines
+    )
     assert "- native env >= 20x SyncVectorEnv at 256 envs: 50.0x -> MET" in lines
     assert "- lmgym decode: eager (the default; `--compile-decode` compiles it)" in lines
+
+
+def test_rollout_target_is_issue_18s_with_a_compiled_decode_and_issue_7s_eager():
+    rollout = load("rollout")
+    row = h.Comparison("rollout, GPT-2 6L/256d, B=64, 16+64 tok", 1400.0, 1000.0, 7, 0.0)
+    assert rollout.verdicts([row], compiled=True) == [
+        "- rollout >= 1.5x generate (compiled decode: issue 18's target), GPT-2 6L/256d: "
+        "1.40x -> NOT MET"
+    ]
+    assert rollout.verdicts([row], compiled=False) == [
+        "- rollout >= 1.0x generate (eager decode: issue 7's target), GPT-2 6L/256d: 1.40x -> MET"
+    ]
