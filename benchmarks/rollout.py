@@ -144,7 +144,7 @@ def verdicts(rows: list[h.Comparison], compiled: bool) -> list[str]:
                 f"- native env >= {ENV_TARGET:.0f}x SyncVectorEnv at {ENV_TARGET_N} envs: "
                 f"{r.ratio:.1f}x -> {h.verdict(r.ratio >= ENV_TARGET)}"
             )
-    return out + h.noisy_warning([r.other_load for r in rows])
+    return out
 
 
 def markdown(rows: list[h.Comparison], command: str, elapsed: float, compiled: bool) -> list[str]:
@@ -173,17 +173,16 @@ def markdown(rows: list[h.Comparison], command: str, elapsed: float, compiled: b
         "",
         *h.table(" | ".join([*head, "repeats", "other CPU load"]), cells, left=2),
         *h.ratios_block(rows),
-        "",
-        "## Targets",
-        "",
-        *verdicts(rows, compiled),
+        *h.targets_section("Targets", verdicts(rows, compiled), rows),
     ]
     return lines
 
 
 def main(argv: list[str] | None = None) -> None:
     p = h.parser(__doc__, "fewer repeats (smoke run)")
-    p.add_argument("--processes", type=int, default=5, help="fresh processes per rollout row (5)")
+    p.add_argument(
+        "--processes", type=h.positive_int, default=5, help="fresh processes per rollout row (5)"
+    )
     h.add_common(p, compile_decode=True)
     args = p.parse_args(argv)
     h.quiet_worker(NUM_THREADS)
