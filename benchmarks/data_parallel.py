@@ -59,11 +59,9 @@ def run_side(args: argparse.Namespace, num_prompts: int, out: Path) -> None:
         agent.step()
     times, tokens = [], []
     for _ in range(args.iters):
-        before = agent.tokens_generated
-        start = time.perf_counter()
-        agent.step()
-        times.append(time.perf_counter() - start)
-        tokens.append(agent.tokens_generated - before)
+        seconds, made, _ = w.timed_step(agent)
+        times.append(seconds)
+        tokens.append(made)
     phases = h.profile_phases(agent.step, 1)
     comm = sum(sec for path, (sec, _) in phases.items() if path.split("/")[-1] == "comm")
     params = sum(p.numel() for p in agent.policy.model.parameters() if p.requires_grad)

@@ -1,8 +1,9 @@
 # ruff: noqa: E402  (T0 is taken before the imports: the time budget includes them)
 """GPU throughput of lmgym: rollout and GRPO iteration in bf16 on a ~100M-parameter GPT-2.
 
-Runs unattended, in a few minutes, with no network access (model from a config,
-lmgym's character tokenizer). Phases, in order:
+Runs unattended, in a few minutes, with no network access. Model: GPT-2 from a config,
+14 layers x 768, 12 heads, context 320, no dropout, SDPA attention, bf16 on the device;
+lmgym's 49-id character tokenizer: ~99M non-embedding parameters. Phases, in order:
 
 1. **Matmul peak.** ``torch.mm`` of square bf16 matrices (4096, 8192, 16384), timing
    windows of 10 products after a warm-up, the device synchronized around each; the
@@ -16,9 +17,6 @@ lmgym's character tokenizer). Phases, in order:
    tokens, beta 0, one epoch, one minibatch, a token-level reward: ``agent.collect()``
    and ``agent.train_on_batch(batch)``, each timed with the device synchronized.
 
-Model: GPT-2 14 layers x 768, 12 heads, context 320, no dropout, SDPA attention,
-bf16 on the device: with the 49-id tokenizer ~99M non-embedding parameters.
-
 Model FLOPs. One token at a position attending to ``k`` tokens costs
 ``2 (N + V d) + 4 n_layer d k`` (``N`` non-embedding parameters, ``V d`` the LM head,
 the last term ``QK^T`` and ``AV``). A rollout feeds ``Lp + L - 1`` positions per row;
@@ -29,12 +27,11 @@ Robustness (``harness.run_section``). Each phase has a slice of ``--time-budget`
 (240 s from start-up), is stopped by ``SIGALRM`` shortly after and says how it ended;
 the Markdown is rewritten after every phase; a watchdog ends the process 60 s after
 the budget. ``--compile-decode``: lmgym decodes with ``CausalLMPolicy(compile_decode=True)``
-(CUDA graphs; compiled in each phase's warm-up; ``generate`` unchanged).
+(CUDA graphs; compiled in each phase's warm-up; ``generate`` unchanged). Without CUDA,
+``--device cuda`` (the default) prints a message and exits 0::
 
     python benchmarks/gpu.py --out benchmarks/results/gpu.md
     python benchmarks/gpu.py --device cpu --smoke --out /tmp/gpu.md   # CPU smoke run
-
-Without CUDA, ``--device cuda`` (the default) prints a message and exits 0.
 """
 
 from __future__ import annotations
@@ -43,7 +40,6 @@ import time
 
 T0 = time.perf_counter()
 
-import argparse
 import copy
 import faulthandler
 import functools
@@ -51,7 +47,6 @@ import statistics
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import harness as h
@@ -128,24 +123,18 @@ class Context:
 
 
 def phase_matmul(ctx: Context, phase: h.Section, deadline: float) -> None:
-    rows = []
-    for n in ctx.sizes.matmul_sizes:
+    s, rows = ctx.sizes, []
+    head = "n (n x n @ n x n) | windows x products | TFLOP/s median | TFLOP/s best"
+    for n in s.matmul_sizes:
         if time.perf_counter() > deadline:
             phase.body.append(f"Sizes from n = {n} on skipped: the phase's time ran out.")
             break
-        tflops = w.matmul_tflops(
-            n, ctx.sizes.matmul_per_window, ctx.sizes.matmul_windows, ctx.device
-        )
+        tflops = w.matmul_tflops(n, s.matmul_per_window, s.matmul_windows, ctx.device)
         ctx.peak = max([ctx.peak or 0.0, *tflops])
-        rows.append([n, f"{len(tflops)} x {ctx.sizes.matmul_per_window}",
+        rows.append([n, f"{len(tflops)} x {s.matmul_per_window}",
                      f"{statistics.median(tflops):.4g}", f"{max(tflops):.4g}"])  # fmt: skip
-        phase.body = [
-            *h.table(
-                "n (n x n @ n x n) | windows x products | TFLOP/s median | TFLOP/s best", rows
-            ),
-            "",
-            f"Measured peak (best window, all sizes): {fmt(ctx.peak, '.4g')} TFLOP/s.",
-        ]
+        peak = f"Measured peak (best window, all sizes): {fmt(ctx.peak, '.4g')} TFLOP/s."
+        phase.body = [*h.table(head, rows), "", peak]
 
 
 def phase_model(ctx: Context, phase: h.Section, deadline: float) -> None:
@@ -171,8 +160,7 @@ def phase_model(ctx: Context, phase: h.Section, deadline: float) -> None:
 
 def phase_rollout(ctx: Context, phase: h.Section, deadline: float, batch: int) -> None:
     """``collect`` vs ``model.generate`` at ``batch`` rows, alternated (module docstring)."""
-    s = ctx.sizes
-    lp, new = s.prompt_tokens, s.rollout_new_tokens
+    lp, new = ctx.sizes.prompt_tokens, ctx.sizes.rollout_new_tokens
     sides = w.RolloutVsGenerate(ctx.model, ctx.tok, batch, lp, new, ctx.device, ctx.compile_decode)
     runs = {"lmgym `collect`": sides.lmgym, "`model.generate`": sides.generate}
     times: dict[str, list[float]] = {k: [] for k in runs}
@@ -198,7 +186,7 @@ def phase_rollout(ctx: Context, phase: h.Section, deadline: float, batch: int) -
             f"{ctx.memory()}",
         ]
 
-    h.warm_then_time(phase, step, times, s.rollout_max_pairs, deadline, show)
+    h.warm_then_time(phase, step, times, ctx.sizes.rollout_max_pairs, deadline, show)
 
 
 def phase_iteration(ctx: Context, phase: h.Section, deadline: float) -> None:
@@ -225,7 +213,7 @@ def phase_iteration(ctx: Context, phase: h.Section, deadline: float) -> None:
 
     def show(warm: bool) -> None:
         flag = " (warm-up only)" if warm else ""
-        rows = [f"`{k}`{flag} | {ctx.cells(w[0], times[k], w[1])}" for k, w in work.items()]
+        rows = [f"`{k}`{flag} | {ctx.cells(f, times[k], n)}" for k, (f, n) in work.items()]
         phase.body = [
             *h.table(
                 "part | s, median [IQR] (min-max) | tok/s | model TFLOP/s | fraction of peak", rows
@@ -243,10 +231,9 @@ def phase_iteration(ctx: Context, phase: h.Section, deadline: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = h.parser(__doc__, quick=None)
     p.add_argument("--device", default="cuda", help="cuda (default), cuda:N or cpu")
     p.add_argument("--smoke", action="store_true", help="tiny sizes: tests the script on CPU")
-    p.add_argument("--out", type=Path, help="write the Markdown results here (after each phase)")
     p.add_argument("--time-budget", type=float, default=240.0, metavar="SECONDS",
                    help="whole-run budget from start-up (240); phases that do not fit are cut "
                    "short or skipped; the process is ended 60 s after it in any case")  # fmt: skip
@@ -262,18 +249,16 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     b = args.time_budget
-    faulthandler.dump_traceback_later(
-        max(1.0, b + WATCHDOG_GRACE_S - (time.perf_counter() - T0)), exit=True
-    )
+    watchdog_s = b + WATCHDOG_GRACE_S - (time.perf_counter() - T0)
+    faulthandler.dump_traceback_later(max(1.0, watchdog_s), exit=True)
     h.quiet_worker(torch.get_num_threads())
     sizes = SMOKE if args.smoke else FULL
     mode = "smoke sizes: a test of the script, not a measurement" if args.smoke else "full sizes"
-    command = h.command_line("gpu.py", argv)
     head = h.header(
         "lmgym GPU throughput: rollout and GRPO iteration, bf16",
         f"torch threads = {torch.get_num_threads()}",
         ["torch", "transformers", "lmgym"],
-        command,
+        h.command_line("gpu.py", argv),
         note=f" ({mode}; time budget {b:.0f} s)",
         device=h.device_text(device),
         compile_decode=args.compile_decode,

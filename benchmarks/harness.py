@@ -296,13 +296,23 @@ def run_row(
 
 
 # ------------------------------------------------------------------------ options
-def parser(doc: str | None, quick: str = "smoke run") -> argparse.ArgumentParser:
-    """An argument parser with ``--quick`` and ``--out`` (description: the doc's first paragraph)."""
+def parser(doc: str | None, quick: str | None = "smoke run") -> argparse.ArgumentParser:
+    """An argument parser with ``--quick`` (help ``quick``; none when it is None) and
+    ``--out`` (description: the doc's first paragraph)."""
     source_line()  # the commit measured: now, before the run, not when the report is written
     p = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help=quick)
+    if quick is not None:
+        p.add_argument("--quick", action="store_true", help=quick)
     p.add_argument("--out", type=Path, help="write a Markdown results file here")
     return p
+
+
+def positive_int(text: str) -> int:
+    """An argparse ``type``: an integer >= 1 (``--processes``)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: must be >= 1")
+    return value
 
 
 def add_wait_idle(p: argparse.ArgumentParser) -> None:
@@ -342,7 +352,9 @@ def add_common(
     if repeats:
         p.add_argument("--repeats", type=int, help=f"timed repeats per side ({repeats})")
     if processes:
-        p.add_argument("--processes", type=int, help=f"fresh processes per row ({processes})")
+        p.add_argument(
+            "--processes", type=positive_int, help=f"fresh processes per row ({processes})"
+        )
     if compile_decode:
         p.add_argument(
             "--compile-decode",
@@ -534,6 +546,12 @@ def finish(lines: Sequence[str], out: Path | None) -> str:
 def target_line(name: str, ratio: float, target: float, what: str) -> str:
     """``- name: 1.62x what (target >= 1.5x) -> MET``."""
     return f"- {name}: {ratio:.2f}x {what} (target >= {target:g}x) -> {verdict(ratio >= target)}"
+
+
+def targets_section(title: str, lines: Sequence[str], rows: Sequence[Loaded]) -> list[str]:
+    """A report's verdicts: a blank line, ``## title``, ``lines`` (from ``target_line``)
+    and the ``noisy_warning`` of the measured ``rows`` (each with ``other_load``)."""
+    return ["", f"## {title}", "", *lines, *noisy_warning([r.other_load for r in rows])]
 
 
 # -------------------------------------------------------- unattended, time-boxed runs

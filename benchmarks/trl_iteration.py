@@ -1,49 +1,37 @@
 """GRPO / RLOO iteration time: lmgym against TRL's ``GRPOTrainer`` / ``RLOOTrainer``.
 
-One iteration = generate a batch of completions, score them, one optimizer step.
-lmgym times ``agent.step()`` (collect + update); TRL times one trainer step
-(generation, rewards, advantages, loss, backward, clip, optimizer step and the
-Trainer loop's own overhead). Both sides in one process, alternated; each row in
+One iteration = generate a batch of completions, score them, one optimizer step:
+lmgym's ``agent.step()`` (collect + update) against one TRL trainer step (the Trainer
+loop's own overhead included). Both sides in one process, alternated; each row in
 ``--processes`` fresh processes, reporting the median of their ratios.
 
-Equal work (issue 7):
+Equal work (issue 7's setting, kept by issue 18):
 
 - Models: GPT-2 from a config (2 layers x 128, 4 heads; 6 layers x 384, 6 heads), a
   character tokenizer of 99 ids (``string.printable`` minus ``\\n\\r\\x0b\\x0c``),
-  saved once and loaded by both sides (identical weights); float32, CPU, gradient
-  checkpointing off, no dropout. ``--threads`` torch threads (default ``2,1``).
-- Batch: the same 8 prompts of exactly 16 characters (no padding), 8 completions
-  each (64 rows), exactly 32 new tokens per row, temperature 1, no top-k / top-p.
-- Exactly 32 tokens on both sides: both stop a row at EOS, so the saved model gives
-  EOS and pad probability exactly 0 (final layer norm channel 0 made constant 1, the
-  tied embedding rows of EOS and pad -1e4 there: their logits sit ~1e4 below every
-  other). A plain GPT-2 checkpoint, nothing patched at run time; every row of both
-  sides is asserted to have 32 tokens.
+  saved once and loaded by both sides; float32, CPU, no gradient checkpointing, no
+  dropout. ``--threads`` torch threads (default ``2,1``).
+- Batch: the same 8 prompts of exactly 16 characters, 8 completions each, exactly 32
+  new tokens per row (asserted on both sides), temperature 1, no top-k / top-p. Both
+  sides stop a row at EOS, so the saved checkpoint (plain GPT-2, nothing patched at
+  run time) gives EOS and pad probability 0 (``build_checkpoint``).
 - Reward: the same function on both sides (share of ``e`` in the completion).
-- Update: beta = 0 (no reference model), one optimizer step per batch, the same
-  constant learning rate, AdamW (0.9, 0.999), weight decay 0, clipping at 1.0. GRPO:
-  group-std-scaled advantages, token clip 0.2, per-sequence mean of token means
-  (lmgym ``seq-mean-token-mean`` = TRL ``loss_type="grpo"``), one epoch, one
-  minibatch, so neither side runs a separate pass for the old log-probs. RLOO:
-  TRL's trainer always runs that extra no-grad pass and a sequence-level clipped
-  loss; lmgym's ``RLOO`` (token-mean REINFORCE with the leave-one-out baseline)
-  reuses the update's forward. lmgym runs GPT-2's tanh-GELU as torch's fused kernel
-  (``fused_activations=True``, the default). Both differences are each library's
-  implementation and are kept.
+- Update: beta = 0, one AdamW (0.9, 0.999) step per batch, the same constant learning
+  rate, weight decay 0, clipping at 1.0. GRPO: group-std-scaled advantages, token clip
+  0.2, per-sequence mean of token means (lmgym ``seq-mean-token-mean`` = TRL
+  ``loss_type="grpo"``), one epoch and minibatch, so neither side runs a separate
+  old-log-prob pass. RLOO: TRL always runs that extra no-grad pass and a
+  sequence-level clipped loss; lmgym's ``RLOO`` (token-mean REINFORCE, leave-one-out
+  baseline) reuses the update's forward. lmgym runs GPT-2's tanh-GELU as torch's fused
+  kernel (``fused_activations=True``). Each library's implementation, kept.
 
 Alternation. TRL's ``trainer.train()`` owns its loop, so lmgym runs inside it: a
 ``TrainerCallback`` times each TRL step (end of the previous callback ->
 ``on_step_end``, the loop's overhead included; ``on_step_begin`` -> ``on_step_end``
-too), then times one lmgym ``agent.step()``; the first ``--warmup`` pairs are
-discarded. ``--profile-iters`` extra lmgym iterations run under ``torch.profiler``
-(``harness.profile_phases``: lmgym's own labels). ``--compile-decode``: lmgym decodes
-with ``CausalLMPolicy(compile_decode=True)`` (compiled in the warm-up; TRL unchanged).
-
-Needs the ``bench`` extra (``pip install -e '.[bench]'``)::
+too), then one lmgym ``agent.step()``; the first ``--warmup`` pairs are discarded.
+Targets: ``MODELS`` (issue 18's). Needs the ``bench`` extra; ``--quick``: a smoke run::
 
     .venv/bin/python benchmarks/trl_iteration.py --out benchmarks/results/trl_iteration.md
-    .venv/bin/python benchmarks/trl_iteration.py --quick   # smoke run, < 60 s
-    .venv/bin/python benchmarks/trl_iteration.py --profile-only --quick   # lmgym side only
 """
 
 from __future__ import annotations
@@ -61,7 +49,7 @@ from typing import Any
 
 import harness as h
 import torch
-from workloads import check_compiled
+import workloads as w
 
 from lmgym.agents import GRPO, RLOO, Agent
 from lmgym.envs import FunctionReward, TokenVectorEnv
@@ -73,9 +61,9 @@ PROMPTS = ["Once upon a time", "The quick brown ", "def reward(x): r", "In the b
 PROMPT_TOKENS, NUM_PROMPTS, GROUP_SIZE, NEW_TOKENS = 16, 8, 8, 32
 TOKENS = NUM_PROMPTS * GROUP_SIZE * NEW_TOKENS
 LEARNING_RATE = 1e-3
-MODELS = {"small": ("GPT-2 2L/128d", 2, 128, 4, 3.0), "large": ("GPT-2 6L/384d", 6, 384, 6, 1.5)}
-"""name -> (label, layers, width, heads, target TRL / lmgym ratio of median s/it)."""
-TARGET_THREADS = 2  # the issue's setting; other thread counts are for information
+MODELS = {"small": ("GPT-2 2L/128d", 2, 128, 4, 2.5), "large": ("GPT-2 6L/384d", 6, 384, 6, 2.0)}
+"""name -> (label, layers, width, heads, issue 18's target TRL / lmgym ratio of median s/it)."""
+TARGET_THREADS = 2  # the issues' setting; other thread counts are for information
 TRL_NAME = {"grpo": "GRPOTrainer", "rloo": "RLOOTrainer"}
 
 
@@ -160,48 +148,41 @@ class Run:
         return statistics.median(self.trl) / statistics.median(self.lm)
 
 
-def alternated_run(
-    path: Path, algo: str, warmup: int, iters: int, compile_decode: bool, _: int = 0
-) -> Run:
+def alternated_run(path: Path, algo: str, args: argparse.Namespace, _: int = 0) -> Run:
     """Run TRL's trainer and, after each of its steps, one lmgym ``agent.step()``."""
     from transformers import TrainerCallback
 
-    agent = make_agent(path, algo, compile_decode)
+    agent = make_agent(path, algo, args.compile_decode)
     run = Run([], [], [], float("nan"))
     state: dict[str, Any] = {"meter": None}
 
     class Alternate(TrainerCallback):
-        def on_train_begin(self, args: Any, st: Any, control: Any, **kwargs: Any) -> None:
+        def on_train_begin(self, _: Any, st: Any, control: Any, **kwargs: Any) -> None:
             state["mark"] = time.perf_counter()
 
-        def on_step_begin(self, args: Any, st: Any, control: Any, **kwargs: Any) -> None:
+        def on_step_begin(self, _: Any, st: Any, control: Any, **kwargs: Any) -> None:
+            if st.global_step >= args.warmup:  # global_step: the steps done before this one
+                state["meter"] = state["meter"] or h.CpuMeter()
             state["begin"] = time.perf_counter()
 
-        def on_step_end(self, args: Any, st: Any, control: Any, **kwargs: Any) -> None:
+        def on_step_end(self, _: Any, st: Any, control: Any, **kwargs: Any) -> None:
             end = time.perf_counter()
-            metrics = state["trainer"]._metrics["train"]  # TRL's own record of the step
-            low, high = metrics["completions/min_length"][-1], metrics["completions/max_length"][-1]
+            logged = state["trainer"]._metrics["train"]  # TRL's own record of the step
+            low, high = logged["completions/min_length"][-1], logged["completions/max_length"][-1]
             assert low == high == NEW_TOKENS, f"TRL: completions of {low}-{high} tokens"
-            timed = st.global_step > warmup
-            if timed:
-                state["meter"] = state["meter"] or h.CpuMeter()
+            seconds, made, metrics = w.timed_step(agent)
+            assert made == TOKENS and metrics["completion_length"] == NEW_TOKENS, made
+            if st.global_step > args.warmup:
                 run.trl.append(end - state["mark"])
                 run.trl_core.append(end - state["begin"])
-            before = agent.tokens_generated
-            start = time.perf_counter()
-            metrics = agent.step()
-            seconds = time.perf_counter() - start
-            made = agent.tokens_generated - before
-            assert made == TOKENS and metrics["completion_length"] == NEW_TOKENS, made
-            if timed:
                 run.lm.append(seconds)
             state["mark"] = time.perf_counter()
 
     with tempfile.TemporaryDirectory() as out_dir:
-        state["trainer"] = make_trainer(path, algo, warmup + iters, out_dir, Alternate())
+        state["trainer"] = make_trainer(path, algo, args.warmup + args.iters, out_dir, Alternate())
         state["trainer"].train()
-    assert len(run.lm) == len(run.trl) == iters
-    check_compiled(agent.policy, compile_decode)
+    assert len(run.lm) == len(run.trl) == args.iters
+    w.check_compiled(agent.policy, args.compile_decode)
     run.other_load = state["meter"].other_load()
     return run
 
@@ -211,7 +192,7 @@ def profile_lmgym(path: Path, algo: str, iters: int, compile_decode: bool = Fals
     agent = make_agent(path, algo, compile_decode)
     agent.step()
     phases = h.profile_phases(agent.step, iters)
-    check_compiled(agent.policy, compile_decode)
+    w.check_compiled(agent.policy, compile_decode)
     return phases
 
 
@@ -223,10 +204,6 @@ class Result(h.Runs[Run]):
     model: str = ""
     threads: int = 0
     profile: h.Phases = field(default_factory=dict)
-
-
-def row_name(algo: str, model: str, threads: int) -> str:
-    return f"{algo.upper()}, {MODELS[model][0]}, {threads} thread(s)"
 
 
 def report(results: list[Result], args: argparse.Namespace, command: str, wall: float) -> list[str]:
@@ -252,10 +229,9 @@ def report(results: list[Result], args: argparse.Namespace, command: str, wall: 
         f"- method: alternated (TRL step, lmgym step, ...), {args.warmup} warm-up pairs "
         f"discarded, then {args.iters} timed pairs, in each of {args.processes} fresh "
         "process(es). lmgym: `agent.step()`; TRL: end of the previous step's callbacks -> "
-        "`on_step_end` (`on_step_begin` -> `on_step_end` in its own column). Seconds: median "
-        "[IQR] (min-max) over all processes' iterations; tok/s = completion tokens / mean "
-        "seconds; ratio = TRL median / lmgym median (> 1: lmgym faster), the median of the "
-        "per-process ratios. Equal work: the script's docstring.",
+        "`on_step_end`. Seconds: median [IQR] (min-max) over all processes' iterations; tok/s "
+        "= completion tokens / mean seconds; ratio = TRL median / lmgym median (> 1: lmgym "
+        "faster), the median of the per-process ratios. Equal work: the script's docstring.",
         "",
         *h.table(
             "algorithm | model | threads | lmgym s/it | TRL s/it | TRL s/it (step_begin"
@@ -264,14 +240,13 @@ def report(results: list[Result], args: argparse.Namespace, command: str, wall: 
             left=2,
         ),  # fmt: skip
         *h.ratios_block(results),
-        "",
-        f"## Targets (issue 7 setting: {TARGET_THREADS} torch threads)",
-        "",
     ]
+    targets = []
     for r in results:
         info = "" if r.threads == TARGET_THREADS else " (for information: not the issue's setting)"
-        lines.append(h.target_line(r.name, r.ratio, MODELS[r.model][4], "lmgym vs TRL") + info)
-    lines += h.noisy_warning([r.other_load for r in results])
+        targets.append(h.target_line(r.name, r.ratio, MODELS[r.model][4], "lmgym vs TRL") + info)
+    title = f"Targets (issue 18's for GRPO, RLOO held to the same; {TARGET_THREADS} torch threads)"
+    lines += h.targets_section(title, targets, results)
     columns = {f"{r.algo.upper()} {MODELS[r.model][0]}, {r.threads}T": r.profile
                for r in results if r.profile}  # fmt: skip
     note = f"{args.profile_iters} extra lmgym iterations (`agent.step()`)."
@@ -293,8 +268,6 @@ def main(argv: list[str] | None = None) -> None:
         dict(threads="2,1", models="small,large", warmup=3, iters=15, processes=3, profile_iters=5),
         dict(threads="2", models="small", warmup=1, iters=3, processes=1, profile_iters=2),
     )
-    if args.processes < 1:
-        p.error(f"--processes {args.processes}: must be >= 1")
     models = h.csv(args.models, list(MODELS), "--models", p)
     algos = h.csv(args.algos, list(TRL_NAME), "--algos", p)
     threads = [int(t) for t in args.threads.split(",") if t.strip()]
@@ -306,12 +279,11 @@ def main(argv: list[str] | None = None) -> None:
         paths = {m: build_checkpoint(Path(tmp) / m, m) for m in models}
         for n, m, algo in itertools.product(threads, models, algos):
             h.quiet_worker(n)
-            name = row_name(algo, m, n)
+            name = f"{algo.upper()}, {MODELS[m][0]}, {n} thread(s)"
             print(f"{name}: {args.warmup}+{args.iters} pairs", flush=True)
             runs = []
             if not args.profile_only:
-                work = functools.partial(alternated_run, paths[m], algo, args.warmup, args.iters,
-                                         args.compile_decode)  # fmt: skip
+                work = functools.partial(alternated_run, paths[m], algo, args)
                 runs = h.run_row(name, work, args.processes, n, deadline).runs
             result = Result(name, runs, algo, m, n)
             if args.profile_iters > 0:

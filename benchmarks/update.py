@@ -148,11 +148,11 @@ def report(rows: list[Row], args: argparse.Namespace, command: str, wall: float)
              f"| {r.grad_diff:.1e} | {h.load_cell(r.other_load)}" for r in rows],
         ),
         *h.ratios_block(rows),
-        "",
-        "## Target",
-        "",
-        *[h.target_line(r.name, r.ratio, TARGET, "bucketed vs padded") for r in rows],
-        *h.noisy_warning([r.other_load for r in rows]),
+        *h.targets_section(
+            "Target",
+            [h.target_line(r.name, r.ratio, TARGET, "bucketed vs padded") for r in rows],
+            rows,
+        ),
     ]  # fmt: skip
     return lines
 

@@ -226,6 +226,14 @@ def timed(fn: Callable[[], Any], device: torch.device | str = "cpu") -> tuple[fl
     return time.perf_counter() - start, out
 
 
+def timed_step(agent: Any, device: torch.device | str = "cpu") -> tuple[float, int, Any]:
+    """``(seconds, completion tokens generated, metrics)`` of one ``agent.step()``
+    (collect + update), timed as ``timed``."""
+    before = agent.tokens_generated
+    seconds, metrics = timed(agent.step, device)
+    return seconds, agent.tokens_generated - before, metrics
+
+
 def matmul_tflops(n: int, per_window: int, windows: int, device: torch.device) -> list[float]:
     """TFLOP/s (``2 n^3`` per product) of each of ``windows`` timing windows of
     ``per_window`` ``n x n`` bf16 products, after one untimed window: the best is the

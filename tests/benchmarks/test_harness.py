@@ -140,6 +140,9 @@ def test_a_row_over_processes_is_the_median_ratio_and_the_worst_load():
         h.target_line("r", 1.499, 1.5, "a vs b") == "- r: 1.50x a vs b (target >= 1.5x) -> NOT MET"
     )
     assert h.target_line("r", 1.5, 1.5, "a vs b") == "- r: 1.50x a vs b (target >= 1.5x) -> MET"
+    assert h.targets_section("Target", ["- r: ..."], rows[:1]) == ["", "## Target", "", "- r: ..."]
+    noisy = h.targets_section("Target", [], rows)
+    assert noisy[:3] == ["", "## Target", ""] and noisy[3].startswith("- WARNING: other processes")
 
 
 def test_common_options_and_the_decode_line_in_the_header():
@@ -155,6 +158,20 @@ def test_common_options_and_the_decode_line_in_the_header():
         "- lmgym decode: eager (the default; `--compile-decode` compiles it)"
     )
     assert not any("decode" in line for line in h.header("T", "t", [], "cmd"))
+
+
+def test_processes_must_be_at_least_one(capsys):
+    p = h.parser("Doc.")
+    h.add_common(p, processes="3")
+    assert p.parse_args(["--processes", "1"]).processes == 1
+    with pytest.raises(SystemExit):
+        p.parse_args(["--processes", "0"])
+    assert "argument --processes: 0: must be >= 1" in capsys.readouterr().err
+
+
+def test_a_parser_without_quick_has_only_out():
+    p = h.parser("Doc.", quick=None)
+    assert vars(p.parse_args(["--out", "x.md"])) == {"out": Path("x.md")}
 
 
 def test_the_source_line_names_the_commit_the_run_started_from(monkeypatch):

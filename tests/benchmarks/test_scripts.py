@@ -3,6 +3,7 @@ and build the workloads they claim."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import sys
 from pathlib import Path
@@ -65,6 +66,24 @@ def test_trl_iteration_profile_times_every_agent_phase(tmp_path):
         assert seconds > 0 and calls >= 1, label
 
 
+def test_trl_iteration_report_shows_issue_18s_targets():
+    trl = load("trl_iteration")
+    fast, slow = trl.Run([0.25], [0.625], [0.5], 0.0), trl.Run([0.5], [0.75], [0.5], 0.0)
+    results = [
+        trl.Result("GRPO, GPT-2 2L/128d, 2 thread(s)", [fast], "grpo", "small", 2),
+        trl.Result("RLOO, GPT-2 6L/384d, 1 thread(s)", [slow], "rloo", "large", 1),
+    ]
+    args = argparse.Namespace(compile_decode=False, warmup=1, iters=1, processes=1, profile_iters=0)
+    lines = trl.report(results, args, "cmd", 1.0)
+    start = lines.index("## Targets (issue 18's for GRPO, RLOO held to the same; 2 torch threads)")
+    assert lines[start + 1 :] == [
+        "",
+        "- GRPO, GPT-2 2L/128d, 2 thread(s): 2.50x lmgym vs TRL (target >= 2.5x) -> MET",
+        "- RLOO, GPT-2 6L/384d, 1 thread(s): 1.50x lmgym vs TRL (target >= 2x) -> NOT MET"
+        " (for information: not the issue's setting)",
+    ]
+
+
 def test_update_batch_is_bimodal_with_exact_lengths(tokenizer):
     update = load("update")
     batch = update.bimodal_batch(tokenizer)
@@ -117,6 +136,21 @@ def test_rollout_report_renders_its_table_and_targets():
         "| env steps, lmgym/TargetString-v0, 256 envs, 64 steps/call | env steps/s | 500,000 "
         "| SyncVectorEnv | 10,000 | 50.00x | 5 | 20% (noisy) |",
     ]
-    assert "- rollout >= 1.0x generate, GPT-2 2L/128d: 2.00x -> MET" in lines
+    assert (
+        "- rollout >= 1.0x generate (eager decode: issue 7's target), GPT-2 2L/128d: 2.00x -> MET"
+        in lines
+    )
     assert "- native env >= 20x SyncVectorEnv at 256 envs: 50.0x -> MET" in lines
     assert "- lmgym decode: eager (the default; `--compile-decode` compiles it)" in lines
+
+
+def test_rollout_target_is_issue_18s_with_a_compiled_decode_and_issue_7s_eager():
+    rollout = load("rollout")
+    row = h.Comparison("rollout, GPT-2 6L/256d, B=64, 16+64 tok", 1400.0, 1000.0, 7, 0.0)
+    assert rollout.verdicts([row], compiled=True) == [
+        "- rollout >= 1.5x generate (compiled decode: issue 18's target), GPT-2 6L/256d: "
+        "1.40x -> NOT MET"
+    ]
+    assert rollout.verdicts([row], compiled=False) == [
+        "- rollout >= 1.0x generate (eager decode: issue 7's target), GPT-2 6L/256d: 1.40x -> MET"
+    ]
