@@ -48,10 +48,19 @@ def allreduce_seconds(numel: int, repeats: int = 5) -> float:
 
 def run_side(args: argparse.Namespace, num_prompts: int, out: Path) -> None:
     """Time ``args.iters`` GRPO iterations on this rank's ``num_prompts`` prompts."""
-    from lmgym.distributed import DataParallelGroup, init_from_env
+    from lmgym.distributed import init_from_env, shutdown
 
     h.quiet_worker(args.threads)
     init_from_env()
+    try:
+        measure(args, num_prompts, out)
+    finally:
+        shutdown()
+
+
+def measure(args: argparse.Namespace, num_prompts: int, out: Path) -> None:
+    from lmgym.distributed import DataParallelGroup
+
     group = DataParallelGroup()
     agent = w.grpo_on_gpt2(args.layers, args.width, num_prompts, args.group, args.new_tokens,
                            learning_rate=1e-4)  # fmt: skip

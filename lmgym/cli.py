@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gc
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -303,18 +302,12 @@ def _launch(nproc: int, argv: list[str]) -> int:
 
 def train(argv: Sequence[str]) -> int:
     """``lmgym train``: see the module docstring and docs/cli.md."""
-    import torch.distributed as dist
+    from lmgym.distributed import shutdown
 
     try:
         return _train(argv)
     finally:
-        if dist.is_available() and dist.is_initialized():
-            # The agent and its DDP reducer sit in a reference cycle (the update wrapper
-            # calls back into the agent): free them while the process group still
-            # exists, not during interpreter shutdown, where a gloo thread torn down
-            # late aborted a finished rank once in a while.
-            gc.collect()
-            dist.destroy_process_group()
+        shutdown()
 
 
 def _train(argv: Sequence[str]) -> int:

@@ -19,6 +19,7 @@ world size 1.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 from dataclasses import fields
@@ -55,6 +56,19 @@ def init_from_env(device: str | torch.device = "cpu", timeout_s: float = DEFAULT
     backend = "nccl" if torch.device(device).type == "cuda" else "gloo"
     dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
     return is_distributed()
+
+
+def shutdown() -> None:
+    """Leave the process group, if one is initialised (the end of a distributed run).
+
+    Unreachable objects are freed first: an agent and its DDP reducer sit in a
+    reference cycle (the update wrapper calls back into the agent), and left to
+    interpreter shutdown, a gloo thread torn down after the group aborts a finished
+    rank now and then ('terminate called without an active exception').
+    """
+    if dist.is_available() and dist.is_initialized():
+        gc.collect()
+        dist.destroy_process_group()
 
 
 class DataParallelGroup:

@@ -16,7 +16,6 @@ from functools import partial
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -31,6 +30,7 @@ from async_cases import (  # noqa: E402
 )
 
 from lmgym.asynchronous import AsyncConfig, AsyncHooks, run_async  # noqa: E402
+from lmgym.distributed import shutdown  # noqa: E402
 
 
 def run(out: Path, name: str, config: AsyncConfig, iterations: int, factory, hooks=None) -> None:
@@ -145,4 +145,4 @@ if __name__ == "__main__":
     scenario, out = sys.argv[1], Path(sys.argv[2])
     scenarios = {"equal": equal, "bound": bound, "kill": kill, "stuck": stuck, "learn": learn}
     scenarios[scenario](out)
-    dist.destroy_process_group()
+    shutdown()

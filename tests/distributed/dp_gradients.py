@@ -13,13 +13,12 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from dp_cases import CASES, full_batch, gradient_of, make_agent  # noqa: E402
 
-from lmgym.distributed import DataParallelGroup, init_from_env  # noqa: E402
+from lmgym.distributed import DataParallelGroup, init_from_env, shutdown  # noqa: E402
 
 
 def main(out: Path) -> None:
@@ -75,7 +74,7 @@ def main(out: Path) -> None:
     except ValueError as error:
         results["unused"] = str(error)
     torch.save(results, out / f"rank{rank}.pt")
-    dist.destroy_process_group()
+    shutdown()
 
 
 if __name__ == "__main__":
