@@ -707,6 +707,11 @@ def profile_phases(call: Callable[[], object], calls: int) -> Phases:
         ``lmgym.`` prefix (``"collect/act/decode/trunk"``: exclusive seconds, i.e.
         minus the labels nested in it) and ``"unlabelled"`` (wall minus all labels).
     """
+    return profiled(call, calls)[0]
+
+
+def profiled(call: Callable[[], object], calls: int) -> tuple[Phases, Any]:
+    """``profile_phases`` and the profiler itself (its events, for op-level detail)."""
     from torch.profiler import ProfilerActivity, profile
 
     from lmgym.profiling import PREFIX, phase_times
@@ -720,7 +725,7 @@ def profile_phases(call: Callable[[], object], calls: int) -> Phases:
     for path, t in phase_times(prof.events()).items():
         out[path.replace(PREFIX, "")] = (t.seconds / calls, t.calls / calls)
     out["unlabelled"] = (wall - sum(s for k, (s, _) in out.items() if k != "wall"), 0.0)
-    return out
+    return out, prof
 
 
 def phase_table(

@@ -125,6 +125,50 @@ def bench_env(n: int, steps: int, warmup: int, repeats: int, _: int = 0) -> h.Co
     return h.Comparison(name, *rates, repeats, meter.other_load(), time.perf_counter() - start)
 
 
+def step_profile(size: str, calls: int, compile_decode: bool) -> tuple[h.Phases, dict]:
+    """``collect``'s labelled phases under ``torch.profiler`` (inductor's per-kernel
+    events on), and ms per decode step: ``generate`` and ``collect`` unprofiled
+    (alternated), and the profiled trunk's matmuls (``aten::addmm``/``mm``), compiled
+    graph kernels (attention, layer norms, GELU, cache writes) and dynamo guard checks."""
+    torch._inductor.config.cpp.enable_kernel_profile = True  # before the first compile
+    model, tok = w.tiny_gpt2(size, n_positions=128)
+    w.forbid_token(model, tok.eos_token_id)
+    sides = w.RolloutVsGenerate(model, tok, BATCH, PROMPT_TOKENS, NEW_TOKENS,
+                                compile_decode=compile_decode)  # fmt: skip
+    ta, tb = h.alternate(sides.lmgym, sides.generate, 1, calls)
+    phases, prof = h.profiled(sides.lmgym, calls)
+    ms = 1e3 / NEW_TOKENS  # seconds per call -> ms per decode step
+    notes = {"generate (unprofiled)": statistics.median(tb) * ms,
+             "collect (unprofiled)": statistics.median(ta) * ms,
+             "collect (profiled)": phases["wall"][0] * ms}  # fmt: skip
+    kinds = {"matmuls": ("aten::addmm", "aten::mm"), "guard checks": ("TorchDynamo Cache Lookup",)}
+    for e in prof.key_averages():
+        kind = next((k for k, keys in kinds.items() if e.key in keys), None)
+        kind = "compiled kernels" if e.key.startswith("graph_") else kind
+        if kind:  # self_cpu_time_total is in microseconds
+            name = f"trunk: {kind} (profiled)"
+            notes[name] = notes.get(name, 0.0) + e.self_cpu_time_total / 1e3 / calls / NEW_TOKENS
+    return phases, notes
+
+
+def profile_lines(profiles: dict[str, tuple[h.Phases, dict]], calls: int) -> list[str]:
+    return [
+        "",
+        "## Where a rollout step goes",
+        "",
+        f"One fresh process per model: `collect` and `generate` alternated unprofiled "
+        f"({calls} calls each), then {calls} calls of `collect` under `torch.profiler` "
+        "with inductor's per-kernel events. " + h.PHASE_NOTE + " Rows in italics: ms per "
+        "decode step (medians); the `trunk:` rows split the profiled time inside the "
+        "trunk into BLAS matmuls, the compiled graph's own kernels (attention over the "
+        "cache, layer norms, GELU, cache writes) and dynamo's guard checks before each call.",
+        "",
+        *h.phase_table(
+            {k: p for k, (p, _) in profiles.items()}, {k: n for k, (_, n) in profiles.items()}
+        ),  # fmt: skip
+    ]
+
+
 def is_rollout(row: h.Comparison) -> bool:
     return row.name.startswith("rollout")
 
@@ -183,6 +227,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--processes", type=h.positive_int, default=5, help="fresh processes per rollout row (5)"
     )
+    p.add_argument("--profile", type=int, default=0, metavar="CALLS",
+                   help="also profile CALLS rollouts per model in a fresh process (0: none)")  # fmt: skip
     h.add_common(p, compile_decode=True)
     args = p.parse_args(argv)
     h.quiet_worker(NUM_THREADS)
@@ -203,9 +249,13 @@ def main(argv: list[str] | None = None) -> None:
         work = functools.partial(bench_env, n, env_steps, env_warmup, env_repeats)
         rows.append(h.in_processes(work, 1, NUM_THREADS, deadline, f"env {n}")[0])
         print(f"{rows[-1].name}: {rows[-1].ratio:.1f}x", flush=True)
+    profiles = {}
+    for size in ("small", "large") if args.profile else ():
+        work = functools.partial(step_profile, size, args.profile, args.compile_decode)
+        profiles[w.SIZES[size][0]] = h.in_fresh_process(work, NUM_THREADS)
     command = h.command_line("rollout.py", argv)
     lines = markdown(rows, command, time.perf_counter() - t0, args.compile_decode)
-    h.finish(lines, args.out)
+    h.finish(lines + (profile_lines(profiles, args.profile) if profiles else []), args.out)
 
 
 if __name__ == "__main__":

@@ -87,8 +87,9 @@ def slot_attention(
             raise NotImplementedError(f"{ATTENTION_NAME} attention does not apply {name}")
     if dropout:
         raise NotImplementedError(f"{ATTENTION_NAME} attention does not apply dropout")
-    if attention_mask is not None and attention_mask.shape[-1] < key.shape[2]:
-        width = attention_mask.shape[-1]  # the columns in use (CompiledDecode, on CPU)
+    if attention_mask is not None:  # the columns in use (CompiledDecode, on CPU), or all
+        # Sliced unconditionally: a branch on width < C would split the graph in two.
+        width = attention_mask.shape[-1]
         key, value = key[:, :, :width], value[:, :, :width]
     if lmgym_packed is None:
         return _attend(query, key, value, attention_mask, scaling), None
@@ -166,24 +167,11 @@ def _step(
 _compiled: dict[tuple[str, bool], Callable[..., Tensor]] = {}
 
 
-try:  # the flag behind torch.compiler.set_stance(skip_guard_eval_unsafe=...), whose
-    # context manager costs ~70 us a call (a third of what it saves on a small model)
-    from torch._C._dynamo.eval_frame import set_skip_guard_eval_unsafe
-except ImportError:  # another torch: every step evaluates its guards in full
-    set_skip_guard_eval_unsafe = None
-
-
-@contextlib.contextmanager
-def _only_differentiating_guards(on: bool) -> Iterator[None]:
+def _only_differentiating_guards(on: bool) -> contextlib.AbstractContextManager:
     """Inside: dynamo evaluates only the guards that tell its compiled graphs apart."""
-    if not on or set_skip_guard_eval_unsafe is None:
-        yield
-        return
-    prior = set_skip_guard_eval_unsafe(True)
-    try:
-        yield
-    finally:
-        set_skip_guard_eval_unsafe(prior)
+    if not on:
+        return contextlib.nullcontext()
+    return torch.compiler.set_stance(skip_guard_eval_unsafe=True)
 
 
 def compile_step(mode: str | None, packed: bool = False) -> Callable[..., Tensor]:
@@ -207,9 +195,11 @@ class CompiledDecode:
     mode and adapters. So the first plain step over a cache runs the guards in full
     and picks (or compiles) the graph; the later plain steps over the same cache,
     trunk, rows and slot buffers evaluate only the guards that tell dynamo's
-    compiled graphs apart (``torch.compiler.set_stance(skip_guard_eval_unsafe=True)``'s
-    flag). A packed step (its sizes change) and the plain step after it run them in
-    full again.
+    compiled graphs apart (``torch.compiler.set_stance(skip_guard_eval_unsafe=True)``,
+    ~6 us). A packed step (its sizes change) and the plain step after it run them in
+    full again. Where a later step needs a new graph after all (a model whose second
+    step turns a size dynamic), dynamo refuses to compile under the shortcut, before
+    running anything, and the step reruns with every guard.
 
     Attributes:
         enabled: compile the decode step (the policy's ``compile_decode``); cleared
@@ -280,28 +270,28 @@ class CompiledDecode:
                     torch._dynamo.maybe_mark_dynamic(tensor, 0)
                 torch._dynamo.maybe_mark_dynamic(packed[1], 1)
             mask = cache_mask[:, None, None, :]
-            if not cuda:
-                mask = mask[..., :filled]
+            if not cuda:  # contiguous: one stride pattern for every width (one graph)
+                mask = mask[..., :filled].contiguous()
                 torch._dynamo.maybe_mark_dynamic(mask, 3)
             if cuda:
                 for layer in cache.layers:
                     torch._dynamo.mark_static_address(layer.key_slots)
                     torch._dynamo.mark_static_address(layer.value_slots)
                 torch.compiler.cudagraph_mark_step_begin()
-            checked = self._guards_checked(trunk, cache, input_ids, packed is not None)
-            with (
-                slot_attention_on(trunk.config),
-                _only_differentiating_guards(checked and self.skip_guards),
-            ):
-                hidden = step(
-                    trunk,
-                    input_ids,
-                    mask,
-                    position_ids,
-                    cache,
-                    cache_kwarg,
-                    packed,
-                )
+            shortcut = self.skip_guards and self._guards_checked(
+                trunk, cache, input_ids, packed is not None
+            )
+            args = (trunk, input_ids, mask, position_ids, cache, cache_kwarg, packed)
+            with slot_attention_on(trunk.config):
+                try:
+                    with _only_differentiating_guards(shortcut):
+                        hidden = step(*args)
+                except RuntimeError as error:
+                    # No graph fits without a recompile (one that dynamo refuses under
+                    # the shortcut, before running anything): run with every guard.
+                    if not shortcut or "skip_guard_eval_unsafe" not in str(error):
+                        raise
+                    hidden = step(*args)
             # A CUDA graph's output is overwritten by its next replay.
             return hidden.clone() if cuda else hidden
         except Exception as error:  # noqa: BLE001  # any compile failure: decode eagerly

@@ -221,6 +221,10 @@ class KVCacheRollout:
         cache_mask, cols = mask, None
         if _plain_cache(cache):
             capacity = max(capacity, width + 1)
+            if self._compiled_decode.enabled:
+                # A spare column: the compiled step's read width stays below the
+                # capacity (a width equal to it is a second graph: another compile).
+                capacity += 1
             to_slots(cache, capacity)
             cache_mask = _widen(mask, capacity)
             if self._compiled_decode.enabled:  # its one graph writes per-row columns

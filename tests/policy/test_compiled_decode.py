@@ -1,10 +1,12 @@
-"""The compiled decode step: its attention, its one fixed shape, its fallback to eager.
+"""The compiled decode step: its attention, its read width, its guard shortcut, its fallback.
 
 The rollout equality tests (sampler log-probs equal teacher forcing) run in every
 decode mode through the ``decode`` fixture (tests/policy/conftest.py).
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import pytest
 import torch
@@ -107,7 +109,7 @@ def test_every_decode_step_reads_the_columns_in_use(
     batch = collect(env, policy, seed=0)
     steps = int(batch.lengths.max()) - 1  # every step after the prefill
     assert batch.lengths.min() < batch.lengths.max()
-    capacity = env.prompt_width + env.max_new_tokens
+    capacity = env.prompt_width + env.max_new_tokens + 1  # a spare column: width < capacity
     n, first = env.num_envs, env.prompt_width + 1
     assert step_calls == [
         ("plain", ((n, 1), (n, 1, 1, first + k), (n, 1), (n, 4, capacity, 16)))
@@ -207,12 +209,16 @@ def test_a_rollouts_later_steps_skip_full_guards_yet_run_their_own_graph(
     # dynamo's guards in full, the later steps only those that tell the graphs apart:
     # each policy must still run its own graph (the other's would drop or miss a
     # layer), match teacher forcing, and sample what it samples with full guards.
+    from torch._dynamo import eval_frame
+
     shortcut: list[bool] = []
     real = compiled_decode._only_differentiating_guards
 
+    @contextlib.contextmanager
     def spy(on: bool):
-        shortcut.append(on)
-        return real(on)
+        with real(on):  # dynamo's stance inside: full guards or only the differentiating
+            shortcut.append(eval_frame._stance.skip_guard_eval_unsafe)
+            yield
 
     monkeypatch.setattr(compiled_decode, "_only_differentiating_guards", spy)
     policies = [
@@ -237,3 +243,29 @@ def test_a_rollouts_later_steps_skip_full_guards_yet_run_their_own_graph(
             assert torch.equal(full.completion_ids, batch.completion_ids)
             assert torch.equal(full.sampler_logprobs, batch.sampler_logprobs)
             assert policy.compile_decode
+
+
+def test_a_step_that_needs_a_new_graph_under_the_shortcut_reruns_with_every_guard(
+    make_env, make_eos_policy, tokenizer, monkeypatch
+):
+    # Under the guard shortcut dynamo refuses to compile, before running anything;
+    # the step then runs again with full guards, and compiling stays on.
+    from torch._dynamo import eval_frame
+
+    refused = []
+
+    def strict(mode, packed=False):
+        def step(*args):
+            if eval_frame._stance.skip_guard_eval_unsafe and not refused:
+                refused.append(True)
+                raise RuntimeError("Recompilation triggered with skip_guard_eval_unsafe stance.")
+            return compiled_decode._step(*args)
+
+        return step
+
+    monkeypatch.setattr(compiled_decode, "compile_step", strict)
+    policy = make_eos_policy(tokenizer, compile_decode=True)
+    env = make_env(prompts=["ab", "hello there", "x"], num_prompts=3, group_size=2)
+    batch = collect(env, policy, seed=0)
+    assert refused == [True] and policy.compile_decode
+    assert teacher_forced_gap(policy, batch) < 1e-4
