@@ -37,6 +37,7 @@ from __future__ import annotations
 import functools
 import statistics
 import time
+from typing import Any
 
 import gymnasium as gym
 import harness as h
@@ -141,14 +142,32 @@ def step_profile(size: str, calls: int, compile_decode: bool) -> tuple[h.Phases,
     notes = {"generate (unprofiled)": statistics.median(tb) * ms,
              "collect (unprofiled)": statistics.median(ta) * ms,
              "collect (profiled)": phases["wall"][0] * ms}  # fmt: skip
-    kinds = {"matmuls": ("aten::addmm", "aten::mm"), "guard checks": ("TorchDynamo Cache Lookup",)}
-    for e in prof.key_averages():
-        kind = next((k for k, keys in kinds.items() if e.key in keys), None)
-        kind = "compiled kernels" if e.key.startswith("graph_") else kind
+    for e in prof.events():  # the decode step's trunk only (not the prefill's)
+        kind = decode_trunk_kind(e)
         if kind:  # self_cpu_time_total is in microseconds
-            name = f"trunk: {kind} (profiled)"
+            name = f"decode trunk: {kind} (profiled)"
             notes[name] = notes.get(name, 0.0) + e.self_cpu_time_total / 1e3 / calls / NEW_TOKENS
     return phases, notes
+
+
+MATMULS = ("aten::addmm", "aten::mm", "aoti_torch_cpu_addmm_out", "aoti_torch_cpu_mm_out")
+
+
+def decode_trunk_kind(event: Any) -> str | None:
+    """A profiler event inside a decode step's trunk: ``"matmuls"`` (BLAS, called
+    from Python or from the compiled graph's C++ wrapper), ``"compiled kernels"``
+    (inductor's, named ``graph_*`` with kernel profiling on), ``"guard checks"``
+    (dynamo's); ``None`` for anything else or elsewhere."""
+    kind = ("matmuls" if event.name in MATMULS else
+            "compiled kernels" if event.name.startswith("graph_") else
+            "guard checks" if event.name == "TorchDynamo Cache Lookup" else None)  # fmt: skip
+    parent = event.cpu_parent
+    while kind and parent is not None:
+        if parent.name == "lmgym.trunk":
+            grand = parent.cpu_parent
+            return kind if grand is not None and grand.name == "lmgym.decode" else None
+        parent = parent.cpu_parent
+    return None
 
 
 def profile_lines(profiles: dict[str, tuple[h.Phases, dict]], calls: int) -> list[str]:
@@ -159,9 +178,10 @@ def profile_lines(profiles: dict[str, tuple[h.Phases, dict]], calls: int) -> lis
         f"One fresh process per model: `collect` and `generate` alternated unprofiled "
         f"({calls} calls each), then {calls} calls of `collect` under `torch.profiler` "
         "with inductor's per-kernel events. " + h.PHASE_NOTE + " Rows in italics: ms per "
-        "decode step (medians); the `trunk:` rows split the profiled time inside the "
-        "trunk into BLAS matmuls, the compiled graph's own kernels (attention over the "
-        "cache, layer norms, GELU, cache writes) and dynamo's guard checks before each call.",
+        "decode step (medians); the `decode trunk:` rows split the profiled time inside "
+        "the decode step's trunk into BLAS matmuls, the compiled graph's own kernels "
+        "(attention over the cache, layer norms, GELU, cache writes) and dynamo's guard "
+        "checks before each call.",
         "",
         *h.phase_table(
             {k: p for k, (p, _) in profiles.items()}, {k: n for k, (_, n) in profiles.items()}
