@@ -448,8 +448,11 @@ def header(
     """
     versions = [f"python {platform.python_version()}"]
     for name in modules:
-        module = importlib.import_module(name)
-        versions.append(f"{name} {getattr(module, '__version__', '?')}")
+        try:
+            version = getattr(importlib.import_module(name), "__version__", "?")
+        except ModuleNotFoundError:  # e.g. trl without the bench extra: a report still renders
+            version = "not installed"
+        versions.append(f"{name} {version}")
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return [
         f"# {title}",

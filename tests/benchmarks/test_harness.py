@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
@@ -183,3 +184,10 @@ def test_the_source_line_names_the_commit_the_run_started_from(monkeypatch):
     monkeypatch.setattr(h.subprocess, "run", lambda *a, **k: pytest.fail("git ran again"))
     assert h.header("T", "t", [], "cmd")[5] == first
     assert first.startswith("- source: commit ")
+
+
+def test_the_header_names_a_module_that_is_not_installed():
+    # A report renders without the bench extra (trl); the versions line says so.
+    versions = h.header("T", "t", ["torch", "no_such_module_here"], "cmd")[4]
+    assert f"torch {torch.__version__}" in versions
+    assert versions.endswith("no_such_module_here not installed")
