@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> None:
         "--processes", type=h.positive_int, default=5, help="fresh processes per rollout row (5)"
     )
     p.add_argument("--profile", type=int, default=0, metavar="CALLS",
-                   help="also profile CALLS rollouts per model in a fresh process (0: none)")  # fmt: skip
+                   help="also profile CALLS rollouts per model (0: none)")  # fmt: skip
     h.add_common(p, compile_decode=True)
     args = p.parse_args(argv)
     h.quiet_worker(NUM_THREADS)

@@ -188,10 +188,10 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
             with ``torch.compile`` (inductor; CUDA graphs on a GPU) over
             preallocated KV slots (``lmgym.policy.compiled_decode``). It pays a
             compile of tens of seconds on a CPU per process and per (rows, cache
-            capacity) shape, then runs each step with much less per-op overhead: worth it for
-            long trainings of small models, not for a short script. Only KV caches
-            lmgym moves into slots use it; where compiling fails, a warning says so
-            once and the policy decodes eagerly.
+            capacity) shape, then runs each step with much less per-op overhead:
+            worth it for long trainings of small models, not for a short script.
+            Only KV caches lmgym moves into slots use it; where compiling fails, a
+            warning says so once and the policy decodes eagerly.
     """
 
     def __init__(
