@@ -247,8 +247,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--processes", type=h.positive_int, default=5, help="fresh processes per rollout row (5)"
     )
-    p.add_argument("--profile", type=int, default=0, metavar="CALLS",
-                   help="also profile CALLS rollouts per model (0: none)")  # fmt: skip
+    p.add_argument("--profile", type=h.positive_int, metavar="CALLS",
+                   help="also profile CALLS rollouts per model")  # fmt: skip
     h.add_common(p, compile_decode=True)
     args = p.parse_args(argv)
     h.quiet_worker(NUM_THREADS)

@@ -154,3 +154,29 @@ def test_rollout_target_is_issue_18s_with_a_compiled_decode_and_issue_7s_eager()
     assert rollout.verdicts([row], compiled=False) == [
         "- rollout >= 1.0x generate (eager decode: issue 7's target), GPT-2 6L/256d: 1.40x -> MET"
     ]
+
+
+def test_rollout_profile_counts_only_the_decode_steps_trunk():
+    # Matmuls from Python or from the compiled graph's C++ wrapper, inductor kernels
+    # and guard checks count inside a decode step's trunk; the prefill's trunk and
+    # the LM head's matmul (outside any trunk) do not.
+    from types import SimpleNamespace as Event
+
+    rollout = load("rollout")
+    decode = Event(name="lmgym.decode", cpu_parent=Event(name="lmgym.act", cpu_parent=None))
+    prefill = Event(name="lmgym.prefill", cpu_parent=decode.cpu_parent)
+    trunk, prefill_trunk = (Event(name="lmgym.trunk", cpu_parent=p) for p in (decode, prefill))
+    graph = Event(name="## Call CompiledFxGraph abc ##", cpu_parent=trunk)
+    cases = [
+        ("aoti_torch_cpu_addmm_out", graph, "matmuls"),
+        ("aten::addmm", trunk, "matmuls"),
+        ("graph_0_cpp_fused_softmax_1", graph, "compiled kernels"),
+        ("TorchDynamo Cache Lookup", trunk, "guard checks"),
+        ("aten::addmm", prefill_trunk, None),
+        ("aten::addmm", decode.cpu_parent, None),
+        ("aten::copy_", trunk, None),
+    ]
+    for name, parent, kind in cases:
+        assert rollout.decode_trunk_kind(Event(name=name, cpu_parent=parent)) == kind, name
+    with pytest.raises(SystemExit):
+        rollout.main(["--profile", "0"])  # CALLS must be >= 1 (omit the flag for none)
