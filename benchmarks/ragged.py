@@ -201,6 +201,9 @@ def report(rows: list[h.Runs[Run]], args: argparse.Namespace, command: str, wall
             "dense) | max abs diff (buckets / flex) | other CPU load",
             [_row(r) for r in rows],
         ),
+        "",
+        "Per process, dense / ideal ms (the most a ragged read could speed up this step):",
+        *h.ratios_block(rows)[1:],
     ]
     return lines
 
