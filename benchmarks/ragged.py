@@ -62,8 +62,13 @@ def bucket_attention(module: object, query: Tensor, key: Tensor, value: Tensor,
     """Per contiguous row range ``(start, end, width)`` of ``PLAN["buckets"]``: SDPA over
     the range's first ``width`` columns. Returns ``[N, 1, H, D]``."""
     outs = [
-        sdpa(query[a:b], key[a:b, :, :n], value[a:b, :, :n], attention_mask[a:b, ..., :n],
-             scale=scaling)  # fmt: skip
+        sdpa(
+            query[a:b],
+            key[a:b, :, :n],
+            value[a:b, :, :n],
+            attention_mask[a:b, ..., :n],
+            scale=scaling,
+        )
         for a, b, n in PLAN["buckets"]  # type: ignore[attr-defined]
     ]
     return torch.cat(outs).transpose(1, 2), None
@@ -183,7 +188,9 @@ def bench(model: str, args: argparse.Namespace, _: int) -> Run:
     return Run(ms, float(cols.float().mean()) + 1, meter.other_load(), diffs)
 
 
-def report(rows: list[h.Runs[Run]], args: argparse.Namespace, command: str, wall: float) -> list[str]:
+def report(
+    rows: list[h.Runs[Run]], args: argparse.Namespace, command: str, wall: float
+) -> list[str]:
     lines = h.header("Ragged decode attention: each row's own cache columns vs the longest row's",
                      f"torch threads = {args.threads}", ["torch", "transformers", "lmgym"], command,
                      note=f" (total {wall:.0f} s)")  # fmt: skip
@@ -219,14 +226,18 @@ def _row(r: h.Runs[Run]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     p = h.parser(__doc__, "smoke run: small model, 3 rounds, 1 process")
-    p.add_argument("--filled", type=int, default=142, help="columns in use, the longest row's (142)")
+    p.add_argument(
+        "--filled", type=int, default=142, help="columns in use, the longest row's (142)"
+    )
     p.add_argument("--block-size", type=int, default=32, help="flex attention's KV block (32)")
     h.add_common(p, NUM_THREADS, list(w.SIZES), 3, "31, --quick 3", "3, --quick 1")
     args = p.parse_args(argv)
     h.fill_defaults(args, dict(models="small,large", repeats=31, processes=3),
-                    dict(models="small", repeats=3, processes=1, warmup=1))  # fmt: skip
+                    dict(models="small", repeats=3, processes=1))  # fmt: skip
     if not PROMPT_TOKENS < args.filled <= PROMPT_TOKENS + NEW_TOKENS:
-        p.error(f"--filled {args.filled}: must be in ({PROMPT_TOKENS}, {PROMPT_TOKENS + NEW_TOKENS}]")
+        p.error(
+            f"--filled {args.filled}: must be in ({PROMPT_TOKENS}, {PROMPT_TOKENS + NEW_TOKENS}]"
+        )
     h.quiet_worker(args.threads)
     t0 = time.perf_counter()
     deadline = h.deadline_from(args.wait_idle, t0)

@@ -23,6 +23,7 @@ SCRIPTS = [
     "data_parallel",
     "update",
     "async",
+    "ragged",
 ]
 sys.path.insert(0, str(BENCHMARKS))
 
@@ -180,3 +181,15 @@ def test_rollout_profile_counts_only_the_decode_steps_trunk():
         assert rollout.decode_trunk_kind(Event(name=name, cpu_parent=parent)) == kind, name
     with pytest.raises(SystemExit):
         rollout.main(["--profile", "0"])  # CALLS must be >= 1 (omit the flag for none)
+
+
+def test_ragged_variants_compute_the_dense_step():
+    """ragged.py times four attentions of one decode step; the two that read fewer
+    columns (row buckets, flex attention's block mask) must give the same hidden
+    states as lmgym's dense step (the script asserts it; the run must get there)."""
+    ragged = load("ragged")
+    args = argparse.Namespace(filled=60, block_size=16, warmup=0, repeats=1, threads=2)
+    run = ragged.bench("small", args, 0)
+    assert set(run.ms) == set(ragged.VARIANTS) and all(ms > 0 for ms in run.ms.values())
+    assert max(run.max_diff.values()) <= ragged.TOLERANCE
+    assert 16 < run.mean_columns < 60
