@@ -117,20 +117,6 @@ def run_async_side(args: argparse.Namespace, out: Path) -> None:
     out.write_text(json.dumps(result))
 
 
-class TreeMeter(h.CpuMeter):
-    """``CpuMeter`` that counts this process's finished children (and theirs) as its
-    own: measured around a worker run, ``other_load`` is then the load of processes
-    outside the benchmark (inside a worker, the async side's sibling would count)."""
-
-    @staticmethod
-    def _snapshot() -> tuple[float, float, float] | None:
-        snap = h.CpuMeter._snapshot()
-        if snap is None:
-            return None
-        own = os.times()
-        return snap[0], snap[1], snap[2] + own.children_user + own.children_system
-
-
 def launch(args: argparse.Namespace, sync_out: Path, one_thread_out: Path, async_out: Path) -> None:
     """Run the synchronous loop at 2 and at 1 thread, then the async side, each in
     fresh processes (after waiting for idle CPUs, if asked); add to each result the
@@ -151,7 +137,7 @@ def launch(args: argparse.Namespace, sync_out: Path, one_thread_out: Path, async
     for run, out in zip(runs, (sync_out, one_thread_out, async_out), strict=True):
         if deadline is not None:
             h.wait_until_idle(deadline)
-        meter = TreeMeter()
+        meter = h.CpuMeter()  # counts the workers it launches as its own
         run()
         result = json.loads(out.read_text())
         result["other_load"] = meter.other_load()

@@ -53,10 +53,40 @@ NOISY = 0.10
 
 
 # ------------------------------------------------------------------- measurement
-class CpuMeter:
-    """Share of the machine's CPUs that *other* processes used since construction.
+def tree_cpu_seconds() -> float:
+    """CPU-seconds of this process and its descendants: the finished ones it waited
+    for (``os.times``) and the live ones (``/proc/<pid>/stat``, with the children
+    they waited for), e.g. inductor's compile workers or a spawned benchmark worker."""
+    own = os.times()
+    total = own.user + own.system + own.children_user + own.children_system
+    tick = os.sysconf("SC_CLK_TCK")
+    procs: dict[int, tuple[int, float]] = {}  # pid -> (parent pid, CPU-seconds)
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()  # the name may hold spaces
+            except OSError:  # exited meanwhile
+                continue
+            # fields[1] = ppid; [11:15] = utime, stime, cutime, cstime (clock ticks)
+            procs[int(entry.name)] = (int(fields[1]), sum(map(int, fields[11:15])) / tick)
+    children: dict[int, list[int]] = {}
+    for pid, (parent, _) in procs.items():
+        children.setdefault(parent, []).append(pid)
+    stack = list(children.get(os.getpid(), []))
+    while stack:
+        pid = stack.pop()
+        total += procs[pid][1]
+        stack += children.get(pid, [])
+    return total
 
-    Linux only (``/proc/stat``); elsewhere ``other_load`` is NaN.
+
+class CpuMeter:
+    """Share of the machine's CPUs that *other* processes used since construction:
+    processes outside this one's tree (its own workers, such as inductor's compile
+    pool, are not "other").
+
+    Linux only (``/proc``); elsewhere ``other_load`` is NaN.
     """
 
     def __init__(self) -> None:
@@ -64,7 +94,7 @@ class CpuMeter:
 
     @staticmethod
     def _snapshot() -> tuple[float, float, float] | None:
-        """``(wall s, CPU-seconds busy on the whole machine, this process's CPU-seconds)``."""
+        """``(wall s, CPU-seconds busy on the whole machine, this process tree's CPU-seconds)``."""
         try:
             with open("/proc/stat") as f:
                 fields = [int(x) for x in f.readline().split()[1:]]
@@ -72,8 +102,7 @@ class CpuMeter:
             return None
         idle = fields[3] + fields[4]  # idle + iowait
         busy = (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-        own = os.times()
-        return time.perf_counter(), busy, own.user + own.system
+        return time.perf_counter(), busy, tree_cpu_seconds()
 
     def other_load(self) -> float:
         """Other processes' CPU-seconds since construction / (wall seconds x CPU count)."""

@@ -191,3 +191,23 @@ def test_the_header_names_a_module_that_is_not_installed():
     versions = h.header("T", "t", ["torch", "no_such_module_here"], "cmd")[4]
     assert f"torch {torch.__version__}" in versions
     assert versions.endswith("no_such_module_here not installed")
+
+
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="CpuMeter reads Linux's /proc")
+def test_cpu_meter_counts_this_process_tree_as_its_own():
+    # A compile worker or a launched benchmark worker is not "other" load: a row was
+    # flagged noisy by its own inductor compile pool. Live and finished children both
+    # count as this process's.
+    import subprocess
+
+    busy = [sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 0.6: pass"]
+    before = h.tree_cpu_seconds()
+    meter = h.CpuMeter()
+    child = subprocess.Popen(busy)
+    time.sleep(0.8)  # the child has finished its loop but is not yet waited for
+    live = h.tree_cpu_seconds() - before
+    child.wait()
+    finished = h.tree_cpu_seconds() - before
+    assert live >= 0.4 and finished >= live - 0.05
+    # Other processes on this 2-core machine (e.g. a parallel pytest) may add a little.
+    assert meter.other_load() < 0.3
