@@ -146,11 +146,12 @@ def bench(model: str, args: argparse.Namespace, _: int) -> Run:
         cache = slot_cache(policy, args.filled, capacity)
         ideal_cache = slot_cache(policy, mean, capacity)
         ideal_cols = torch.full((ROWS,), mean - 1)
+        ideal_mask = torch.ones(ROWS, mean, dtype=torch.bool)  # every column real
 
         def step(variant: str) -> Tensor:
             if variant == "ideal":
                 set_step(ideal_cache, ideal_cols, mean)
-                return policy.hidden_states(tokens, mask[:, :1].expand(-1, mean), ideal_cols[:, None], ideal_cache)  # fmt: skip
+                return policy.hidden_states(tokens, ideal_mask, ideal_cols[:, None], ideal_cache)
             if variant == "flex":
                 PLAN["block_mask"] = block_mask(mask, cols, args.block_size)
             set_step(cache, cols, args.filled, read_all=variant == "flex")

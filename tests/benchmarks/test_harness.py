@@ -196,18 +196,20 @@ def test_the_header_names_a_module_that_is_not_installed():
 @pytest.mark.skipif(not Path("/proc/stat").exists(), reason="CpuMeter reads Linux's /proc")
 def test_cpu_meter_counts_this_process_tree_as_its_own():
     # A compile worker or a launched benchmark worker is not "other" load: a row was
-    # flagged noisy by its own inductor compile pool. Live and finished children both
-    # count as this process's.
+    # flagged noisy by its own inductor compile pool. The child burns 0.3 CPU-seconds,
+    # says so and waits: the meter must count it while it lives and after it is
+    # reaped (the old meter counted this process alone and saw ~0).
     import subprocess
 
-    busy = [sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 0.6: pass"]
-    before = h.tree_cpu_seconds()
+    burn = "import sys, time\nwhile time.process_time() < 0.3: pass\nprint('done', flush=True)\nsys.stdin.read()"
     meter = h.CpuMeter()
-    child = subprocess.Popen(busy)
-    time.sleep(0.8)  # the child has finished its loop but is not yet waited for
-    live = h.tree_cpu_seconds() - before
+    child = subprocess.Popen(
+        [sys.executable, "-c", burn], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert child.stdout.readline() == "done\n"
+    live = h.CpuMeter._snapshot()[2] - meter.start[2]
+    child.stdin.close()
     child.wait()
-    finished = h.tree_cpu_seconds() - before
-    assert live >= 0.4 and finished >= live - 0.05
-    # Other processes on this 2-core machine (e.g. a parallel pytest) may add a little.
-    assert meter.other_load() < 0.3
+    child.stdout.close()
+    finished = h.CpuMeter._snapshot()[2] - meter.start[2]
+    assert live >= 0.28 and finished >= live - 0.02  # clock ticks: 0.01 s each
