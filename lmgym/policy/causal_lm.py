@@ -52,6 +52,7 @@ from lmgym.policy.compiled_decode import CompiledDecode, slot_attention_on
 from lmgym.policy.groups import shared_rows
 from lmgym.policy.kv_engine import KVCacheRollout, PolicyState
 from lmgym.policy.logprobs import token_logprobs
+from lmgym.policy.packaged import local_model_path
 from lmgym.policy.sampling import check_sampling_settings, logprob_temperature
 from lmgym.policy.special_tokens import (
     AllowedSpecialTokens,
@@ -278,7 +279,8 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
         peft_config: Any = None,
         **settings: Any,
     ) -> CausalLMPolicy:
-        """Load model and tokenizer from a hub name or a local directory.
+        """Load model and tokenizer from a local directory, a packaged model's name
+        (``lmgym.policy.packaged``, e.g. ``"smollm2-135m-instruct"``) or a hub name.
 
         A directory written by ``save_pretrained`` of a PEFT policy (or any local
         peft adapter directory) loads as base model plus trainable adapter.
@@ -305,6 +307,7 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
             )
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype)
+        name_or_path = local_model_path(name_or_path)
         if is_adapter_dir(name_or_path):
             if peft_config is not None:
                 raise ValueError(

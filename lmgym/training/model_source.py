@@ -1,4 +1,5 @@
-"""Where ``--model`` comes from: a local directory, the Hugging Face cache, or the Hub.
+"""Where ``--model`` comes from: a local directory, a packaged model, the Hugging Face
+cache, or the Hub.
 
 ``resolve_model(model)`` decides before transformers is asked, so a wrong path or
 an offline machine fails at once with one line saying what to pass, instead of
@@ -8,9 +9,12 @@ after transformers' network retries:
    ``adapter_config.json`` (a peft adapter, which ``CausalLMPolicy.from_pretrained``
    loads onto its base) is used as is (a file, or a directory with neither, is an
    error), so ``--model`` takes what ``GRPO("path/or/name", env)`` takes;
-2. something that can only be a path (``./m``, ``/m``, ``~/m``, ``a/b/c``, a
+2. a packaged model's name (``smollm2-135m-instruct``, ``lmgym.policy.packaged``) is
+   its cached transformers directory, converted from the installed package on first
+   use (without the package: one line naming the install command);
+3. something that can only be a path (``./m``, ``/m``, ``~/m``, ``a/b/c``, a
    trailing ``/``) and does not exist is an error naming it;
-3. otherwise it is a hub name (``gpt2``, ``org/name``). With ``HF_HUB_OFFLINE`` /
+4. otherwise it is a hub name (``gpt2``, ``org/name``). With ``HF_HUB_OFFLINE`` /
    ``TRANSFORMERS_OFFLINE`` set, or when the Hub does not answer a TCP connect
    within ``PROBE_SECONDS``, the cached snapshot is used if there is one (no
    network at all), else the error says how to pass a local directory. When the
@@ -24,6 +28,8 @@ import re
 import socket
 from pathlib import Path
 from urllib.parse import urlparse
+
+from lmgym.policy.packaged import PackagedModelMissingError, is_packaged_name, packaged_model_dir
 
 PROBE_SECONDS = 2.0
 _HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
@@ -97,6 +103,11 @@ def resolve_model(model: str) -> str:
                 "to lmgym eval)"
             )
         return str(path)
+    if is_packaged_name(model):
+        try:
+            return str(packaged_model_dir(model))
+        except PackagedModelMissingError as exc:
+            raise ModelNotFoundError(f"--model {model}: {exc}") from None
     if _looks_like_path(model):
         raise ModelNotFoundError(
             f"--model {model}: no such directory (pass a directory written by save_pretrained, "
