@@ -22,27 +22,18 @@ lmgym train``) trains data-parallel, ``--actors A --learners L`` asynchronously
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
-from lmgym.training.run import DEFAULT_TASK, TrainConfig
+from lmgym.training.cli_common import error as _error
+from lmgym.training.cli_common import parse_env_kwarg as _parse_env_kwarg
+from lmgym.training.cli_common import quiet_transformers as _quiet_transformers
+from lmgym.training.run import TrainConfig
+from lmgym.training.sample_text import sample_line
 
 # TrainConfig fields with flags of their own (repeatable KEY=VALUE / MODULE:NAME).
 _SPECIAL_FIELDS = ("env_kwargs", "callbacks")
-
-
-def _parse_env_kwarg(text: str) -> tuple[str, Any]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    try:
-        return key, json.loads(value)
-    except json.JSONDecodeError:
-        return key, value
 
 
 def _train_parser(algo: str) -> tuple[argparse.ArgumentParser, list[str], list[str]]:
@@ -227,20 +218,6 @@ def _split_namespace(
 
 def _flag(field: str) -> str:
     return "--" + field.replace("_", "-")
-
-
-def _error(command: str, message: str) -> int:
-    """Print ``lmgym COMMAND: error: MESSAGE`` as one line (a library's multi-line message
-    is joined) and return the exit status 2."""
-    line = " ".join(part.strip() for part in message.splitlines() if part.strip())
-    print(f"lmgym {command}: error: {line}", file=sys.stderr)
-    return 2
-
-
-def _quiet_transformers() -> None:
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
 
 
 def _stopped_hint(run_dir: str | None) -> str:
@@ -469,174 +446,17 @@ def _train(argv: Sequence[str]) -> int:
         f"   ({len(result.history)} iterations in {result.seconds:.1f} s, "
         f"{result.tokens_generated} tokens generated)"
     )
-    for prompt, completion, reward in result.after.samples[: trainer.config.samples]:
-        print(f"  reward {reward:.2f}: {prompt!r} -> {completion!r}")
+    for sample in result.after.samples[: trainer.config.samples]:
+        print(sample_line(*sample))
     return 0
 
 
 # ------------------------------------------------------------------- eval
-def _eval_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="lmgym eval",
-        description="Evaluate a run's checkpoint (or any causal LM) on a task's eval prompts: "
-        "mean reward, pass@k where the task has a verifier, mean completion length.",
-    )
-    what = parser.add_mutually_exclusive_group(required=True)
-    what.add_argument("--run", help="run directory (its latest checkpoint) or a checkpoint")
-    what.add_argument("--model", help="model directory or hub name (or a run/checkpoint)")
-    parser.add_argument(
-        "--task",
-        default=None,
-        help=f"task id, or 'your_module:YourTask-v0' (default: the run's, or {DEFAULT_TASK})",
-    )
-    parser.add_argument("--prompts", type=int, default=64, help="prompts drawn (default: 64)")
-    parser.add_argument(
-        "-k",
-        "--k",
-        type=int,
-        default=8,
-        help="completions per prompt, the k of pass@k (default: 8)",
-    )
-    parser.add_argument(
-        "--split",
-        choices=["eval", "train", "all"],
-        default="eval",
-        help="which prompts, where the task has a split (default: eval)",
-    )
-    parser.add_argument("--seed", type=int, default=0, help="seed of prompt order and sampler")
-    parser.add_argument(
-        "--temperature",
-        type=float,
-        default=None,
-        help="sampling temperature; 0 is greedy decoding (default: the run's, or 1)",
-    )
-    parser.add_argument(
-        "--correct-threshold",
-        type=float,
-        default=None,
-        help="reward counted as correct for pass@k (default: the task's maximum on verified tasks)",
-    )
-    parser.add_argument(
-        "--env",
-        action="append",
-        type=_parse_env_kwarg,
-        default=None,
-        metavar="KEY=VALUE",
-        help="an argument of the task's env factory (default: the run's); repeatable",
-    )
-    parser.add_argument("--samples", type=int, default=4, help="completions printed (default: 4)")
-    parser.add_argument(
-        "--json", default=None, metavar="FILE", help="also write the result as JSON"
-    )
-    parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: 1)")
-    return parser
-
-
 def evaluate(argv: Sequence[str]) -> int:
-    """``lmgym eval``: evaluate a run or a model."""
-    import torch
+    """``lmgym eval``: evaluate a run or a model (``lmgym.training.eval_command``)."""
+    from lmgym.training.eval_command import run_eval
 
-    from lmgym.persistence import CheckpointError, check_agent_dir
-    from lmgym.policy import CausalLMPolicy
-    from lmgym.training.checkpoint import CheckpointManager, is_checkpoint
-    from lmgym.training.env_args import check_env_kwargs
-    from lmgym.training.evaluation import correct_threshold_for, evaluate_policy, make_eval_env
-    from lmgym.training.model_source import resolve_model
-    from lmgym.training.run import RunDirectory, check_device
-    from lmgym.training.trainer import Trainer
-    from lmgym.training.user_code import (
-        check_prompt_file,
-        check_task_factory,
-        prepare_task,
-        resolve_task,
-    )
-
-    args = _eval_parser().parse_args(list(argv))
-    if args.prompts < 1 or args.k < 1:
-        return _error("eval", f"--prompts and --k must be >= 1, got {args.prompts} and {args.k}")
-    if args.temperature is not None and args.temperature < 0:
-        return _error("eval", f"--temperature {args.temperature}: must be >= 0 (0: greedy)")
-    torch.set_num_threads(args.threads)
-    _quiet_transformers()
-    target = args.run or args.model
-    run_config: dict[str, Any] = {}
-    try:
-        check_device(args.device)
-        path = Path(target)
-        if args.run is not None or is_checkpoint(path) or RunDirectory(path).is_run():
-            run, checkpoint = Trainer.find_checkpoint(path)
-            saved = run.read_config()
-            run_config = saved["run"]
-            CheckpointManager.verify(checkpoint)
-            model_path: Path | str = checkpoint / "agent" / "policy"
-            label = str(checkpoint)
-        elif (path / "policy").is_dir() and (path / "agent_config.json").is_file():
-            check_agent_dir(path)  # a directory written by Agent.save
-            model_path, label = path / "policy", target
-        else:
-            model_path, label = resolve_model(target), target
-        if args.task is not None or not run_config:
-            task = args.task or DEFAULT_TASK
-            env_id = resolve_task(task)
-        else:  # the run's task: its module imported, or its prompt file registered again
-            changed = check_prompt_file(saved.get("imports"), "evaluate")
-            if changed is not None:
-                print(
-                    f"lmgym eval: note: {changed}; evaluating on it as it is now", file=sys.stderr
-                )
-            fields = {f.name for f in dataclasses.fields(TrainConfig)}
-            task = env_id = prepare_task(
-                TrainConfig(**{k: v for k, v in run_config.items() if k in fields})
-            )
-            if run_config.get("prompts") is None:
-                task = run_config["task"]
-        check_task_factory(env_id, task)
-        env_kwargs = check_env_kwargs(
-            env_id, dict(args.env) if args.env else dict(run_config.get("env_kwargs", {}))
-        )
-        # `is None`, not `or`: --temperature 0 means greedy, not "the run's temperature".
-        temperature = (
-            args.temperature if args.temperature is not None else run_config.get("temperature", 1.0)
-        )
-        policy = CausalLMPolicy.from_pretrained(
-            model_path, device=args.device, temperature=temperature
-        )
-        env, split = make_eval_env(
-            env_id,
-            policy.tokenizer,
-            args.prompts,
-            args.k,
-            split=args.split,
-            env_kwargs=env_kwargs,
-            device=args.device,
-        )
-        threshold = (
-            args.correct_threshold
-            if args.correct_threshold is not None
-            else correct_threshold_for(env_id)
-        )
-        result = evaluate_policy(
-            policy, env, args.prompts, seed=args.seed, correct_threshold=threshold, split=split
-        )
-    except (CheckpointError, FileNotFoundError, ValueError, OSError) as exc:
-        return _error("eval", str(exc))
-
-    print(f"eval of {label} on {task} (split {split}): {args.prompts} prompts x {args.k} samples")
-    print(f"  mean reward     {result.reward_mean:.4f}  (std {result.reward_std:.4f})")
-    if result.pass_at_1 is not None and result.pass_at_k is not None:
-        print(f"  pass@1          {result.pass_at_1:.4f}  (correct: reward >= {threshold:.6g})")
-        print(f"  pass@{args.k:<11d}{result.pass_at_k:.4f}")
-    else:
-        print("  pass@k          -  (no verifier for this task; see --correct-threshold)")
-    print(f"  mean length     {result.completion_length:.3f} tokens")
-    for prompt, completion, reward in result.samples[: args.samples]:
-        print(f"  reward {reward:.2f}: {prompt!r} -> {completion!r}")
-    if args.json:
-        Path(args.json).write_text(
-            json.dumps({"model": label, "task": task, **result.to_json()}, indent=2) + "\n"
-        )
-    return 0
+    return run_eval(argv)
 
 
 # ------------------------------------------------------------------ bench

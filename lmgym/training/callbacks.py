@@ -34,6 +34,7 @@ from lmgym.training.evaluation import EvalResult, evaluate_policy
 from lmgym.training.logger import record_metrics
 from lmgym.training.ranks import Ranks
 from lmgym.training.run import RunDirectory
+from lmgym.training.sample_text import prompt_label, sample_line
 
 Printer = Callable[[str], None]
 
@@ -236,19 +237,18 @@ class SamplePrinter(TrainingCallback):
         k = self.env.group_size
         texts = self.env.decode_completions(batch.completion_ids)
         order = sorted(range(len(texts)), key=lambda i: (i % k, i // k))[: self.count]
-        prompts = self.env.prompt_table.texts
+        table = self.env.prompt_table
+        index = [int(batch.prompt_index[i]) for i in order]
         return [
-            (prompts[int(batch.prompt_index[i])], texts[i], float(batch.scores[i])) for i in order
+            (prompt_label(table.prompts[j], table.texts[j]), texts[i], float(batch.scores[i]))
+            for i, j in zip(order, index, strict=True)
         ]
 
     def __call__(self, agent: Agent, metrics: dict[str, float]) -> bool | None:
         if self.count == 0 or agent.iteration % self.every != 0:
             return None
         samples = self.sample(agent)
-        lines = [f"[samples @ {agent.iteration}]"] + [
-            f"  reward {reward:.2f}: {prompt!r} -> {completion!r}"
-            for prompt, completion, reward in samples
-        ]
+        lines = [f"[samples @ {agent.iteration}]"] + [sample_line(*sample) for sample in samples]
         if self.out is not None:
             self.out("\n".join(lines))
         if self.run is not None:

@@ -33,6 +33,7 @@ from lmgym.envs.registration import vector_entry_point
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.policy.causal_lm import CausalLMPolicy
 from lmgym.rollout import collect
+from lmgym.training.sample_text import prompt_label
 
 VERIFIED_TASKS: dict[str, str] = {
     "lmgym/TargetString-v0": "the completion starts with the target string",
@@ -142,7 +143,8 @@ class EvalResult:
         num_prompts, samples_per_prompt: ``n`` prompts times ``k`` completions.
         split: which prompts (see ``make_eval_env``).
         correct_threshold: the reward counted as correct, if any.
-        samples: a few ``(prompt, completion, reward)``, one per prompt first.
+        samples: a few ``(prompt, completion, reward)``, one per prompt first; a chat
+            prompt as its last user message (``sample_text.prompt_label``).
     """
 
     reward_mean: float
@@ -246,8 +248,11 @@ def evaluate_policy(
         passk = sum(pass_at_k(k, c, k) for c in per_group) / len(per_group)
     # One sample per prompt first, then the rest, so a few lines show several prompts.
     order = sorted(range(len(completions)), key=lambda i: (i % k, i // k))[:num_samples_kept]
-    texts = env.prompt_table.texts
-    samples = [(texts[int(index[i])], completions[i], float(score[i])) for i in order]
+    table = env.prompt_table
+    samples = [
+        (prompt_label(table.prompts[j], table.texts[j]), completions[i], float(score[i]))
+        for i, j in ((i, int(index[i])) for i in order)
+    ]
     return EvalResult(
         reward_mean=float(score.mean()),
         reward_std=float(score.std()) if score.numel() > 1 else 0.0,

@@ -105,6 +105,8 @@ def resolve_task(task: str) -> str:
         import_module(module, f"task {task!r}")
     else:
         env_id = task
+    if sep and env_id not in gym.registry:
+        env_id = _namespaced(env_id, task)
     if env_id not in gym.registry:
         registered = sorted(k for k in gym.registry if k.startswith("lmgym/"))
         where = f" after importing {module!r} (does it register {env_id!r}?)" if sep else ""
@@ -113,6 +115,26 @@ def resolve_task(task: str) -> str:
             + ("" if sep else "; a task of your own: --task your_module:YourTask-v0")
         )
     return env_id
+
+
+def _namespaced(env_id: str, task: str) -> str:
+    """The registered id ``NAMESPACE/env_id`` when exactly one namespace has ``env_id``
+    (``register_reward_env("Sums", ...)`` registers ``lmgym/Sums-v0``, which
+    ``module:Sums-v0`` then names); else ``env_id`` unchanged.
+
+    Raises:
+        ValueError: several namespaces have it; the message lists them.
+    """
+    import gymnasium as gym
+
+    found = sorted(k for k in gym.registry if k.rpartition("/")[2] == env_id and "/" in k)
+    if len(found) > 1:
+        module = task.partition(":")[0]
+        raise ValueError(
+            f"task {task!r}: {env_id} is registered in several namespaces ({', '.join(found)}); "
+            f"name one, e.g. --task {module}:{found[0]}"
+        )
+    return found[0] if found else env_id
 
 
 def check_task_factory(env_id: str, task: str | None = None) -> None:
@@ -172,7 +194,9 @@ def register_prompt_task(prompts: str | Path, reward: str, prompt_field: str = "
 
     path = Path(prompts)
     if not path.is_file():
-        raise ValueError(f"prompts {str(prompts)!r}: no such file (a JSON Lines prompt file)")
+        count = path.name if path.name.isdigit() else None
+        hint = f"; the number of prompts per batch is --num-prompts {count}" if count else ""
+        raise ValueError(f"prompts {str(prompts)!r}: no such file (a JSON Lines prompt file){hint}")
     source = JsonlPrompts(path, field=prompt_field)
     if len(source) == 0:
         raise ValueError(f"prompts {str(prompts)!r}: the file holds no prompt")

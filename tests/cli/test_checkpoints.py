@@ -179,7 +179,22 @@ def test_pass_at_k_rejects_impossible_counts():
 def test_eval_reads_a_directory_written_by_agent_save(tmp_path, capsys):
     agent = fresh_agent()
     agent.save(tmp_path / "ckpt")
-    assert main(["eval", "--model", str(tmp_path / "ckpt"), "--prompts", "2", "-k", "2"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--model",
+                str(tmp_path / "ckpt"),
+                "--task",
+                "lmgym/TargetString-v0",
+                "--num-prompts",
+                "2",
+                "-k",
+                "2",
+            ]
+        )
+        == 0
+    )
     assert "on lmgym/TargetString-v0" in capsys.readouterr().out
 
 

@@ -264,7 +264,8 @@ def test_eval_reports_reward_pass_at_k_and_length(tmp_path, capsys):
     capsys.readouterr()
     out_json = tmp_path / "eval.json"
     assert (
-        main(["eval", "--run", str(run), "--prompts", "3", "-k", "4", "--json", str(out_json)]) == 0
+        main(["eval", "--run", str(run), "--num-prompts", "3", "-k", "4", "--json", str(out_json)])
+        == 0
     )
     out = capsys.readouterr().out
     assert out.startswith(
@@ -290,7 +291,7 @@ def test_eval_a_model_directory_on_a_task_with_a_held_out_split(tmp_path, capsys
                 str(model),
                 "--task",
                 "lmgym/Reverse-v0",
-                "--prompts",
+                "--num-prompts",
                 "5",
                 "-k",
                 "2",
@@ -309,7 +310,7 @@ def test_eval_a_model_directory_on_a_task_with_a_held_out_split(tmp_path, capsys
                 str(model),
                 "--task",
                 "lmgym/LengthControl-v0",
-                "--prompts",
+                "--num-prompts",
                 "2",
                 "-k",
                 "2",

@@ -120,7 +120,7 @@ def test_a_task_from_your_module_trains_evaluates_and_resumes(
 
     forget("my_sums", "sums/Sums-v0")  # eval imports the module again
     capsys.readouterr()
-    assert main(["eval", "--run", str(run), "--prompts", "2", "-k", "2"]) == 0
+    assert main(["eval", "--run", str(run), "--num-prompts", "2", "-k", "2"]) == 0
     assert f"on {task} (split all (no held-out split)): 2 prompts x 2 samples" in (
         capsys.readouterr().out
     )
@@ -188,7 +188,7 @@ def test_prompts_and_reward_train_evaluate_and_resume(user_dir, tiny_model, tmp_
 
     forget("my_rewards", "prompts/sums-v0")
     capsys.readouterr()
-    assert main(["eval", "--run", str(run), "--prompts", "2", "-k", "2"]) == 0
+    assert main(["eval", "--run", str(run), "--num-prompts", "2", "-k", "2"]) == 0
     assert "on prompts/sums-v0 (split all (no held-out split))" in capsys.readouterr().out
 
     forget("my_rewards", "prompts/sums-v0")
@@ -235,7 +235,7 @@ def test_a_changed_prompt_file_stops_a_resume_and_is_noted_by_eval(
         "a resumed run must train on the same prompts: restore the file, or start a new run on "
         "the new one\n"
     )
-    assert main(["eval", "--run", str(run), "--prompts", "1", "-k", "2"]) == 0
+    assert main(["eval", "--run", str(run), "--num-prompts", "1", "-k", "2"]) == 0
     assert "lmgym eval: note: the run's prompt file" in capsys.readouterr().err
     prompts.unlink()
     assert train("--resume", str(run), "--iterations", "2") == 2
@@ -369,10 +369,25 @@ def test_lora_from_the_command_line(tmp_path, capsys):
         "lmgym train: error: --resume: --lora-r 8 differs from the run's 4; a resumed run keeps "
         "its algorithm, task, model and its settings (dtype, LoRA, checkpointing)"
     )
-    assert main(["eval", "--run", str(run), "--prompts", "1", "-k", "2"]) == 0
+    assert main(["eval", "--run", str(run), "--num-prompts", "1", "-k", "2"]) == 0
     # An adapter directory is a --model, as for GRPO("path", env): the adapter trains on.
     adapter_dir = adapter.parent
-    assert main(["eval", "--model", str(adapter_dir), "--prompts", "1", "-k", "2"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--model",
+                str(adapter_dir),
+                "--task",
+                "lmgym/TargetString-v0",
+                "--num-prompts",
+                "1",
+                "-k",
+                "2",
+            ]
+        )
+        == 0
+    )
     more = tmp_path / "more"
     assert train("--model", str(adapter_dir), "--iterations", "1", "--run-dir", str(more)) == 0
     assert (

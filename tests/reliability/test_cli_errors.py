@@ -127,7 +127,9 @@ def test_a_mistyped_env_value_names_the_key(tmp_path, train, capsys, arg, messag
     assert train("--env", arg, "--run-dir", str(tmp_path / "r")) == 2
     assert one_line(capsys) == f"lmgym train: error: {message}"
     model = save_tiny(tmp_path / "tiny")
-    assert main(["eval", "--model", str(model), "--env", arg]) == 2
+    assert (
+        main(["eval", "--model", str(model), "--task", "lmgym/TargetString-v0", "--env", arg]) == 2
+    )
     assert one_line(capsys) == f"lmgym eval: error: {message}"
 
 
@@ -185,7 +187,8 @@ def test_eval_temperature_zero_is_greedy(tmp_path, capsys):
 
     model = save_tiny(tmp_path / "tiny")
     out = tmp_path / "eval.json"
-    args = ["eval", "--model", str(model), "--prompts", "1", "-k", "4", "--samples", "0"]
+    args = ["eval", "--model", str(model), "--task", "lmgym/TargetString-v0", "--num-prompts", "1"]
+    args += ["-k", "4", "--samples", "0"]
     assert main([*args, "--temperature", "0", "--json", str(out)]) == 0
     completions = [sample[1] for sample in json.loads(out.read_text())["samples"]]
     assert len(completions) == 4 and len(set(completions)) == 1

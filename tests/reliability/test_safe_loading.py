@@ -144,7 +144,7 @@ def test_a_damaged_tokenizer_is_named_before_it_is_read(tmp_path, train, capsys,
     expected = f"checkpoint {checkpoint / 'agent'} is incomplete or corrupted: {problem}"
     err = capsys.readouterr().err
     assert err.startswith(f"lmgym train: error: {expected}. Resume from an earlier checkpoint")
-    assert main(["eval", "--run", str(run), "--prompts", "1", "-k", "1"]) == 2
+    assert main(["eval", "--run", str(run), "--num-prompts", "1", "-k", "1"]) == 2
     assert capsys.readouterr().err.startswith(f"lmgym eval: error: {expected}.")
 
 

@@ -1,0 +1,278 @@
+"""``lmgym eval``: evaluate a run's checkpoint, or any causal LM, on a task.
+
+What is evaluated is ``--run RUN`` (its latest checkpoint, on the run's task unless
+another is named) or ``--model M`` (a model directory, hub name, packaged model,
+peft adapter or ``Agent.save`` directory). What it is evaluated on takes the same
+flags, with the same meaning, as ``lmgym train``: ``--task ID`` (``module:Id``
+for your own), or ``--prompts FILE.jsonl --reward module:function`` (with
+``--prompt-field``). A model has no task of its own, so ``--model`` needs one of
+them: scoring a toy task nobody asked for would be a silent wrong answer.
+``--num-prompts N`` prompts are drawn and ``-k K`` completions sampled for each.
+
+Before this release ``--prompts`` was the count; a number given to ``--prompts``,
+or a file given to ``--num-prompts``, is an error naming the other flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from lmgym.training.cli_common import error, parse_env_kwarg, quiet_transformers
+from lmgym.training.run import DEFAULT_TASK, TrainConfig
+from lmgym.training.sample_text import sample_line
+
+
+def _prompt_count(text: str) -> int:
+    """``--num-prompts``' type: a count; a file name gets an error naming ``--prompts``."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a number of prompts, got {text!r}; a prompt file is --prompts {text} "
+            "--reward module:function"
+        ) from None
+
+
+def moved_count_error(prompts: str | None) -> str | None:
+    """The error for an old-style ``--prompts N`` (a count, not a file), or ``None``."""
+    if prompts is None or Path(prompts).exists():
+        return None
+    try:
+        count = int(prompts)
+    except ValueError:
+        return None
+    return (
+        f"--prompts {prompts}: --prompts is a JSON Lines prompt file (as in lmgym train); "
+        f"the number of prompts drawn is --num-prompts {count}"
+    )
+
+
+def eval_parser() -> argparse.ArgumentParser:
+    """The ``lmgym eval`` argument parser."""
+    parser = argparse.ArgumentParser(
+        prog="lmgym eval",
+        description="Evaluate a run's checkpoint (or any causal LM) on a task, or on your prompt "
+        "file and reward: mean reward, pass@k where the task has a verifier, mean length.",
+    )
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--run", help="run directory (its latest checkpoint) or a checkpoint")
+    what.add_argument("--model", help="model directory, hub or packaged name, or a checkpoint")
+    parser.add_argument(
+        "--task",
+        default=None,
+        help="task id, or 'your_module:YourTask-v0' (default: the run's; --model needs it, or "
+        "--prompts and --reward)",
+    )
+    parser.add_argument(
+        "--prompts",
+        default=None,
+        metavar="FILE.jsonl",
+        help="JSON Lines prompt file, with --reward: the task, as in lmgym train",
+    )
+    parser.add_argument(
+        "--reward", default=None, metavar="MODULE:NAME", help="reward of --prompts, as in train"
+    )
+    parser.add_argument(
+        "--prompt-field",
+        default="prompt",
+        help="field of each --prompts line that holds the prompt (default: prompt)",
+    )
+    parser.add_argument(
+        "--num-prompts",
+        type=_prompt_count,
+        default=64,
+        metavar="N",
+        help="prompts drawn (default: 64)",
+    )
+    parser.add_argument(
+        "-k",
+        "--k",
+        type=int,
+        default=8,
+        help="completions per prompt, the k of pass@k (default: 8)",
+    )
+    parser.add_argument(
+        "--split",
+        choices=["eval", "train", "all"],
+        default="eval",
+        help="which prompts, where the task has a split (default: eval)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of prompt order and sampler")
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=None,
+        help="sampling temperature; 0 is greedy decoding (default: the run's, or 1)",
+    )
+    parser.add_argument(
+        "--correct-threshold",
+        type=float,
+        default=None,
+        help="reward counted as correct for pass@k (default: the task's maximum on verified tasks)",
+    )
+    parser.add_argument(
+        "--env",
+        action="append",
+        type=parse_env_kwarg,
+        default=None,
+        metavar="KEY=VALUE",
+        help="an argument of the task's env factory (default: the run's); repeatable",
+    )
+    parser.add_argument("--samples", type=int, default=4, help="completions printed (default: 4)")
+    parser.add_argument(
+        "--json", default=None, metavar="FILE", help="also write the result as JSON"
+    )
+    parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: 1)")
+    return parser
+
+
+def _check_args(args: argparse.Namespace) -> str | None:
+    """The first problem with the flags themselves, as an error message, or ``None``."""
+    moved = moved_count_error(args.prompts)
+    if moved is not None:
+        return moved
+    if args.num_prompts < 1 or args.k < 1:
+        return f"--num-prompts and --k must be >= 1, got {args.num_prompts} and {args.k}"
+    if args.temperature is not None and args.temperature < 0:
+        return f"--temperature {args.temperature}: must be >= 0 (0: greedy)"
+    if args.task is not None and (args.prompts or args.reward) is not None:
+        return (
+            f"--task {args.task} and --prompts/--reward both name the task; pass one "
+            "(--prompts builds the task from the file and --reward)"
+        )
+    return None
+
+
+def _own_task(args: argparse.Namespace) -> tuple[str, str] | None:
+    """``(label, env id)`` of the task the flags name (``--task`` or ``--prompts`` with
+    ``--reward``), registered; ``None`` when they name none."""
+    from lmgym.training.user_code import prepare_task, resolve_task
+
+    if args.task is not None:
+        return args.task, resolve_task(args.task)
+    if args.prompts is None and args.reward is None:
+        return None
+    config = TrainConfig(prompts=args.prompts, reward=args.reward, prompt_field=args.prompt_field)
+    env_id = prepare_task(config)
+    return env_id, env_id
+
+
+def _run_task(saved: dict[str, Any]) -> tuple[str, str]:
+    """``(label, env id)`` of a run's own task: its module imported again, or its prompt
+    file registered again (a changed file is noted on stderr)."""
+    from lmgym.training.user_code import check_prompt_file, prepare_task
+
+    run_config = saved["run"]
+    changed = check_prompt_file(saved.get("imports"), "evaluate")
+    if changed is not None:
+        print(f"lmgym eval: note: {changed}; evaluating on it as it is now", file=sys.stderr)
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    env_id = prepare_task(TrainConfig(**{k: v for k, v in run_config.items() if k in fields}))
+    return (env_id if run_config.get("prompts") is not None else run_config["task"]), env_id
+
+
+def _target(args: argparse.Namespace) -> tuple[Path | str, str, dict[str, Any] | None]:
+    """``(model path, label, the run's saved config or None)`` of ``--run`` / ``--model``."""
+    from lmgym.persistence import check_agent_dir
+    from lmgym.training.checkpoint import CheckpointManager, is_checkpoint
+    from lmgym.training.model_source import resolve_model
+    from lmgym.training.run import RunDirectory
+    from lmgym.training.trainer import Trainer
+
+    target = args.run or args.model
+    path = Path(target)
+    if args.run is not None or is_checkpoint(path) or RunDirectory(path).is_run():
+        run, checkpoint = Trainer.find_checkpoint(path)
+        CheckpointManager.verify(checkpoint)
+        return checkpoint / "agent" / "policy", str(checkpoint), run.read_config()
+    if (path / "policy").is_dir() and (path / "agent_config.json").is_file():
+        check_agent_dir(path)  # a directory written by Agent.save
+        return path / "policy", target, None
+    return resolve_model(target), target, None
+
+
+def run_eval(argv: Sequence[str]) -> int:
+    """``lmgym eval``: evaluate, print the result (and write ``--json``); the exit status."""
+    import torch
+
+    from lmgym.persistence import CheckpointError
+    from lmgym.policy import CausalLMPolicy
+    from lmgym.training.env_args import check_env_kwargs
+    from lmgym.training.evaluation import correct_threshold_for, evaluate_policy, make_eval_env
+    from lmgym.training.run import check_device
+    from lmgym.training.user_code import check_task_factory
+
+    args = eval_parser().parse_args(list(argv))
+    problem = _check_args(args)
+    if problem is not None:
+        return error("eval", problem)
+    torch.set_num_threads(args.threads)
+    quiet_transformers()
+    try:
+        check_device(args.device)
+        named = _own_task(args)
+        model_path, label, saved = _target(args)
+        if named is None and saved is None:
+            return error(
+                "eval",
+                f"--model {args.model}: name what to evaluate it on: --task ID (lmgym tasks "
+                f"lists them, e.g. --task {DEFAULT_TASK}), or --prompts FILE.jsonl --reward "
+                "module:function",
+            )
+        task, env_id = named if named is not None else _run_task(saved)  # type: ignore[arg-type]
+        run_config = saved["run"] if saved is not None else {}
+        check_task_factory(env_id, task)
+        env_kwargs = check_env_kwargs(
+            env_id, dict(args.env) if args.env else dict(run_config.get("env_kwargs", {}))
+        )
+        # `is None`, not `or`: --temperature 0 means greedy, not "the run's temperature".
+        temperature = (
+            args.temperature if args.temperature is not None else run_config.get("temperature", 1.0)
+        )
+        policy = CausalLMPolicy.from_pretrained(
+            model_path, device=args.device, temperature=temperature
+        )
+        env, split = make_eval_env(
+            env_id,
+            policy.tokenizer,
+            args.num_prompts,
+            args.k,
+            split=args.split,
+            env_kwargs=env_kwargs,
+            device=args.device,
+        )
+        threshold = (
+            args.correct_threshold
+            if args.correct_threshold is not None
+            else correct_threshold_for(env_id)
+        )
+        result = evaluate_policy(
+            policy, env, args.num_prompts, seed=args.seed, correct_threshold=threshold, split=split
+        )
+    except (CheckpointError, FileNotFoundError, ValueError, OSError) as exc:
+        return error("eval", str(exc))
+
+    print(
+        f"eval of {label} on {task} (split {split}): {args.num_prompts} prompts x {args.k} samples"
+    )
+    print(f"  mean reward     {result.reward_mean:.4f}  (std {result.reward_std:.4f})")
+    if result.pass_at_1 is not None and result.pass_at_k is not None:
+        print(f"  pass@1          {result.pass_at_1:.4f}  (correct: reward >= {threshold:.6g})")
+        print(f"  pass@{args.k:<11d}{result.pass_at_k:.4f}")
+    else:
+        print("  pass@k          -  (no verifier for this task; see --correct-threshold)")
+    print(f"  mean length     {result.completion_length:.3f} tokens")
+    for sample in result.samples[: args.samples]:
+        print(sample_line(*sample))
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps({"model": label, "task": task, **result.to_json()}, indent=2) + "\n"
+        )
+    return 0
