@@ -220,6 +220,17 @@ def _flag(field: str) -> str:
     return "--" + field.replace("_", "-")
 
 
+def _pretrained_defaults(run: dict[str, Any], agent: dict[str, Any], given: set[str]) -> None:
+    """Apply ``PRETRAINED_DEFAULTS`` where the user set nothing; print the line (rank 0)."""
+    import os
+
+    from lmgym.training.pretrained import apply_pretrained_defaults
+
+    line = apply_pretrained_defaults(run, agent, given)
+    if line is not None and os.environ.get("RANK", "0") == "0":
+        print(line)
+
+
 def _stopped_hint(run_dir: str | None) -> str:
     """How to continue a run that stopped on an error, when it has a checkpoint."""
     if not run_dir:
@@ -291,6 +302,7 @@ def _train(argv: Sequence[str]) -> int:
     from lmgym.agents import ALGORITHMS
     from lmgym.persistence import CheckpointError, DirectoryLockedError
     from lmgym.training.config_file import ConfigFileError, flatten_config, read_config_file
+    from lmgym.training.flags import given_fields
     from lmgym.training.ranks import launched_ranks
     from lmgym.training.trainer import FixedOnResumeError, Trainer
 
@@ -359,6 +371,8 @@ def _train(argv: Sequence[str]) -> int:
         return _error("train", str(exc))
     args = parser.parse_args(argv)
     run_values, agent_values = _split_namespace(args, run_fields, agent_fields)
+    if saved is None:  # a fresh run on a pretrained model: its defaults, said in one line
+        _pretrained_defaults(run_values, agent_values, given_fields(parser, argv) | {*file_values})
     try:
         async_config = _async_config(args)
     except (TypeError, ValueError) as exc:
@@ -496,7 +510,7 @@ def _bench_parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         help="every agent's learning rate (default: the learning tests' rates, tuned for the "
-        "tiny GPT-2; a pretrained model wants far less, e.g. 1e-6)",
+        "tiny GPT-2; a pretrained model wants far less: docs/cli.md, Pretrained models)",
     )
     parser.add_argument(
         "--seeds",

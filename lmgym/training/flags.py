@@ -179,3 +179,25 @@ def file_value(action: argparse.Action, field: str, value: Any, where: str) -> A
             )
         out.append(converted)
     return out if isinstance(action.nargs, int) or action.nargs == "+" else out[0]
+
+
+_UNSET = object()
+
+
+def given_fields(parser: argparse.ArgumentParser, argv: Sequence[str]) -> set[str]:
+    """The destinations ``argv`` sets explicitly (a flag given, even to its default value).
+
+    Parses ``argv`` a second time with every default replaced by a marker, so a value
+    equal to the default still counts as given; the parser's defaults are restored.
+    Repeatable flags (``--env``, ``--callback``) are not reported.
+    """
+    saved = [(action, action.default) for action in parser._actions]
+    try:
+        for action, _ in saved:
+            if action.dest != "help" and not isinstance(action, argparse._AppendAction):
+                action.default = _UNSET  # (repeatable flags keep None: they append to it)
+        namespace = parser.parse_args(list(argv))
+    finally:
+        for action, default in saved:
+            action.default = default
+    return {dest for dest, value in vars(namespace).items() if value is not _UNSET}
