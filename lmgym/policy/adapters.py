@@ -9,11 +9,21 @@ The policy runs the transformers model *under* the ``PeftModel`` wrapper
 trunk and LM head are the adapted ones, and ``PeftModel.disable_adapter()`` turns
 them off for the KL reference without a second copy of the weights.
 
-A policy checkpoint of a PEFT model is a directory that reloads with no network::
+A policy checkpoint of a PEFT model is a directory::
 
     adapter_config.json, adapter_model.safetensors   peft's own files (save_pretrained)
-    base/                                            the frozen base model (config + safetensors)
+    base_model.json                                  where the frozen base model is, and the
+                                                     SHA-256 of its weights (base_reference)
     tokenizer files
+
+The base model is not copied into every checkpoint (545 MB for a 135M-parameter
+model): ``base_model.json`` names it (an absolute directory or a hub name) with a
+content hash of its weights, as peft's ``base_model_name_or_path`` does but
+checked. Loading finds the base there (or at ``$LMGYM_LORA_BASE`` when it moved),
+and refuses weights whose hash differs. A base that cannot be named durably (a
+model built in memory, a directory that is gone or holds other weights than the
+policy's) and a policy marked with ``keep_base_weights`` are written whole into
+``base/`` instead, and then the directory alone reloads with no network.
 
 The adapter files sit at the top so that peft and transformers tools recognise the
 directory as an adapter; the base weights sit apart so that
@@ -24,6 +34,10 @@ model alone.
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
+import os
+import re
 import sys
 import warnings
 from collections.abc import Iterator
@@ -38,6 +52,10 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 ADAPTER_CONFIG = "adapter_config.json"
 BASE_DIR = "base"
+BASE_REFERENCE = "base_model.json"
+BASE_ENV = "LMGYM_LORA_BASE"
+_HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
+"""Where to look for a referenced base model that is no longer where it was recorded."""
 INSTALL_HINT = "pip install 'lmgym[peft]' (or pip install 'peft>=0.13')"
 
 
@@ -169,11 +187,95 @@ def _base_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return state
 
 
+class BaseModelError(ValueError):
+    """A LoRA checkpoint's base model is missing, or is not the model it was trained on."""
+
+
+def state_sha256(state: dict[str, torch.Tensor]) -> str:
+    """Hex SHA-256 of a state dict's content: every key, dtype, shape and byte, keys sorted."""
+    digest = hashlib.sha256()
+    for key in sorted(state):
+        tensor = state[key].detach().to("cpu").contiguous()
+        digest.update(f"{key}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
+    return digest.hexdigest()
+
+
+def keep_base_weights(model: nn.Module, keep: bool = True) -> None:
+    """Make ``save_adapter_model`` write ``model``'s base weights into every save (``base/``)
+    instead of a reference to its base model."""
+    model._lmgym_keep_base_weights = keep  # type: ignore[assignment]
+
+
+def _durable_name(source: str) -> str | None:
+    """``source`` as a reference that outlives this process: an existing directory's
+    absolute path, or a hub name (``name``, ``org/name``); ``None`` for anything else."""
+    path = Path(source).expanduser() if source else None
+    if path is not None and path.is_dir():
+        return str(path.resolve())
+    if source and not source.startswith((".", "~")) and _HUB_NAME.fullmatch(source):
+        return source
+    return None
+
+
+def base_reference(model: nn.Module) -> dict[str, str] | None:
+    """``{"name_or_path", "sha256", "dtype"}`` naming ``model``'s base, or ``None`` when
+    the base must be saved whole (see the module docstring).
+
+    The first call loads the base from where it came from and checks that its weights
+    hash equal to those under the adapter, so a reference always reloads exactly; the
+    answer is kept on the model (the base is frozen).
+    """
+    if getattr(model, "_lmgym_keep_base_weights", False):
+        return None
+    known = getattr(model, "_lmgym_base_reference", None)
+    if known is not None:
+        return known or None
+    lm = transformer_of(model)
+    record: dict[str, str] | bool = False
+    name = _durable_name(str(getattr(lm, "name_or_path", "") or ""))
+    if name is not None:
+        digest = state_sha256(_base_state_dict(model))
+        try:
+            source = AutoModelForCausalLM.from_pretrained(name, dtype=lm.dtype)
+        except (OSError, ValueError):
+            source = None
+        if source is not None and state_sha256(source.state_dict()) == digest:
+            record = {"name_or_path": name, "sha256": digest, "dtype": str(lm.dtype)}
+        del source
+    model._lmgym_base_reference = record  # type: ignore[assignment]
+    return record or None
+
+
 def save_adapter_model(model: nn.Module, path: Path) -> None:
-    """Write the adapter (peft's files) and the frozen base weights under ``path``."""
+    """Write the adapter (peft's files) and its base under ``path``: ``base_model.json``
+    (``base_reference``), or the frozen base weights in ``base/`` when it has none."""
     model.save_pretrained(path)
+    reference = base_reference(model)
+    if reference is not None:
+        (path / BASE_REFERENCE).write_text(json.dumps(reference, indent=2) + "\n")
+        return
     lm = transformer_of(model)
     lm.save_pretrained(path / BASE_DIR, state_dict=_base_state_dict(model))
+
+
+def _referenced_base(path: Path, reference: dict[str, str]) -> str:
+    """Where the base ``reference`` names is now: its recorded place, else ``$LMGYM_LORA_BASE``.
+
+    Raises:
+        BaseModelError: neither holds a model; one line saying what to pass.
+    """
+    recorded = reference["name_or_path"]
+    moved = os.environ.get(BASE_ENV)
+    if moved:
+        return moved
+    if not Path(recorded).is_absolute() or Path(recorded).is_dir():
+        return recorded
+    raise BaseModelError(
+        f"LoRA checkpoint {path}: its base model {recorded} is gone (weights SHA-256 "
+        f"{reference['sha256'][:16]}...); put the same model back there, or set "
+        f"{BASE_ENV}=DIR to a copy of it (its weights are checked against that hash)"
+    )
 
 
 def save_merged_model(model: nn.Module, path: Path) -> None:
@@ -196,15 +298,45 @@ def load_adapter_model(
     """
     peft = require_peft(f"loading the adapter at {path}")
     base_path: str | Path = path / BASE_DIR
-    if not Path(base_path).is_dir():
+    reference = None
+    if (path / BASE_REFERENCE).is_file() and not Path(base_path).is_dir():
+        reference = json.loads((path / BASE_REFERENCE).read_text())
+        base_path = _referenced_base(path, reference)
+    elif not Path(base_path).is_dir():
         base_path = peft.PeftConfig.from_pretrained(path).base_model_name_or_path
         if not base_path:
             raise FileNotFoundError(
                 f"{path} holds an adapter without its base model: no {BASE_DIR}/ directory "
                 f"and no base_model_name_or_path in {ADAPTER_CONFIG}"
             )
-    base = AutoModelForCausalLM.from_pretrained(base_path, dtype=dtype)
+    try:  # a referenced base is read as safetensors only: a checkpoint never unpickles
+        base = AutoModelForCausalLM.from_pretrained(
+            base_path, dtype=dtype, **({"use_safetensors": True} if reference else {})
+        )
+    except OSError as exc:
+        if reference is None:
+            raise
+        raise BaseModelError(
+            f"LoRA checkpoint {path}: cannot load its base model from {base_path} ({exc}); "
+            f"set {BASE_ENV}=DIR to a copy of {reference['name_or_path']}"
+        ) from None
+    if reference is not None:
+        digest = state_sha256(base.state_dict())
+        if digest != reference["sha256"]:
+            raise BaseModelError(
+                f"LoRA checkpoint {path}: the base model at {base_path} is not the one it was "
+                f"trained on (weights SHA-256 {digest[:16]}..., recorded "
+                f"{reference['sha256'][:16]}... for {reference['name_or_path']} in "
+                f"{reference.get('dtype', '?')}); pass the same model ({BASE_ENV}=DIR)"
+            )
     with _peft_wrapping():
         model = peft.PeftModel.from_pretrained(base, path, is_trainable=True)
     model = model.to(device)
+    if reference is not None:  # saved again, it names the same base (where it is now)
+        model._lmgym_base_reference = {
+            **reference,
+            "name_or_path": str(_durable_name(str(base_path)) or base_path),
+        }
+    elif Path(base_path) == path / BASE_DIR:
+        keep_base_weights(model)  # a base that lives inside a checkpoint goes when it is pruned
     return model, base_path

@@ -193,7 +193,7 @@ def policy_for(
             before the process group started: ``save_pretrained`` writes nothing on
             ranks other than 0 once one has).
     """
-    return load_policy(
+    policy = load_policy(
         model or config.model,
         config.temperature,
         device or config.device,
@@ -201,6 +201,8 @@ def policy_for(
         autocast_dtype=config.autocast_dtype,
         gradient_checkpointing=config.gradient_checkpointing,
     )
+    config.mark_base_storage(policy)
+    return policy
 
 
 def make_train_env(
@@ -570,6 +572,7 @@ class Trainer:
             except CheckpointError as exc:
                 raise self._checkpoint_error(run, checkpoint, exc) from None
             check_schedule_length(agent, cfg.iterations)
+            cfg.mark_base_storage(agent.policy)
             return agent, state
 
         agent, state = self.ranks.on_every(load)

@@ -313,3 +313,89 @@ def test_a_lora_run_raises_no_checkpointing_deprecation_warning(make_env, tokeni
         agent.learn(1)
         GRPO.load(agent.save(tmp_path / "ckpt"), make_env(num_prompts=2, group_size=2))
     assert not [w for w in caught if "is_gradient_checkpointing" in str(w.message)]
+
+
+# ------------------------------------------- a checkpoint references its base model
+def saved_base(tokenizer, path: Path) -> Path:
+    tiny_llama(tokenizer).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def test_a_checkpoint_of_a_saved_base_holds_the_adapter_and_a_checked_reference(
+    make_env, tokenizer, tmp_path
+):
+    from lmgym.policy.adapters import BASE_REFERENCE, state_sha256
+
+    base = saved_base(tokenizer, tmp_path / "base")
+    policy = CausalLMPolicy.from_pretrained(base, peft_config=lora(init=False))
+    agent = GRPO(policy, make_env(num_prompts=2, group_size=4), learning_rate=1e-2, seed=3)
+    agent.learn(1)
+    path = agent.save(tmp_path / "ckpt")
+    policy_dir = path / "policy"
+    assert not (policy_dir / "base").exists()  # no copy of the base weights
+    reference = json.loads((policy_dir / BASE_REFERENCE).read_text())
+    loaded_base = AutoModelForCausalLM.from_pretrained(base)
+    assert reference["name_or_path"] == str(base.resolve())
+    assert reference["sha256"] == state_sha256(loaded_base.state_dict())
+
+    # It reloads exactly, optimizer included, and saved again names the same base.
+    loaded = GRPO.load(path, make_env(num_prompts=2, group_size=4))
+    batch = collect(make_env(num_prompts=2, group_size=4), agent.policy, seed=5)
+    assert torch.equal(teacher_forced(loaded.policy, batch), teacher_forced(agent.policy, batch))
+    agent.learn(1)
+    loaded.learn(1)
+    for a, b in zip(
+        lora_parameters(agent.policy).values(), lora_parameters(loaded.policy).values(), strict=True
+    ):
+        assert torch.equal(a, b)
+    again = loaded.save(tmp_path / "again")
+    assert json.loads((again / "policy" / BASE_REFERENCE).read_text()) == reference
+
+
+def test_other_base_weights_or_a_moved_base_fail_in_one_line_naming_the_fix(
+    tokenizer, tmp_path, monkeypatch
+):
+    from lmgym.policy.adapters import BASE_ENV, BaseModelError
+
+    base = saved_base(tokenizer, tmp_path / "base")
+    CausalLMPolicy.from_pretrained(base, peft_config=lora()).save_pretrained(tmp_path / "a")
+
+    other = tiny_llama(tokenizer, seed=1)  # same shapes, other weights
+    other.save_pretrained(base)
+    with pytest.raises(BaseModelError, match="is not the one it was trained on") as info:
+        CausalLMPolicy.from_pretrained(tmp_path / "a")
+    assert "\n" not in str(info.value) and f"{BASE_ENV}=DIR" in str(info.value)
+
+    moved = tmp_path / "moved"
+    saved_base(tokenizer, moved)
+    import shutil
+
+    shutil.rmtree(base)
+    with pytest.raises(BaseModelError) as info:
+        CausalLMPolicy.from_pretrained(tmp_path / "a")
+    assert str(info.value).startswith(
+        f"LoRA checkpoint {tmp_path / 'a'}: its base model {base.resolve()} is gone (weights "
+        "SHA-256 "
+    )
+    assert str(info.value).endswith(
+        f"put the same model back there, or set {BASE_ENV}=DIR to a copy of it (its weights "
+        "are checked against that hash)"
+    )
+    monkeypatch.setenv(BASE_ENV, str(moved))
+    assert CausalLMPolicy.from_pretrained(tmp_path / "a").is_peft
+
+
+def test_keep_base_weights_writes_the_base_into_the_checkpoint(tokenizer, tmp_path):
+    from lmgym.policy.adapters import BASE_REFERENCE, keep_base_weights
+
+    base = saved_base(tokenizer, tmp_path / "base")
+    policy = CausalLMPolicy.from_pretrained(base, peft_config=lora(init=False))
+    keep_base_weights(policy.model)
+    policy.save_pretrained(tmp_path / "whole")
+    assert (tmp_path / "whole" / "base" / "model.safetensors").is_file()
+    assert not (tmp_path / "whole" / BASE_REFERENCE).exists()
+    import shutil
+
+    shutil.rmtree(base)  # the checkpoint alone reloads
+    assert CausalLMPolicy.from_pretrained(tmp_path / "whole").is_peft
