@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from lmgym.training.cli_common import error as _error
@@ -449,8 +450,12 @@ def _train(argv: Sequence[str]) -> int:
         return _error("train", f"{exc}{_stopped_hint(run_dir)}")
     except KeyboardInterrupt:
         run_dir = trainer.config.run_dir if trainer is not None else None
-        hint = f"; continue from its last checkpoint: lmgym train --resume {run_dir}"
-        print(f"\nlmgym train: interrupted{hint if run_dir else ''}", file=sys.stderr)
+        hint = _stopped_hint(run_dir) or (
+            f"; no checkpoint was written yet (start again with --run-dir {run_dir} --overwrite)"
+            if run_dir and Path(run_dir).is_dir()
+            else ""
+        )
+        print(f"\nlmgym train: interrupted{hint}", file=sys.stderr)
         return 130
 
     if result.before is None or result.after is None:

@@ -115,6 +115,8 @@ class TrainConfig:
     """Prompts drawn per evaluation (the eval split's, in a seeded order, repeated if it is smaller)."""
     eval_samples: int = 4
     """Completions per evaluation prompt (the k of pass@k)."""
+    max_time: str | None = None
+    """Wall-time bound of a training session: seconds (600) or with a unit (90s, 10m, 1.5h). Training stops before an iteration that would end past it, then writes the final checkpoint and the after-evaluation as at a planned end."""
     early_stop: bool = False
     """Stop once the rolling mean reward reaches stop_threshold."""
     stop_threshold: float | None = None
@@ -141,6 +143,10 @@ class TrainConfig:
             raise ValueError(f"stop_window={self.stop_window}: must be >= 1")
         if self.temperature <= 0:
             raise ValueError(f"temperature={self.temperature}: must be > 0")
+        if self.max_time is not None:
+            from lmgym.training.wall_clock import parse_duration
+
+            parse_duration(self.max_time)
         if self.lora_r < 0:
             raise ValueError(f"lora_r={self.lora_r}: must be >= 0 (0: full fine-tuning)")
         if self.lora_r > 0 and not self.lora_alpha > 0:

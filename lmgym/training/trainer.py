@@ -40,14 +40,13 @@ from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.persistence.atomic import atomic_directory
 from lmgym.persistence.manifest import CheckpointError
 from lmgym.policy.causal_lm import CausalLMPolicy
+from lmgym.training.boundary_eval import BoundaryEval
 from lmgym.training.callbacks import (
     CheckpointCallback,
     EarlyStopAtThreshold,
     MetricsLogger,
-    PeriodicEval,
     Printer,
     RankCallbacks,
-    SamplePrinter,
     check_callback,
     derived_seed,
     tqdm_print,
@@ -70,6 +69,7 @@ from lmgym.training.run import (
     TrainConfig,
     default_run_dir,
 )
+from lmgym.training.session import Session, main_callbacks, stop_threshold
 from lmgym.training.user_code import (
     check_prompt_file,
     check_task_factory,
@@ -323,6 +323,7 @@ class Trainer:
         self.env_id = prepare_task(config)
         check_task_factory(self.env_id, config.task)
         config.env_kwargs = check_env_kwargs(self.env_id, config.env_kwargs)
+        stop_threshold(config, self.env_id)  # early_stop needs one: refused before anything
         for callback in callbacks:
             check_callback(callback, "callbacks")
         agent_class = ALGORITHMS[config.algo]
@@ -861,67 +862,34 @@ class Trainer:
         split: str,
         extra: list[Callback],
     ) -> TrainResult:
-        from lmgym.envs.registration import TASKS
-
         cfg = self.config
         threshold = correct_threshold_for(self.env_id)
         seed = self.agent_config.seed
         resumed = self._resume_run is not None
-
-        def evaluate() -> EvalResult:
-            assert eval_env is not None  # rank 0
-            return evaluate_policy(
-                agent.policy,
-                eval_env,
-                cfg.eval_prompts,
-                seed=derived_seed(seed, agent.iteration, 0),
-                correct_threshold=threshold,
-                split=split,
-            )
-
         ranks = self.ranks
-        stop_at: float | None = None
-        if cfg.early_stop:
-            stop_at = cfg.stop_threshold
-            if stop_at is None:
-                info = TASKS.get(self.env_id)
-                stop_at = info.solved_threshold if info is not None else None
-            if stop_at is None:
-                raise ValueError(
-                    f"early_stop: task {cfg.task!r} states no solved threshold; set stop_threshold"
-                )
         # Rank 0 evaluates, logs, samples and runs the user's callbacks; every rank takes
         # part in the checkpoints (RankCallbacks shares a stop between ranks).
-        callbacks: list[Callback] = []
-        early: EarlyStopAtThreshold | None = None
-        logger = stdout = None
+        session, boundary = Session(), None
         if ranks.is_main:
             assert eval_env is not None
-            if cfg.eval_every:
-                callbacks.append(
-                    PeriodicEval(
-                        eval_env,
-                        cfg.eval_every,
-                        cfg.eval_prompts,
-                        seed,
-                        threshold,
-                        split,
-                        run,
-                        self.out,
-                    )
-                )
-            if stop_at is not None:
-                early = EarlyStopAtThreshold(stop_at, cfg.stop_window, out=self.out)
-                callbacks.append(early)
-            logger = make_logger(run.path, resume_at=agent.iteration if resumed else None)
-            stdout = make_stdout_logger() if cfg.log_interval else None
-            callbacks.append(MetricsLogger(logger, stdout, cfg.log_interval))
-            if cfg.sample_every and cfg.samples:
-                callbacks.append(
-                    SamplePrinter(eval_env, cfg.sample_every, cfg.samples, seed, run, self.out)
-                )
-            callbacks += extra
-            callbacks += self.user_callbacks
+            session = main_callbacks(
+                cfg,
+                self.env_id,
+                eval_env,
+                split,
+                run,
+                seed=seed,
+                beta=self.agent_config.beta,
+                correct_threshold=threshold,
+                resumed_at=agent.iteration if resumed else None,
+                start=time.perf_counter(),
+                extra=[*extra, *self.user_callbacks],
+                out=self.out,
+            )
+            boundary = BoundaryEval(
+                eval_env, cfg.eval_prompts, seed, threshold, split, run, self.out
+            )
+        callbacks = session.callbacks
         for cb in callbacks:
             key = getattr(cb, "state_key", None)
             if key is not None and key in state.get("callbacks", {}):
@@ -970,35 +938,25 @@ class Trainer:
                 f"{ranks.size * cfg.num_prompts} prompts per iteration"
             )
         self.out(f"run directory: {run.path}")
-        before = evaluate() if ranks.is_main else None
+        before = boundary(agent, "start") if boundary is not None else None
         remaining = max(0, cfg.iterations - agent.iteration)
         start = time.perf_counter()
         try:
-            history = agent.learn(
-                remaining,
-                callback=callbacks,
-                progress_bar=not cfg.no_progress and ranks.is_main,
-            )
+            history = agent.learn(remaining, callback=callbacks)
         finally:
-            if logger is not None:
-                logger.close()
-            if stdout is not None:
-                stdout.close()
+            session.close()
         seconds = time.perf_counter() - start
         tokens = ranks.sum(agent.tokens_generated)
         last, after, merged = checkpoint.last, None, None
-        if ranks.is_main:  # the other ranks write and print nothing
+        if boundary is not None:  # rank 0; the other ranks write and print nothing
             if cfg.save_merged:
                 with atomic_directory(run.path / RunDirectory.MERGED) as tmp:
                     agent.policy.save_pretrained(tmp, merged=True)
                 merged = run.path / RunDirectory.MERGED
                 self.out(f"merged model: {merged}")
-            after = evaluate()
-            assert before is not None
             last = last or CheckpointManager(run.checkpoints).latest()
             self.out(f"checkpoint: {last}")
-            self.out(f"eval before: {before.summary()}")
-            self.out(f"eval after:  {after.summary()}")
+            after = boundary(agent, "end")
         return TrainResult(
             run_dir=run.path,
             history=history,
@@ -1008,7 +966,7 @@ class Trainer:
             iteration=agent.iteration,
             tokens_generated=tokens,
             checkpoint=last,
-            stopped_early=ranks.is_main and early is not None and early.solved_at is not None,
+            stopped_early=session.early is not None and session.early.solved_at is not None,
             agent=agent,
             merged=merged,
         )

@@ -30,6 +30,11 @@ def train(*args: str) -> int:
     return main(["train", *QUIET, *args])
 
 
+def evals(run: Path) -> list[dict]:
+    """eval.jsonl's records."""
+    return [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines()]
+
+
 def metric_rows(run: Path) -> list[dict[str, float]]:
     """progress.csv without the wall-clock columns."""
     return [
@@ -62,8 +67,12 @@ def test_train_writes_a_complete_run_directory(tmp_path, capsys):
     assert "eval/pass@2" in rows[1] and "eval/pass@2" not in rows[0]
     samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
     assert {s["iteration"] for s in samples} == {2, 4} and samples[0]["prompt"] == "say hello:"
-    evals = [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines()]
-    assert [e["iteration"] for e in evals] == [2, 4]
+    records = [(e["iteration"], e.get("at")) for e in evals(run)]
+    assert records == [(0, "start"), (2, None), (4, None), (4, "end")]
+    assert evals(run)[-1]["reward_mean"] == pytest.approx(float(lines[-3].split()[4]), abs=1e-3)
+    # The before/after evaluations say what they do, before they do it.
+    assert "evaluating before training (iteration 0): 2 prompts x 2 samples, split " in out
+    assert "evaluating after training (iteration 4): 2 prompts x 2 samples, split " in out
     checkpoints = run / "checkpoints"
     assert (checkpoints / "latest").read_text().strip() == "iter_000004"
     assert sorted(p.name for p in checkpoints.iterdir() if p.is_dir()) == [
@@ -100,8 +109,19 @@ def test_resumed_run_equals_an_uninterrupted_one(tmp_path, algo_args):
 
     assert metric_rows(split) == metric_rows(whole)
     assert len(metric_rows(whole)) == 5
-    for name in ("samples.jsonl", "eval.jsonl"):
-        assert (split / name).read_text() == (whole / name).read_text()
+    assert (split / "samples.jsonl").read_text() == (whole / "samples.jsonl").read_text()
+    periodic = [e for e in evals(whole) if "at" not in e]
+    assert periodic and [e for e in evals(split) if "at" not in e] == periodic
+    # Each session's start and end evaluations are recorded: the resumed run has two sessions.
+    assert [(e["iteration"], e["at"]) for e in evals(whole) if "at" in e] == [
+        (0, "start"),
+        (5, "end"),
+    ]
+    assert [(e["iteration"], e["at"]) for e in evals(split) if "at" in e] == [
+        (0, "start"), (3, "end"), (3, "start"), (5, "end"),
+    ]  # fmt: skip
+    end_3, start_3 = (e for e in evals(split) if e["iteration"] == 3 and "at" in e)
+    assert {**start_3, "at": "end"} == end_3  # the same evaluation: same weights and seed
 
 
 def test_resume_from_an_older_checkpoint_drops_the_rows_after_it(tmp_path):

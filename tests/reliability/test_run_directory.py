@@ -157,9 +157,10 @@ def test_a_run_killed_before_its_first_checkpoint_says_how_to_restart(
     assert "is not an lmgym run directory" in capsys.readouterr().err
     assert train("--iterations", "2", "--run-dir", str(run)) == 2  # exists: needs --overwrite
 
-    # Killed while writing its first row (points: config.json x3, progress.csv created x3).
+    # Killed while writing its first row (points: config.json x3, progress.csv created x3,
+    # the start evaluation appended to eval.jsonl x2).
     status, label = killed_at(
-        7, lambda: train("--iterations", "2", "--run-dir", str(run), "--overwrite")
+        9, lambda: train("--iterations", "2", "--run-dir", str(run), "--overwrite")
     )
     assert (status, label) == (77, "write progress.csv")
     assert not (run / "checkpoints").exists()

@@ -1,0 +1,75 @@
+"""The evaluations at the start and the end of a training session: announced, timed, recorded.
+
+On a real model an evaluation takes a minute; run silently it looks like a hang.
+``BoundaryEval`` says what it is about to evaluate before it starts, prints the
+summary with the time it took, and appends the result to the run's ``eval.jsonl``
+with ``"at": "start"`` or ``"end"`` (periodic evaluations have no ``"at"``), so the
+before/after figures are on disk and not only on the terminal.
+
+Both use the seed ``derived_seed(seed, iteration, 0)`` and their own env and
+generator, so they never move the training streams; a resumed session's start
+evaluation equals the previous session's end evaluation at that iteration.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Literal
+
+from lmgym.agents.base import Agent
+from lmgym.envs.token_env import TokenVectorEnv
+from lmgym.training.callbacks import Printer, derived_seed
+from lmgym.training.evaluation import EvalResult, evaluate_policy
+from lmgym.training.run import RunDirectory
+
+Boundary = Literal["start", "end"]
+
+
+class BoundaryEval:
+    """Evaluate a session's policy at its start or end, saying so and recording it.
+
+    Args:
+        env: the evaluation env (``make_eval_env``).
+        num_prompts: prompts per evaluation.
+        seed: the run's seed.
+        correct_threshold: reward counted as correct (``None``: no pass@k).
+        split: which prompts, for the record.
+        run: where to append ``eval.jsonl`` (``None``: nowhere).
+        out: where the lines go.
+    """
+
+    def __init__(
+        self,
+        env: TokenVectorEnv,
+        num_prompts: int,
+        seed: int,
+        correct_threshold: float | None,
+        split: str,
+        run: RunDirectory | None,
+        out: Printer,
+    ) -> None:
+        self.env, self.num_prompts, self.seed = env, num_prompts, seed
+        self.correct_threshold, self.split, self.run, self.out = correct_threshold, split, run, out
+
+    def __call__(self, agent: Agent, at: Boundary) -> EvalResult:
+        """Evaluate ``agent.policy`` now; ``at`` says which end of the session this is."""
+        which = "before" if at == "start" else "after"
+        self.out(
+            f"evaluating {which} training (iteration {agent.iteration}): {self.num_prompts} "
+            f"prompts x {self.env.group_size} samples, split {self.split} ..."
+        )
+        start = time.perf_counter()
+        result = evaluate_policy(
+            agent.policy,
+            self.env,
+            self.num_prompts,
+            seed=derived_seed(self.seed, agent.iteration, 0),
+            correct_threshold=self.correct_threshold,
+            split=self.split,
+        )
+        self.out(f"eval {which}: {result.summary()} in {time.perf_counter() - start:.1f} s")
+        if self.run is not None:
+            self.run.append_jsonl(
+                RunDirectory.EVAL, {"iteration": agent.iteration, "at": at, **result.to_json()}
+            )
+        return result
