@@ -26,6 +26,7 @@ from typing import Any
 from lmgym.training.cli_common import error, parse_env_kwarg, quiet_transformers
 from lmgym.training.run import DEFAULT_TASK, TrainConfig
 from lmgym.training.sample_text import sample_line
+from lmgym.training.threads import auto_threads
 
 
 def _prompt_count(text: str) -> int:
@@ -129,7 +130,12 @@ def eval_parser() -> argparse.ArgumentParser:
         "--json", default=None, metavar="FILE", help="also write the result as JSON"
     )
     parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: 1)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch CPU threads; 0 chooses from the cores and the load (default: 1)",
+    )
     return parser
 
 
@@ -213,7 +219,9 @@ def run_eval(argv: Sequence[str]) -> int:
     problem = _check_args(args)
     if problem is not None:
         return error("eval", problem)
-    torch.set_num_threads(args.threads)
+    if args.threads < 0:
+        return error("eval", f"--threads {args.threads}: must be >= 1, or 0 to choose")
+    torch.set_num_threads(args.threads or auto_threads()[0])
     quiet_transformers()
     try:
         check_device(args.device)

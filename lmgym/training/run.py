@@ -96,7 +96,7 @@ class TrainConfig:
     device: str = "cpu"
     """Torch device, e.g. cpu or cuda."""
     threads: int = 1
-    """Torch CPU threads (1 is fastest for tiny models)."""
+    """Torch CPU threads. 1: fastest for the tiny model, and more threads on a busy 2-core machine made iterations 10-20x slower; 0: choose from the cores and the load average (docs/cli.md, Threads)."""
     run_dir: str | None = None
     """Run directory; None: runs/<algo>-<task>-<date>-<time>."""
     save_every: int = 50
@@ -136,7 +136,11 @@ class TrainConfig:
         for name in ("sample_every", "samples", "eval_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)}: must be >= 0")
-        for name in ("num_prompts", "group_size", "threads", "eval_prompts", "eval_samples"):
+        if self.threads < 0:
+            raise ValueError(
+                f"threads={self.threads}: must be >= 1, or 0 to choose from the machine"
+            )
+        for name in ("num_prompts", "group_size", "eval_prompts", "eval_samples"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)}: must be >= 1")
         if self.stop_window < 1:

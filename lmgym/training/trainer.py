@@ -23,6 +23,7 @@ such a run resumes with fresh rows.)
 from __future__ import annotations
 
 import dataclasses
+import os
 import tempfile
 import time
 from collections.abc import Sequence
@@ -70,6 +71,7 @@ from lmgym.training.run import (
     default_run_dir,
 )
 from lmgym.training.session import Session, main_callbacks, stop_threshold
+from lmgym.training.threads import auto_threads
 from lmgym.training.user_code import (
     check_prompt_file,
     check_task_factory,
@@ -342,6 +344,10 @@ class Trainer:
         self.user_callbacks = list(callbacks)
         self.overwrite = overwrite
         self.out = out
+        if config.threads == 0:  # chosen once, then recorded in config.json like a number
+            config.threads, why = auto_threads(processes=launched_ranks())
+            if os.environ.get("RANK", "0") == "0":  # before the process group: torchrun's rank
+                out(f"threads: {config.threads} ({why}; --threads 0 chose)")
         self.resume_from: Path | None = None
         self._resume_run: RunDirectory | None = None
         self._resume_latest = False
