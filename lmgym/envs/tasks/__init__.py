@@ -13,6 +13,16 @@
 | ``lmgym/SemanticSimilarity-v0``  | cosine similarity, all-MiniLM-L6-v2     | 0.18   | >= 0.8  |
 | ``lmgym/WordProblem-v0``         | exact match with the ``answer`` column  | 0.0    | >= 0.9  |
 
+Chat tasks for a real instruct model (chat prompts through the tokenizer's chat
+template; plain text on a tokenizer without one), each with its base score for
+SmolLM2-135M-Instruct on its eval split (``TaskInfo.base_score``):
+
+| id                                  | reward                                   | random | solved  |
+|-------------------------------------|------------------------------------------|--------|---------|
+| ``lmgym/ChatArithmetic-v0``         | the reply's first number is the answer   | 0.03   | >= 0.9  |
+| ``lmgym/Instructions-v0``           | mean of 5 checkable constraints          | 0.31   | >= 0.9  |
+| ``lmgym/PositiveContinuation-v0``   | VADER compound sentiment, ``[-1, 1]``    | 0.0    | >= 0.8  |
+
 Each module's docstring states the reward, its range, the random-policy baseline
 and the solved threshold; each has a vector factory ``make_<task>_vector`` (made
 with ``lmgym.envs.task_factory``: the task's parameters plus every ``EnvOptions``
