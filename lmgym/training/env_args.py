@@ -131,3 +131,25 @@ def check_env_kwargs(task: str, kwargs: dict[str, Any]) -> dict[str, Any]:
             )
         out[key] = coerce_value(key, value, hints.get(key, Any))
     return out
+
+
+def with_policy_stop_ids(task: str, kwargs: dict[str, Any], policy: Any) -> dict[str, Any]:
+    """``kwargs`` with ``stop_token_ids`` set to the policy's, where the run needs them.
+
+    A chat model stops on more than its tokenizer's EOS (SmolLM2: ``<|im_end|>`` and
+    ``<|endoftext|>``, from its generation config); an env built with the default
+    (the EOS alone) refuses the others as actions, and the policy refuses such an env.
+    So when the user gave no ``stop_token_ids``, the task's factory takes them, and
+    the policy has more than the EOS, the run uses ``policy.stop_token_ids``; written
+    into the run's ``env_kwargs``, they are recorded in ``config.json`` and a resume
+    and ``lmgym eval --run`` build the same env.
+    """
+    from lmgym.training.evaluation import factory_accepts
+
+    stop = [int(i) for i in getattr(policy, "stop_token_ids", [])]
+    eos = policy.tokenizer.eos_token_id
+    if "stop_token_ids" in kwargs or stop in ([], [eos]):
+        return kwargs
+    if not factory_accepts(task, "stop_token_ids"):
+        return kwargs
+    return {**kwargs, "stop_token_ids": stop}

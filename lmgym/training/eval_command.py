@@ -210,7 +210,7 @@ def run_eval(argv: Sequence[str]) -> int:
 
     from lmgym.persistence import CheckpointError
     from lmgym.policy import CausalLMPolicy
-    from lmgym.training.env_args import check_env_kwargs
+    from lmgym.training.env_args import check_env_kwargs, with_policy_stop_ids
     from lmgym.training.evaluation import correct_threshold_for, evaluate_policy, make_eval_env
     from lmgym.training.run import check_device
     from lmgym.training.user_code import check_task_factory
@@ -253,7 +253,7 @@ def run_eval(argv: Sequence[str]) -> int:
             args.num_prompts,
             args.k,
             split=args.split,
-            env_kwargs=env_kwargs,
+            env_kwargs=with_policy_stop_ids(env_id, env_kwargs, policy),
             device=args.device,
         )
         threshold = (

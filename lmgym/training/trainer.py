@@ -53,7 +53,7 @@ from lmgym.training.callbacks import (
     tqdm_print,
 )
 from lmgym.training.checkpoint import CheckpointManager, checkpoint_iteration, is_checkpoint
-from lmgym.training.env_args import check_env_kwargs
+from lmgym.training.env_args import check_env_kwargs, with_policy_stop_ids
 from lmgym.training.evaluation import (
     EvalResult,
     correct_threshold_for,
@@ -519,6 +519,7 @@ class Trainer:
         cfg = self.config
         torch.manual_seed(self.agent_config.seed)  # a new adapter's initial weights
         policy = policy_for(cfg, self.device, self._model)
+        cfg.env_kwargs = with_policy_stop_ids(self.env_id, cfg.env_kwargs, policy)
         env = make_train_env(cfg, policy.tokenizer, self.env_id, **self._env_place())
         torch.manual_seed(self.agent_config.seed)
         return ALGORITHMS[cfg.algo](policy, env, self._reference(policy), config=self.agent_config)
@@ -755,6 +756,7 @@ class Trainer:
         def make_agent(role: Any) -> Agent:
             torch.manual_seed(self.agent_config.seed)
             policy = policy_for(cfg, str(role.device), self._model)
+            cfg.env_kwargs = with_policy_stop_ids(self.env_id, cfg.env_kwargs, policy)
             env = make_train_env(cfg, policy.tokenizer, self.env_id, device=str(role.device))
             torch.manual_seed(self.agent_config.seed)
             agent = agent_class(
