@@ -333,21 +333,31 @@ def broadcast_to_tokens(seq_values: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask.bool(), seq_values[:, None], 0.0)
 
 
-def whiten(x: Tensor, mask: Tensor, eps: float = 1e-8, shift_mean: bool = True) -> Tensor:
+def whiten(
+    x: Tensor, mask: Tensor, eps: float = 1e-8, shift_mean: bool = True, min_std: float = 0.0
+) -> Tensor:
     """Standardise over masked entries: (x − mean)/(std + ε), std unbiased.
+
+    Below `min_std` the entries are centred but not rescaled
+    (docs/algorithms.md#broadcast-and-whitening): a batch whose advantages barely
+    differ (every completion earned the same reward) holds the critic's noise, not
+    signal, and dividing by its tiny std would blow that noise up to unit variance.
 
     Args:
         x: `[B, T]` float, e.g. advantages.
         mask: `[B, T]` bool or float.
         eps: ε added to the std.
         shift_mean: if False, add the mean back, so only the scale changes.
+        min_std: the std from which the entries are rescaled (0: always).
 
     Returns:
         `[B, T]` float, 0 where masked.
     """
     wide = x.double()
     mean = masked_mean(wide, mask)
-    whitened = (wide - mean) / (masked_std(wide, mask) + eps)
+    std = masked_std(wide, mask)
+    scale = torch.where(std >= min_std, std + eps, 1.0)
+    whitened = (wide - mean) / scale
     if not shift_mean:
         whitened = whitened + mean
     return torch.where(mask.bool(), whitened, 0.0).to(x.dtype)

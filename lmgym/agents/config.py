@@ -79,6 +79,8 @@ class AgentConfig:
     """Truncated importance sampling cap C on exp(lp_old - lp_s); None disables TIS."""
     whiten_advantages: bool = False
     """Normalise advantages to zero mean, unit std over real tokens."""
+    whiten_min_std: float = 0.1
+    """Whitening rescales only when the advantages' std reaches this (in reward units); below it they are centred only, so a batch without reward spread does not blow critic noise up to unit variance."""
     entropy_coef: float = 0.0
     """Bonus on the mean token entropy (subtracted from the loss)."""
     overlong_cache: int | None = None
@@ -270,6 +272,8 @@ def check_common(config: AgentConfig) -> None:
         raise ValueError(f"kl_placement={config.kl_placement!r} is not one of ['reward', 'loss']")
     if config.max_resample < 0:
         raise ValueError(f"max_resample={config.max_resample}: must be >= 0")
+    if config.whiten_min_std < 0:
+        raise ValueError(f"whiten_min_std={config.whiten_min_std}: must be >= 0 (0 always rescales)")
 
 
 def resolve_models(

@@ -108,7 +108,7 @@ def prepare_batch(agent: Agent, batch: RolloutBatch) -> PreparedBatch:
     union_values = group.gather_rows(values) if values is not None else None
     advantages, returns = agent.advantages(union, rewards, union.completion_mask, union_values)
     if cfg.whiten_advantages:
-        advantages = whiten(advantages, union.completion_mask)
+        advantages = whiten(advantages, union.completion_mask, min_std=cfg.whiten_min_std)
     advantages = advantages[mine]
     returns = returns[mine] if returns is not None else None
     where = f"iteration {agent.iteration + 1}"

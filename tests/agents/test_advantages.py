@@ -291,3 +291,13 @@ def test_whiten_over_masked_tokens() -> None:
     # mean 4, unbiased std 2
     close(whiten(x, mask, eps=0.0), [[-1, 0, 0], [1, 0, 0]])
     close(whiten(x, mask, eps=0.0, shift_mean=False), [[3, 4, 0], [5, 0, 0]])
+
+
+def test_whiten_centres_without_rescaling_below_min_std() -> None:
+    # Critic noise on a batch where every completion earned the same reward: mean 1,
+    # unbiased std 0.02. Rescaled, it would become [-1, 0, 1] (unit variance).
+    x = t([[0.98, 1.0, PAD], [1.02, PAD, PAD]])
+    mask = t([[1, 1, 0], [1, 0, 0]])
+    close(whiten(x, mask, eps=0.0, min_std=0.1), [[-0.02, 0, 0], [0.02, 0, 0]])
+    close(whiten(x, mask, eps=0.0, min_std=0.019), [[-1, 0, 0], [1, 0, 0]])  # above: rescaled
+    close(whiten(x, mask, eps=0.0, min_std=0.1, shift_mean=False), [[0.98, 1, 0], [1.02, 0, 0]])
