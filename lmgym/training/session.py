@@ -135,7 +135,11 @@ def main_callbacks(
     stdout = make_stdout_logger() if config.log_interval else None
     session.closers += [logger] + ([stdout] if stdout is not None else [])
     add(MetricsLogger(logger, stdout, config.log_interval))
-    add(NoSignalWarning(config.group_size, config.temperature, out=out))
+    from lmgym.envs.registration import TASKS
+
+    info = TASKS.get(env_id)
+    best = info.reward_range[1] if info is not None else None
+    add(NoSignalWarning(config.group_size, config.temperature, best, out=out))
     if config.sample_every and config.samples:
         add(SamplePrinter(eval_env, config.sample_every, config.samples, seed, run, out))
     session.callbacks += list(extra)

@@ -19,10 +19,18 @@ NO_SIGNAL_PATIENCE = 20
 """Iterations in a row without signal before the warning."""
 
 
-def has_no_signal(metrics: dict[str, float]) -> bool:
-    """Whether an iteration's metrics show no learning signal (flat groups or no gradient)."""
+def has_no_signal(metrics: dict[str, float], max_reward: float | None = None) -> bool:
+    """Whether an iteration's metrics show no learning signal (flat groups or no gradient).
+
+    Args:
+        max_reward: the task's highest reward: flat groups that all reach it are a
+            solved task, not a stuck one.
+    """
     flat = metrics.get("frac_reward_zero_std")
     grad = metrics.get("grad_norm")
+    reward = metrics.get("reward_mean")
+    if max_reward is not None and reward is not None and reward >= max_reward - 1e-6:
+        return False
     return (flat is not None and flat >= 1.0) or (grad is not None and grad == 0.0)
 
 
@@ -31,6 +39,7 @@ class NoSignalWarning(TrainingCallback):
 
     Args:
         group_size, temperature: the run's, quoted in the advice.
+        max_reward: the task's highest reward (a solved task is flat too), if known.
         patience: iterations in a row (default ``NO_SIGNAL_PATIENCE``).
         out: where the line goes.
 
@@ -44,6 +53,7 @@ class NoSignalWarning(TrainingCallback):
         self,
         group_size: int,
         temperature: float,
+        max_reward: float | None = None,
         patience: int = NO_SIGNAL_PATIENCE,
         out: Printer | None = tqdm_print,
     ) -> None:
@@ -55,6 +65,7 @@ class NoSignalWarning(TrainingCallback):
             patience,
             out,
         )
+        self.max_reward = max_reward
         self.streak = 0
         self.warned_at: list[int] = []
 
@@ -75,7 +86,7 @@ class NoSignalWarning(TrainingCallback):
         )
 
     def __call__(self, agent: Any, metrics: dict[str, float]) -> bool | None:
-        if not has_no_signal(metrics):
+        if not has_no_signal(metrics, self.max_reward):
             self.streak = 0
             return None
         self.streak += 1

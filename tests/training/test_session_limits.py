@@ -121,6 +121,9 @@ def test_no_signal_warns_once_per_streak_and_says_what_to_change():
         "change. Sample more completions per prompt (--group-size, now 4), a higher "
         "--temperature (now 0.7), or an easier task (one the model sometimes solves)"
     )
+    solved = NoSignalWarning(4, 1.0, max_reward=1.0, patience=1, out=lines.append)
+    solved(agent, {"frac_reward_zero_std": 1.0, "reward_mean": 1.0, "grad_norm": 0.0})
+    assert solved.warned_at == []  # every completion right: solved, not stuck
     zero_grad = NoSignalWarning(4, 1.0, patience=1, out=lines.append)
     zero_grad(agent, {"frac_reward_zero_std": 0.2, "grad_norm": 0.0})
     assert "the gradient norm is 0" in lines[-1]
