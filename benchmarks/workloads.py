@@ -45,8 +45,9 @@ def tiny_gpt2(size: str, n_positions: int, **kwargs: Any) -> tuple[nn.Module, An
     return make_tiny_lm(n_layer=layers, n_embd=width, n_head=4, n_positions=n_positions, **kwargs)
 
 
-def forbid_token(model: nn.Module, token_id: int) -> None:
-    """Give the output layer a bias of ``-1e9`` on ``token_id`` (probability exactly 0).
+def forbid_token(model: nn.Module, *token_ids: int) -> None:
+    """Give the output layer a bias of ``-1e9`` on each of ``token_ids`` (probability
+    exactly 0).
 
     The new ``[V, H]`` head shares the old (tied) weight, so every other logit is
     unchanged; the bias takes the weight's dtype and device.
@@ -57,7 +58,7 @@ def forbid_token(model: nn.Module, token_id: int) -> None:
     head.weight = w
     with torch.no_grad():
         head.bias.zero_()
-        head.bias[token_id] = -1e9
+        head.bias[list(token_ids)] = -1e9
     model.set_output_embeddings(head)
 
 
@@ -108,18 +109,25 @@ def make_prompts(tokenizer: Any, n: int, length: int, seed: int = 0) -> list[str
 
 
 def fixed_length_env(
-    tokenizer: Any, n: int, prompt_tokens: int, new_tokens: int, device: str | torch.device = "cpu"
+    tokenizer: Any,
+    n: int,
+    prompt_tokens: int,
+    new_tokens: int,
+    device: str | torch.device = "cpu",
+    prompts: list[str] | None = None,
+    stop_token_ids: list[int] | None = None,
 ) -> Any:
-    """``n`` rows, one exact-length prompt each (served in order), EOS the only stop
-    id, a zero reward: the env side of rollout-vs-generate."""
+    """``n`` rows, one exact-length prompt each (served in order; random characters
+    unless ``prompts`` are given), EOS the only stop id unless ``stop_token_ids`` are
+    given, a zero reward: the env side of rollout-vs-generate."""
     env = TokenVectorEnv(
         tokenizer,
-        make_prompts(tokenizer, n, prompt_tokens),
+        prompts if prompts is not None else make_prompts(tokenizer, n, prompt_tokens),
         ZeroReward(),
         num_prompts=n,
         group_size=1,
         max_new_tokens=new_tokens,
-        stop_token_ids=[tokenizer.eos_token_id],
+        stop_token_ids=stop_token_ids or [tokenizer.eos_token_id],
         prompt_order="sequential",
         device=device,
     )
@@ -253,9 +261,10 @@ def matmul_tflops(n: int, per_window: int, windows: int, device: torch.device) -
 class RolloutVsGenerate:
     """lmgym's ``collect`` and transformers' ``model.generate(do_sample=True)`` on the
     same model and exact-length prompts, each making exactly ``new_tokens`` per row
-    (asserted; ``model`` must have EOS forbidden by ``forbid_token``: it is the env's
-    only stop id and ``generate``'s ``eos_token_id``), full-vocabulary sampling at
-    temperature 1.
+    (asserted; ``model`` must have its stop ids forbidden by ``forbid_token``: they are
+    the env's stop ids and ``generate``'s ``eos_token_id``; EOS alone unless the model's
+    generation config lists more), full-vocabulary sampling at temperature 1. ``prompts``:
+    text prompts of exactly ``prompt_tokens`` tokens (default: random characters).
 
     ``lmgym()`` and ``generate()`` each run once with a fresh seed and return seconds
     (the device synchronised around the call).
@@ -270,6 +279,7 @@ class RolloutVsGenerate:
         new_tokens: int,
         device: torch.device | str = "cpu",
         compile_decode: bool = False,
+        prompts: list[str] | None = None,
     ) -> None:
         from lmgym import CausalLMPolicy
 
@@ -277,7 +287,10 @@ class RolloutVsGenerate:
         self.batch, self.prompt_tokens, self.new_tokens = batch, prompt_tokens, new_tokens
         self.policy = CausalLMPolicy(model, tok, compile_decode=compile_decode)
         self.compile_decode = compile_decode
-        self.env = fixed_length_env(tok, batch, prompt_tokens, new_tokens, device=device)
+        self.stop_ids = list(self.policy.stop_token_ids)
+        self.env = fixed_length_env(
+            tok, batch, prompt_tokens, new_tokens, device, prompts, self.stop_ids
+        )
         self.ids = self.env.prompt_table.ids.clone()  # [B, Lp] the prompts served, unpadded
         self.mask = self.env.prompt_table.mask.long()
         assert bool(self.mask.all())
@@ -301,7 +314,9 @@ class RolloutVsGenerate:
         completion = out[:, self.prompt_tokens :]
         assert out.shape[0] == self.batch
         assert completion.shape[1] == self.new_tokens, f"generate: shape {tuple(out.shape)}"
-        assert not bool((completion == self.tok.eos_token_id).any()), "generate: a row stopped"
+        assert not bool(torch.isin(completion, torch.tensor(self.stop_ids)).any()), (
+            "generate: a row stopped"
+        )
         return seconds
 
     def _generate(self) -> Tensor:
@@ -315,7 +330,7 @@ class RolloutVsGenerate:
                 temperature=1.0,
                 top_k=0,
                 top_p=1.0,
-                eos_token_id=self.tok.eos_token_id,
+                eos_token_id=self.stop_ids,
                 pad_token_id=self.tok.pad_token_id,
             )
 

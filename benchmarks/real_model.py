@@ -1,0 +1,319 @@
+"""Learning on a real pretrained chat model, on the CPU: LoRA on SmolLM2-135M-Instruct.
+
+Issue 25's learning results, run in parts so the set (about two hours on 2 cores)
+can be run and committed piece by piece. A *part* is one (task, agent, seed): it
+evaluates the base model on the task's held-out split (greedy and sampled), trains
+with LoRA for at most ``--max-minutes`` of wall time (or ``--iterations``), evaluates
+again and writes ``<out>/<part>.json`` atomically. A part whose file exists is
+skipped, so an interrupted set resumes where it stopped. ``--report`` renders every
+finished part into ``<out>/README.md`` with a learning-curve PNG per task.
+
+Settings, equal for every part unless the part says otherwise (``PARTS``): the packaged
+``smollm2-135m-instruct`` (float32), LoRA r=16, alpha=32 on q/k/v/o projections,
+``SETTINGS`` prompts x completions per iteration, temperature 1, one optimizer step per
+iteration, the agent's documented defaults except the learning rate (``LORA_LR``) and
+what the part overrides. Evaluation: ``EVAL_PROMPTS`` held-out prompts, one greedy
+completion each, and ``EVAL_SAMPLES`` sampled completions each at temperature 1,
+with a fixed seed, so base and trained see the same prompts.
+
+    .venv/bin/python benchmarks/real_model.py --list
+    .venv/bin/python benchmarks/real_model.py instructions-grpo-s0 [more parts...]
+    .venv/bin/python benchmarks/real_model.py --all        # every part not yet run
+    .venv/bin/python benchmarks/real_model.py --report
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import resource
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import torch
+
+import lmgym  # noqa: F401  (registers the tasks)
+from lmgym.agents import ALGORITHMS
+from lmgym.policy import CausalLMPolicy
+from lmgym.policy.value import frozen_copy
+from lmgym.training.evaluation import evaluate_policy, make_eval_env
+
+MODEL = "smollm2-135m-instruct"
+LORA = {"r": 16, "lora_alpha": 32, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
+LORA_LR = 1e-4
+EVAL_PROMPTS, EVAL_SAMPLES, EVAL_SEED = 64, 4, 1234
+DEFAULT_OUT = Path(__file__).parent / "results" / "real_model"
+
+
+@dataclass(frozen=True)
+class TaskSetting:
+    """How a task is run: its id, env options, prompts and completions per iteration."""
+
+    task: str
+    max_new_tokens: int
+    prompts: int = 4
+    group_size: int = 8
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+SETTINGS = {
+    "instructions": TaskSetting("lmgym/Instructions-v0", max_new_tokens=32),
+    "arithmetic": TaskSetting("lmgym/ChatArithmetic-v0", max_new_tokens=8),
+    "continuation": TaskSetting("lmgym/PositiveContinuation-v0", max_new_tokens=24),
+}
+
+
+@dataclass(frozen=True)
+class Part:
+    """One run of the set: a task setting, an agent, a seed and the agent's overrides."""
+
+    setting: str
+    agent: str
+    seed: int
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return f"{self.setting}-{self.agent}-s{self.seed}"
+
+
+def _parts() -> dict[str, Part]:
+    parts = [Part("instructions", "grpo", s) for s in (0, 1, 2)]
+    parts += [
+        Part("instructions", a, 0) for a in ("drgrpo", "rloo", "cispo", "gspo", "reinforce_pp")
+    ]
+    parts.append(Part("instructions", "ppo", 0))  # value head on the LM (the agent's critic)
+    parts += [Part("arithmetic", "grpo", s) for s in (0, 1)]
+    parts.append(Part("continuation", "grpo", 0, {"beta": 0.05}))
+    return {p.name: p for p in parts}
+
+
+PARTS = _parts()
+
+
+@contextlib.contextmanager
+def temperature(policy: CausalLMPolicy, value: float) -> Iterator[None]:
+    """Sample at ``value`` inside the block (0: greedy), then restore the policy's."""
+    saved, policy.temperature = policy.temperature, value
+    try:
+        yield
+    finally:
+        policy.temperature = saved
+
+
+def evaluate(policy: CausalLMPolicy, setting: TaskSetting) -> dict[str, Any]:
+    """Held-out reward: greedy (1 completion per prompt) and sampled at temperature 1."""
+    out: dict[str, Any] = {}
+    for label, temp, samples in (("greedy", 0.0, 1), ("sampled", 1.0, EVAL_SAMPLES)):
+        env, split = make_eval_env(
+            setting.task,
+            policy.tokenizer,
+            EVAL_PROMPTS,
+            samples,
+            env_kwargs={
+                "max_new_tokens": setting.max_new_tokens,
+                "stop_token_ids": policy.stop_token_ids,
+                **setting.env_kwargs,
+            },
+        )
+        start = time.perf_counter()
+        with temperature(policy, temp):
+            result = evaluate_policy(policy, env, EVAL_PROMPTS, seed=EVAL_SEED)
+        out[label] = {
+            "reward": result.reward_mean,
+            "length": result.completion_length,
+            "split": split,
+            "seconds": time.perf_counter() - start,
+            "samples": [list(s) for s in result.samples[:4]],
+        }
+    return out
+
+
+def run_part(part: Part, out: Path, max_minutes: float, iterations: int) -> dict[str, Any]:
+    """Evaluate, train, evaluate; return the record written to ``<out>/<part>.json``."""
+    from peft import LoraConfig
+
+    setting = SETTINGS[part.setting]
+    torch.manual_seed(part.seed)
+    policy = CausalLMPolicy.from_pretrained(MODEL, peft_config=LoraConfig(**LORA))
+    env = gym.make_vec(
+        setting.task,
+        num_envs=setting.prompts * setting.group_size,
+        group_size=setting.group_size,
+        tokenizer=policy.tokenizer,
+        max_new_tokens=setting.max_new_tokens,
+        stop_token_ids=policy.stop_token_ids,
+        **setting.env_kwargs,
+    )
+    overrides = {"learning_rate": LORA_LR, "seed": part.seed, **part.overrides}
+    beta = overrides.get("beta", 0.0)
+    ref = frozen_copy(policy) if beta > 0 else None
+    agent = ALGORITHMS[part.agent](policy, env.unwrapped, ref, **overrides)
+    print(f"[{part.name}] base evaluation", flush=True)
+    before = evaluate(policy, setting)
+    history: list[dict[str, float]] = []
+    deadline = time.monotonic() + 60 * max_minutes
+    start = time.perf_counter()
+
+    def until_deadline(_agent: Any, metrics: dict[str, float]) -> bool:
+        metrics["wall_seconds"] = time.perf_counter() - start
+        history.append(dict(metrics))
+        if len(history) % 10 == 0:
+            print(
+                f"[{part.name}] it {len(history)} reward {metrics['reward_mean']:.3f} "
+                f"{metrics['wall_seconds']:.0f}s",
+                flush=True,
+            )
+        return time.monotonic() < deadline
+
+    agent.learn(iterations, callback=until_deadline)
+    train_seconds = time.perf_counter() - start
+    print(f"[{part.name}] trained evaluation", flush=True)
+    after = evaluate(policy, setting)
+    return {
+        "part": asdict(part),
+        "setting": asdict(setting),
+        "model": MODEL,
+        "lora": LORA,
+        "overrides": overrides,
+        "threads": torch.get_num_threads(),
+        "iterations": len(history),
+        "train_seconds": train_seconds,
+        "seconds_per_iteration": train_seconds / max(len(history), 1),
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "before": before,
+        "after": after,
+        "history": [{k: v for k, v in h.items() if isinstance(v, int | float)} for h in history],
+        "date": time.strftime("%Y-%m-%d"),
+        "command": " ".join(["benchmarks/real_model.py", *sys.argv[1:]]),
+    }
+
+
+def write_atomic(path: Path, record: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(record, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def load_records(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))]
+
+
+def _rolling(values: list[float], width: int = 10) -> list[float]:
+    """Mean of each value and the ``width - 1`` before it (fewer at the start)."""
+    windows = (values[max(0, i - width + 1) : i + 1] for i in range(len(values)))
+    return [sum(w) / len(w) for w in windows]
+
+
+def plot(records: list[dict[str, Any]], out: Path) -> list[str]:
+    """One PNG per task setting: training reward (rolling mean of 10) per part."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = []
+    for setting in sorted({r["part"]["setting"] for r in records}):
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for r in (r for r in records if r["part"]["setting"] == setting):
+            rewards = [h["reward_mean"] for h in r["history"]]
+            label = f"{r['part']['agent']} s{r['part']['seed']}"
+            ax.plot(range(1, len(rewards) + 1), _rolling(rewards), label=label)
+        ax.set_xlabel("iteration")
+        ax.set_ylabel("train reward (rolling mean of 10)")
+        ax.set_title(f"SmolLM2-135M-Instruct + LoRA, {SETTINGS[setting].task}")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        name = f"{setting}.png"
+        fig.savefig(out / name, dpi=100)
+        plt.close(fig)
+        names.append(name)
+    return names
+
+
+def report(out: Path) -> str:
+    records = load_records(out)
+    lines = [
+        "# Learning on a real pretrained chat model (CPU, LoRA)",
+        "",
+        __doc__.split("\n\n")[2].replace("\n", " ").strip(),
+        "",
+        "Columns: *base* and *trained* = mean held-out reward, greedy / sampled (T=1); "
+        "*gain* = trained - base, sampled; *s/it* = wall seconds per training iteration "
+        "(the machine's other load varies, so compare within one file); *peak RSS* of the "
+        "part's process.",
+        "",
+        "| part | task | agent | overrides | iterations | s/it | base greedy / sampled | "
+        "trained greedy / sampled | gain (sampled) | peak RSS (MiB) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in records:
+        b, a = r["before"], r["after"]
+        extra = {k: v for k, v in r["overrides"].items() if k not in ("seed",)}
+        lines.append(
+            f"| {r['part']['setting']}-{r['part']['agent']}-s{r['part']['seed']} "
+            f"| {r['setting']['task']} | {r['part']['agent']} | {extra} | {r['iterations']} "
+            f"| {r['seconds_per_iteration']:.1f} "
+            f"| {b['greedy']['reward']:.3f} / {b['sampled']['reward']:.3f} "
+            f"| {a['greedy']['reward']:.3f} / {a['sampled']['reward']:.3f} "
+            f"| {a['sampled']['reward'] - b['sampled']['reward']:+.3f} "
+            f"| {r['peak_rss_mib']:.0f} |"
+        )
+    missing = sorted(set(PARTS) - {Path(p).stem for p in map(str, out.glob("*.json"))})
+    lines += ["", f"Parts not yet run: {', '.join(missing) if missing else 'none'}.", ""]
+    if records:
+        for name in plot(records, out):
+            lines += [f"![{name}]({name})", ""]
+        lines += ["## Samples (held-out, greedy, after training)", ""]
+        for r in records:
+            lines.append(f"- **{r['part']['setting']}-{r['part']['agent']}-s{r['part']['seed']}**:")
+            for prompt, completion, reward in r["after"]["greedy"]["samples"][:2]:
+                lines.append(f"  - `{prompt[-80:]!r}` -> `{completion!r}` ({reward:.2f})")
+        lines.append("")
+    text = "\n".join(lines)
+    (out / "README.md").write_text(text)
+    return text
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("parts", nargs="*", help="part names (--list shows them)")
+    parser.add_argument("--all", action="store_true", help="every part not yet run")
+    parser.add_argument("--list", action="store_true", help="list the parts and exit")
+    parser.add_argument("--report", action="store_true", help="render README.md from the parts")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--max-minutes", type=float, default=10.0)
+    parser.add_argument("--iterations", type=int, default=1000)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--force", action="store_true", help="rerun parts that have results")
+    args = parser.parse_args()
+    if args.list:
+        for name, part in PARTS.items():
+            done = (args.out / f"{name}.json").exists()
+            print(f"{name:32s} {'done' if done else '-':5s} {part.overrides or ''}")
+        return
+    unknown = [p for p in args.parts if p not in PARTS]
+    if unknown:
+        parser.error(f"unknown part(s) {unknown}; --list shows them")
+    torch.set_num_threads(args.threads)
+    todo = list(PARTS) if args.all else args.parts
+    for name in todo:
+        path = args.out / f"{name}.json"
+        if path.exists() and not args.force:
+            print(f"[{name}] done already ({path}); --force reruns it")
+            continue
+        write_atomic(path, run_part(PARTS[name], args.out, args.max_minutes, args.iterations))
+    if args.report or todo:
+        print(report(args.out))
+
+
+if __name__ == "__main__":
+    main()
