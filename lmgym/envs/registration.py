@@ -216,12 +216,12 @@ def register_chat_tasks() -> None:
         "make_chat_arithmetic",
         "make_chat_arithmetic_vector",
         solved_threshold=0.9,
-        random_baseline=0.03,
+        random_baseline=0.04,
         modes=("bandit",),
         base_score=None,
         base_model=REAL_MODEL,
-        description="chat: 'What is 7 + 8? Reply with the number only.'; 1 if the first "
-        "number of the reply is the answer (answer='exact': the reply is the number)",
+        description="chat: 'What is 7 + 8? Reply with the number only.'; 1 if the reply's "
+        "last number is the answer (answer='first_number' / 'exact': harder)",
     )
     register_task(
         "Instructions",

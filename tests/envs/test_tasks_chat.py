@@ -25,6 +25,8 @@ from lmgym.envs.tasks.chat_arithmetic import (
     exact_number,
     first_number,
     first_number_match,
+    last_number,
+    last_number_match,
     make_chat_arithmetic_vector,
     problems,
 )
@@ -124,9 +126,13 @@ def test_arithmetic_items_subset_and_error():
 
 def test_number_rewards_by_hand():
     completions = ["15", " 15\n", "The answer is 15.", "7 + 8 = 15", "-15", "", "15.", "150"]
+    completions += ["15, or 16"]
     answers = ["15"] * len(completions)
-    assert exact_number(None, completions, answers) == [1, 1, 0, 0, 0, 0, 0, 0]
-    assert first_number_match(None, completions, answers) == [1, 1, 1, 0, 0, 0, 1, 0]
+    assert exact_number(None, completions, answers) == [1, 1, 0, 0, 0, 0, 0, 0, 0]
+    assert first_number_match(None, completions, answers) == [1, 1, 1, 0, 0, 0, 1, 0, 1]
+    assert last_number_match(None, completions, answers) == [1, 1, 1, 1, 0, 0, 1, 0, 0]
+    assert last_number_match(None, ["9 - 12 = -3", "9 - 12 = 3"], ["-3", "-3"]) == [1, 0]
+    assert last_number("none") is None and last_number("1 2 x-30y") == "-30"
     assert first_number_match(None, ["It is -3, not 3", "minus 3"], ["-3", "-3"]) == [1, 0]
     assert exact_number(None, ["-3"], ["-3"]) == [1]
     assert first_number("no digits") is None and first_number("x-12y") == "-12"
@@ -137,12 +143,14 @@ def test_arithmetic_env_reward_and_split_with_the_character_tokenizer():
     held_out = make_chat_arithmetic_vector(num_envs=2, operations="+", chat=False, split="eval")
     assert (len(train.prompt_table), len(held_out.prompt_table)) == (75, 25)
     assert not set(train.prompt_table.texts) & set(held_out.prompt_table.texts)
-    assert train.max_new_tokens == 8
+    assert train.max_new_tokens == 12
     text = train.prompt_table.texts[0]
     assert text.startswith("What is ") and text.endswith("? Reply with the number only.\n")
     answer = train.prompt_table.columns["answer"][0]
-    lenient = reward_on(train, [answer, f"the answer is {answer}.", "1234"])
-    assert lenient.tolist() == [1.0, 1.0, 0.0]
+    lenient = reward_on(train, [answer, f"the answer is {answer}.", f"1 + 2 = {answer}", "1234"])
+    assert lenient.tolist() == [1.0, 1.0, 1.0, 0.0]  # the last number counts
+    first = make_chat_arithmetic_vector(num_envs=2, answer="first_number", operations="+")
+    assert reward_on(first, [f"{answer} = 1 + 2", f"1 + 2 = {answer}"]).tolist() == [1.0, 0.0]
     exact = make_chat_arithmetic_vector(num_envs=2, answer="exact", operations="+", chat=False)
     assert reward_on(exact, [answer, f"the answer is {answer}."]).tolist() == [1.0, 0.0]
     with pytest.raises(ValueError, match="answer='loose'"):

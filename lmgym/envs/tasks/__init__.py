@@ -19,7 +19,7 @@ SmolLM2-135M-Instruct on its eval split (``TaskInfo.base_score``):
 
 | id                                  | reward                                   | random | solved  |
 |-------------------------------------|------------------------------------------|--------|---------|
-| ``lmgym/ChatArithmetic-v0``         | the reply's first number is the answer   | 0.03   | >= 0.9  |
+| ``lmgym/ChatArithmetic-v0``         | the reply's last number is the answer    | 0.04   | >= 0.9  |
 | ``lmgym/Instructions-v0``           | mean of 5 checkable constraints          | 0.31   | >= 0.9  |
 | ``lmgym/PositiveContinuation-v0``   | VADER compound sentiment, ``[-1, 1]``    | 0.0    | >= 0.8  |
 

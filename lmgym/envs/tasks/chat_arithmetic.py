@@ -11,28 +11,34 @@ without a chat template (the character tokenizer) gets the question as plain tex
 
 Reward (``answer=``), on the completion's text (the stop token is not part of it):
 
+- ``"last_number"`` (the default, lenient): ``R = 1`` iff the last integer in the
+  text (``-?[0-9]+``) is the answer, else 0, as lm-evaluation-harness's
+  "flexible-extract" reads a GSM8K answer: ``"7 + 8 = 15"`` and ``"The answer is
+  15."`` score 1, ``"15, or 16"`` scores 0, ``"-15"`` is not ``15``.
+- ``"first_number"`` (lenient, answer first): the first integer instead:
+  ``"The answer is 15."`` scores 1, ``"7 + 8 = 15"`` scores 0 (its first number is 7).
 - ``"exact"``: ``R = 1`` iff the text, whitespace stripped, is the answer in
   decimal (``"15"``, ``"-3"``), else 0. ``"The answer is 15."`` scores 0.
-- ``"first_number"`` (the default, lenient): ``R = 1`` iff the first integer in the
-  text (``-?[0-9]+``) is the answer, else 0: ``"The answer is 15."`` scores 1,
-  ``"7 + 8 = 15"`` scores 0 (its first number is 7), ``"-15"`` is not ``15``.
 
 Range ``[0, 1]``; bandit mode is the meaningful one. Random-policy baseline (the
-character tokenizer's uniform token ids, plain-text prompts): about 0.03, a lucky
-first digit under the lenient rule. Solved: ``R >= 0.9``.
+character tokenizer's uniform token ids, plain-text prompts): about 0.04, a lucky
+digit under the lenient rule. Solved: ``R >= 0.9``.
 
-Why the lenient default. SmolLM2-135M-Instruct, asked for the number only, mostly
-answers in a sentence (``"The answer is 18."``) or writes the equation out
-(``"8 * 8 = 64."``); with ``answer="exact"`` it scores 0 even on one-digit
-operands, which leaves group-relative methods no signal. The lenient reward
-credits the sentence form and still refuses the echoed equation, so training
-pushes the model toward answering first. ``answer="exact"`` and ``digits=2`` are
-the harder levels (base scores: ``benchmarks/results/real_model_tasks.md``).
+Why ``"last_number"`` is the default. SmolLM2-135M-Instruct, asked for the number
+only, mostly writes the equation out (``"8 * 8 = 64."``: how it computes) or
+answers in a sentence, and at temperature 1 it often rambles. Measured on the
+one-digit eval split, it scores 0 with ``"exact"`` (greedy and sampled), under 0.1
+sampled with ``"first_number"`` (an echoed equation starts with an operand), and
+between 0.1 and 0.7 sampled only with ``"last_number"``: the one default that
+leaves a group-relative method a learning signal. ``"first_number"``, ``"exact"``
+and ``digits=2`` are the harder levels (base scores for each:
+``benchmarks/results/real_model_tasks.md``).
 
 ``split`` holds out ``eval_fraction`` of the problems (under ``data_seed``);
 ``dataset_size`` keeps a seeded subset of the distinct problems before the split
 (default: all 255 one-digit problems; 1000 of the 9821 two-digit ones).
-The default budget is 8 tokens: room for ``"The answer is 15."``.
+The default budget is 12 tokens: room for the equation written out, ``"47 + 38 =
+85"`` (SmolLM2's tokenizer spends a token per digit).
 """
 
 from __future__ import annotations
@@ -51,10 +57,10 @@ from lmgym.envs.token_env import TokenVectorEnv
 
 SOLVED_THRESHOLD = 0.9
 OPERATORS = "+-*"
-DEFAULT_MAX_NEW_TOKENS = 8
+DEFAULT_MAX_NEW_TOKENS = 12
 DEFAULT_DATASET_SIZE = 1000
 QUESTION = "What is {a} {op} {b}? Reply with the number only."
-AnswerRule = Literal["exact", "first_number"]
+AnswerRule = Literal["last_number", "first_number", "exact"]
 _NUMBER = re.compile(r"-?\d+")
 
 
@@ -126,6 +132,12 @@ def first_number(text: str) -> str | None:
     return match.group() if match else None
 
 
+def last_number(text: str) -> str | None:
+    """The last integer in ``text`` (``-?[0-9]+``) as written, or ``None``."""
+    numbers = _NUMBER.findall(text)
+    return numbers[-1] if numbers else None
+
+
 def exact_number(
     prompts: Sequence[object], completions: Sequence[str], answer: Sequence[str]
 ) -> list[float]:
@@ -140,13 +152,24 @@ def first_number_match(
     return [float(first_number(c) == a) for c, a in zip(completions, answer, strict=True)]
 
 
-REWARDS = {"exact": exact_number, "first_number": first_number_match}
+def last_number_match(
+    prompts: Sequence[object], completions: Sequence[str], answer: Sequence[str]
+) -> list[float]:
+    """1.0 where the completion's last integer is ``answer``, else 0.0 (lenient)."""
+    return [float(last_number(c) == a) for c, a in zip(completions, answer, strict=True)]
+
+
+REWARDS = {
+    "last_number": last_number_match,
+    "first_number": first_number_match,
+    "exact": exact_number,
+}
 
 
 @task_factory()
 def make_chat_arithmetic_vector(
     options: EnvOptions,
-    answer: AnswerRule = "first_number",
+    answer: AnswerRule = "last_number",
     digits: int = 1,
     operations: str = OPERATORS,
     dataset_size: int | None = None,
@@ -158,8 +181,9 @@ def make_chat_arithmetic_vector(
     """``lmgym/ChatArithmetic-v0`` as a native vector env.
 
     Args:
-        answer: ``"first_number"`` (lenient: the first integer of the reply) or
-            ``"exact"`` (the reply is the number and nothing else).
+        answer: ``"last_number"`` (lenient: the reply's last integer),
+            ``"first_number"`` (its first integer) or ``"exact"`` (the reply is the
+            number and nothing else).
         digits: operand digits (1: ``[0, 9]``, 2: ``[10, 99]``, ...; ``*`` always
             multiplies by one digit).
         operations: operators drawn from ``"+-*"``.
@@ -170,7 +194,7 @@ def make_chat_arithmetic_vector(
         data_seed: seeds the subset and the split.
         chat: chat prompts (the tokenizer needs a chat template); ``False``: the
             question as plain text; ``None``: chat iff the tokenizer has a template.
-        max_new_tokens: token budget (default 8).
+        max_new_tokens: token budget (default 12).
     """
     if answer not in REWARDS:
         raise ValueError(f"answer={answer!r}: must be one of {sorted(REWARDS)}")
