@@ -2,8 +2,9 @@
 
 ``lmgym.training.bench`` runs the jobs; this module turns their results into what
 ``run_bench`` writes: ``summarize`` (per agent and task: the final reward as mean
-+- std over seeds, iterations and tokens to the solved threshold, wall time, peak
-RSS), ``format_summary`` / ``format_table`` (Markdown), ``plot_curves`` (reward
++- std over seeds, the seeds that reached the solved threshold and those that kept
+it to the end, the seeds that ended on a plateau below it, iterations and tokens to
+the threshold, wall time, peak RSS), ``format_summary`` / ``format_table`` (Markdown), ``plot_curves`` (reward
 against completion tokens, a line per agent with a +-1 std band). Rendering is
 apart from writing: ``render_markdown`` and ``render_json`` turn run records into
 text with no side effects (the machine and date come in as an argument), and
@@ -32,6 +33,12 @@ if TYPE_CHECKING:
 
 THRESHOLD_TOLERANCE = 1e-6
 """Slack when comparing a rolling mean of float32 rewards with a threshold."""
+KEEP_WINDOW = 10
+"""A run *kept* the solution when its mean reward over its last this many iterations
+is at the threshold: reaching it once and collapsing later does not count."""
+PLATEAU_RANGE = 0.05
+"""A run that did not keep the solution ended on a *plateau* when its reward over the
+last ``KEEP_WINDOW`` iterations stayed within this range: stuck, not still climbing."""
 
 
 def task_info(task: str) -> TaskInfo | None:
@@ -72,6 +79,25 @@ def solved_at(
     return None
 
 
+def kept(history: list[dict[str, float]], threshold: float | None) -> bool | None:
+    """Whether the mean ``reward_mean`` of the last ``KEEP_WINDOW`` iterations reaches
+    ``threshold`` (``None`` without a threshold)."""
+    if threshold is None:
+        return None
+    return final_reward(history, KEEP_WINDOW) >= threshold - THRESHOLD_TOLERANCE
+
+
+def plateaued(history: list[dict[str, float]], threshold: float | None) -> bool | None:
+    """Whether the run ended below ``threshold`` with a flat curve: over the last
+    ``KEEP_WINDOW`` iterations ``reward_mean`` spans at most ``PLATEAU_RANGE`` (a local
+    optimum such as a constant completion), ``None`` without a threshold."""
+    if threshold is None:
+        return None
+    tail = [m["reward_mean"] for m in history[-KEEP_WINDOW:]]
+    flat = bool(tail) and max(tail) - min(tail) <= PLATEAU_RANGE + THRESHOLD_TOLERANCE
+    return flat and not kept(history, threshold)
+
+
 def _mean_std(values: Sequence[float]) -> tuple[float, float]:
     mean = statistics.fmean(values)
     return mean, statistics.stdev(values) if len(values) > 1 else 0.0
@@ -98,6 +124,8 @@ def summarize(
                 "final_std": std,
                 "seeds": len(runs),
                 "solved": len(solved),
+                "kept": sum(bool(kept(r["history"], threshold)) for r in runs),
+                "plateau": sum(bool(plateaued(r["history"], threshold)) for r in runs),
                 "iterations_to_solved": statistics.fmean(s[0] for s in solved) if solved else None,
                 "tokens_to_solved": statistics.fmean(s[1] for s in solved) if solved else None,
                 "tokens_total": statistics.fmean(
@@ -111,7 +139,8 @@ def summarize(
 
 
 def format_summary(table: dict[str, dict[str, dict[str, Any]]], spec: BenchSpec) -> str:
-    """Agents x tasks: final reward mean ± std and seeds solved, as a Markdown table."""
+    """Agents x tasks: final reward mean ± std, seeds that reached and kept the threshold,
+    as a Markdown table."""
     header = "| agent | " + " | ".join(_short(t) for t in spec.tasks) + " |"
     lines = [header, "|---|" + "---|" * len(spec.tasks)]
     for agent in spec.agents:
@@ -122,7 +151,7 @@ def format_summary(table: dict[str, dict[str, dict[str, Any]]], spec: BenchSpec)
                 "—"
                 if row is None
                 else f"{row['final_mean']:.3f} ± {row['final_std']:.3f} "
-                f"({row['solved']}/{row['seeds']} solved)"
+                f"(reached {row['solved']}/{row['seeds']}, kept {row['kept']}/{row['seeds']})"
             )
         lines.append(f"| {agent} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -137,14 +166,16 @@ def _fmt_count(value: float | None) -> str:
 def format_table(task_rows: dict[str, dict[str, Any]]) -> str:
     """One task's rows as a Markdown table."""
     lines = [
-        "| agent | final reward (mean ± std) | solved | iterations to solved | tokens to solved "
-        "| tokens total | wall time (s) | peak RSS (MiB) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| agent | final reward (mean ± std) | reached | kept | plateau | iterations to solved "
+        "| tokens to solved | tokens total | wall time (s) | peak RSS (MiB) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for agent, row in task_rows.items():
+        seeds = row["seeds"]
         lines.append(
             f"| {agent} | {row['final_mean']:.3f} ± {row['final_std']:.3f} "
-            f"| {row['solved']}/{row['seeds']} | {_fmt_count(row['iterations_to_solved'])} "
+            f"| {row['solved']}/{seeds} | {row['kept']}/{seeds} | {row['plateau']}/{seeds} "
+            f"| {_fmt_count(row['iterations_to_solved'])} "
             f"| {_fmt_count(row['tokens_to_solved'])} | {_fmt_count(row['tokens_total'])} "
             f"| {row['wall_s']:.1f} | {row['peak_rss_mib']:.0f} |"
         )
@@ -336,8 +367,12 @@ def render_markdown(
         f"Each agent runs its documented defaults except: {overrides}.",
         "",
         f"Columns: *final reward* = mean `reward_mean` of the last {spec.window} iterations, "
-        f"mean ± std over seeds; *solved* = seeds whose rolling mean of `reward_mean` over "
-        f"{spec.window} iterations reached the task's solved threshold; *iterations / tokens "
+        f"mean ± std over seeds; *reached* = seeds whose rolling mean of `reward_mean` over "
+        f"{spec.window} iterations reached the task's solved threshold at some point; *kept* = "
+        f"seeds whose mean over the last {KEEP_WINDOW} iterations is at the threshold (reached "
+        f"and not lost); *plateau* = seeds that did not keep it and whose last {KEEP_WINDOW} "
+        f"iterations span at most {PLATEAU_RANGE:g} (stuck at a local optimum, not still "
+        "climbing); *iterations / tokens "
         "to solved* = the first iteration where it did and the completion tokens generated "
         "until then (mean over the seeds that got there, — if none); *tokens total* = tokens "
         "generated in the whole run; *wall time* = seconds of `learn` per run, mean over "

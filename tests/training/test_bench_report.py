@@ -9,7 +9,9 @@ import pytest
 
 from lmgym.training.bench import BenchSpec
 from lmgym.training.bench_report import (
+    kept,
     load_results,
+    plateaued,
     render_json,
     render_markdown,
     summarize,
@@ -73,18 +75,21 @@ def test_fixed_records_render_to_exact_tables():
     assert lines[summary + 2 : summary + 6] == [
         "| agent | TargetString |",
         "|---|---|",
-        "| grpo | 0.800 ± 0.212 (2/2 solved) |",
-        "| rloo | 0.175 ± 0.106 (0/2 solved) |",
+        # Both grpo seeds reached 0.9, neither kept it: the means of their last (all 4)
+        # iterations are 0.65 and 0.775.
+        "| grpo | 0.800 ± 0.212 (reached 2/2, kept 0/2) |",
+        "| rloo | 0.175 ± 0.106 (reached 0/2, kept 0/2) |",
     ]
     task = lines.index(f"## {TASK}")
     # grpo solved at iterations 4 and 2 (16,384 and 8,192 tokens): mean 3 and 12.3k;
     # 4 iterations x 4,096 tokens = 16.4k in all; wall mean; peak RSS max.
     assert lines[task + 4 : task + 10] == [
-        "| agent | final reward (mean ± std) | solved | iterations to solved | tokens to solved "
-        "| tokens total | wall time (s) | peak RSS (MiB) |",
-        "|---|---|---|---|---|---|---|---|",
-        "| grpo | 0.800 ± 0.212 | 2/2 | 3 | 12.3k | 16.4k | 2.5 | 410 |",
-        "| rloo | 0.175 ± 0.106 | 0/2 | — | — | 16.4k | 4.5 | 430 |",
+        "| agent | final reward (mean ± std) | reached | kept | plateau | iterations to solved "
+        "| tokens to solved | tokens total | wall time (s) | peak RSS (MiB) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+        # rloo seed 1 ends flat at 0.1: a plateau; seed 0 still climbs (0.0 -> 0.3).
+        "| grpo | 0.800 ± 0.212 | 2/2 | 0/2 | 0/2 | 3 | 12.3k | 16.4k | 2.5 | 410 |",
+        "| rloo | 0.175 ± 0.106 | 0/2 | 0/2 | 1/2 | — | — | 16.4k | 4.5 | 430 |",
         "",
         "![TargetString learning curves](TargetString.png)",
     ]
@@ -92,6 +97,26 @@ def test_fixed_records_render_to_exact_tables():
     assert "[ablations.md](ablations.md)" in render_markdown(
         RECORDS, SPEC, 90.0, out="out/bench", machine="m", ablations=True
     )
+
+
+def curve(rewards: list[float]) -> list[dict[str, float]]:
+    return [{"reward_mean": r} for r in rewards]
+
+
+@pytest.mark.parametrize(
+    ("rewards", "is_kept", "is_plateau"),
+    [
+        ([0.0] * 5 + [0.9] * 10, True, False),  # the last 10 hold 0.9 exactly
+        ([0.0] * 5 + [0.95] * 9 + [0.0], False, False),  # one slip: 0.855 over the last 10
+        ([0.0] + [1.0] * 5 + [0.5] * 10, False, True),  # solved, then stuck at 0.5
+        ([0.5] * 5 + [0.5, 0.56] * 5, False, False),  # 0.06 apart: not flat
+        ([0.5] * 5 + [0.5, 0.55] * 5, False, True),  # 0.05 apart: flat
+    ],
+)
+def test_kept_needs_the_last_ten_iterations_at_the_threshold(rewards, is_kept, is_plateau):
+    assert kept(curve(rewards), 0.9) is is_kept
+    assert plateaued(curve(rewards), 0.9) is is_plateau
+    assert kept(curve(rewards), None) is None and plateaued(curve(rewards), None) is None
 
 
 def test_json_holds_the_summary_and_reads_back_as_the_records(tmp_path):
