@@ -8,16 +8,22 @@ before/after figures are on disk and not only on the terminal.
 
 Both use the seed ``derived_seed(seed, iteration, 0)`` and their own env and
 generator, so they never move the training streams; a resumed session's start
-evaluation equals the previous session's end evaluation at that iteration.
+evaluation equals the previous session's end evaluation at that iteration (same
+weights, same seed). So a resume does not run it again: when ``eval.jsonl`` holds
+an end record at the checkpoint's iteration with the same prompts and samples, that
+result is the start record (a minute saved per resume on a real model).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import time
 from typing import Literal
 
 from lmgym.agents.base import Agent
 from lmgym.envs.token_env import TokenVectorEnv
+from lmgym.persistence.atomic import complete_lines
 from lmgym.training.callbacks import Printer, derived_seed
 from lmgym.training.evaluation import EvalResult, evaluate_policy
 from lmgym.training.run import RunDirectory
@@ -51,9 +57,40 @@ class BoundaryEval:
         self.env, self.num_prompts, self.seed = env, num_prompts, seed
         self.correct_threshold, self.split, self.run, self.out = correct_threshold, split, run, out
 
+    def _recorded_end(self, iteration: int) -> EvalResult | None:
+        """The end evaluation ``eval.jsonl`` holds at ``iteration`` with these settings."""
+        if self.run is None:
+            return None
+        for line in reversed(complete_lines(self.run.eval_path)):
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if record.get("iteration") != iteration or record.get("at") != "end":
+                continue
+            fields = {f.name for f in dataclasses.fields(EvalResult)}
+            data = {k: v for k, v in record.items() if k in fields}
+            data["samples"] = [tuple(sample) for sample in data.get("samples", [])]
+            result = EvalResult(**data)
+            same = (result.num_prompts, result.samples_per_prompt, result.split) == (
+                self.num_prompts,
+                self.env.group_size,
+                self.split,
+            )
+            return result if same else None
+        return None
+
     def __call__(self, agent: Agent, at: Boundary) -> EvalResult:
         """Evaluate ``agent.policy`` now; ``at`` says which end of the session this is."""
         which = "before" if at == "start" else "after"
+        recorded = self._recorded_end(agent.iteration) if at == "start" else None
+        if recorded is not None:
+            self.out(
+                f"eval before: {recorded.summary()} (the end evaluation of the session before, "
+                "from eval.jsonl)"
+            )
+            self._append(agent, at, recorded)
+            return recorded
         self.out(
             f"evaluating {which} training (iteration {agent.iteration}): {self.num_prompts} "
             f"prompts x {self.env.group_size} samples, split {self.split} ..."
@@ -68,8 +105,11 @@ class BoundaryEval:
             split=self.split,
         )
         self.out(f"eval {which}: {result.summary()} in {time.perf_counter() - start:.1f} s")
+        self._append(agent, at, result)
+        return result
+
+    def _append(self, agent: Agent, at: Boundary, result: EvalResult) -> None:
         if self.run is not None:
             self.run.append_jsonl(
                 RunDirectory.EVAL, {"iteration": agent.iteration, "at": at, **result.to_json()}
             )
-        return result

@@ -124,6 +124,20 @@ def test_resumed_run_equals_an_uninterrupted_one(tmp_path, algo_args):
     assert {**start_3, "at": "end"} == end_3  # the same evaluation: same weights and seed
 
 
+def test_a_resume_takes_its_start_evaluation_from_the_end_record(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert train("--iterations", "2", "--run-dir", str(run)) == 0
+    capsys.readouterr()
+    assert train("--resume", str(run), "--iterations", "3") == 0
+    out = capsys.readouterr().out
+    assert "evaluating before training" not in out
+    assert "(the end evaluation of the session before, from eval.jsonl)" in out
+    assert train("--resume", str(run), "--iterations", "4", "--eval-samples", "3") == 0
+    assert "evaluating before training (iteration 3): 2 prompts x 3 samples" in (
+        capsys.readouterr().out
+    )  # other settings: evaluated again
+
+
 def test_resume_from_an_older_checkpoint_drops_the_rows_after_it(tmp_path):
     whole, run = tmp_path / "whole", tmp_path / "run"
     assert train("--iterations", "4", "--run-dir", str(whole), "--keep-checkpoints", "0") == 0
