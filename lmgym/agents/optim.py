@@ -170,12 +170,14 @@ def sync_check_step(
     where: str,
 ) -> tuple[dict[str, float], float]:
     """Sum terms over ranks, check them and the gradients (already summed over ranks
-    by the last micro-batch's backward, ``lmgym.parallel``), clip, step, check the weights.
+    by the last micro-batch's backward, ``lmgym.parallel``), clip, step (not when the
+    gradient is exactly 0), check the weights.
 
     Args:
         parts: each micro-batch's rows and loss, their gradients accumulated.
         optimizer: the optimizer over the parameters that hold the gradients.
-        lr_schedule: stepped once after the optimizer.
+        lr_schedule: stepped once after the optimizer (also when it was not stepped, so a
+            schedule spans iterations, not informative batches).
         group: the data-parallel ranks (one process: sums are the identity).
         config: ``max_grad_norm`` and ``learning_rate`` (named in the errors).
         where: the position in the run, for the errors.
@@ -195,12 +197,17 @@ def sync_check_step(
         check_finite(name, torch.tensor(value), where)
     params = [p for param_group in optimizer.param_groups for p in param_group["params"]]
     norm = total_grad_norm(params)  # FSDP: a DTensor, partial over the ranks' shards
-    check_finite("grad_norm", full_value(norm), where)
+    full_norm = float(full_value(norm))
+    check_finite("grad_norm", torch.tensor(full_norm), where)
     clip_grads(params, config.max_grad_norm, norm)
-    optimizer.step()
+    if full_norm > 0.0:
+        # An all-zero gradient (every advantage 0: a batch whose rewards are all equal)
+        # carries no signal, yet AdamW would still move the weights by its momentum;
+        # measured, those steps knocked solved policies off (docs/algorithms.md#conventions).
+        optimizer.step()
     lr_schedule.step()
     if any(isinstance(p, DTensor) for p in params):  # the global norm of the sharded weights
         check_parameters([full_value(get_total_norm(params))], where, config.learning_rate)
     else:
         check_parameters(params, where, config.learning_rate)
-    return terms, float(full_value(norm))
+    return terms, full_norm
