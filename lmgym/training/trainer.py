@@ -49,7 +49,6 @@ from lmgym.training.callbacks import (
     Printer,
     RankCallbacks,
     check_callback,
-    derived_seed,
     tqdm_print,
 )
 from lmgym.training.checkpoint import CheckpointManager, checkpoint_iteration, is_checkpoint
@@ -57,7 +56,6 @@ from lmgym.training.env_args import check_env_kwargs, with_policy_stop_ids
 from lmgym.training.evaluation import (
     EvalResult,
     correct_threshold_for,
-    evaluate_policy,
     make_eval_env,
 )
 from lmgym.training.logger import make_logger, make_stdout_logger
@@ -766,22 +764,21 @@ class Trainer:
                 config=self.agent_config,
                 process_group=role.process_group,
             )
-            if main:
+            if main:  # learner 0: announced, timed and recorded in eval.jsonl
                 eval_env, split = self._eval_env(agent)
-                evals.update(env=eval_env, split=split, before=evaluate(agent, eval_env, split))
+                evals["boundary"] = boundary = BoundaryEval(
+                    eval_env,
+                    cfg.eval_prompts,
+                    self.agent_config.seed,
+                    threshold,
+                    split,
+                    run,
+                    self.out,
+                )
+                evals["before"] = boundary(agent, "start")
             return agent
 
         threshold = correct_threshold_for(self.env_id)
-
-        def evaluate(agent: Agent, eval_env: TokenVectorEnv, split: str) -> EvalResult:
-            return evaluate_policy(
-                agent.policy,
-                eval_env,
-                cfg.eval_prompts,
-                seed=derived_seed(self.agent_config.seed, agent.iteration, 0),
-                correct_threshold=threshold,
-                split=split,
-            )
 
         callbacks: list[Callback] = []
         logger = stdout = None
@@ -828,12 +825,9 @@ class Trainer:
         agent = result.agent
         before = after = None
         if main:
-            before = evals["before"]
-            after = evaluate(agent, evals["env"], evals["split"])
             assert checkpoint is not None
             self.out(f"checkpoint: {checkpoint.last}")
-            self.out(f"eval before: {before.summary()}")
-            self.out(f"eval after:  {after.summary()}")
+            before, after = evals["before"], evals["boundary"](agent, "end")
         tokens = int(result.history[-1].get("tokens_generated", 0)) if result.history else 0
         return TrainResult(
             run_dir=run.path,
