@@ -48,7 +48,7 @@ from lmgym.training.evaluation import evaluate_policy, make_eval_env
 MODEL = "smollm2-135m-instruct"
 LORA = {"r": 16, "lora_alpha": 32, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
 LORA_LR = 1e-4
-EVAL_PROMPTS, EVAL_SAMPLES, EVAL_SEED = 64, 4, 1234
+EVAL_PROMPTS, EVAL_SAMPLES, EVAL_SEED = 64, 2, 1234
 DEFAULT_OUT = Path(__file__).parent / "results" / "real_model"
 
 
@@ -136,6 +136,20 @@ def evaluate(policy: CausalLMPolicy, setting: TaskSetting) -> dict[str, Any]:
     return out
 
 
+def base_evaluation(policy: CausalLMPolicy, setting: str, out: Path) -> dict[str, Any]:
+    """The base model's held-out evaluation of ``setting``, made once and kept in
+    ``<out>/base/<setting>.json`` (every part of a setting starts from the same model and
+    evaluates with the same seed, so it is the same for all of them)."""
+    path = out / "base" / f"{setting}.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    print(f"[{setting}] base evaluation", flush=True)
+    with policy.model.disable_adapter():  # a fresh LoRA is the identity; say so anyway
+        result = evaluate(policy, SETTINGS[setting])
+    write_atomic(path, result)
+    return result
+
+
 def run_part(part: Part, out: Path, max_minutes: float, iterations: int) -> dict[str, Any]:
     """Evaluate, train, evaluate; return the record written to ``<out>/<part>.json``."""
     from peft import LoraConfig
@@ -156,8 +170,7 @@ def run_part(part: Part, out: Path, max_minutes: float, iterations: int) -> dict
     beta = overrides.get("beta", 0.0)
     ref = frozen_copy(policy) if beta > 0 else None
     agent = ALGORITHMS[part.agent](policy, env.unwrapped, ref, **overrides)
-    print(f"[{part.name}] base evaluation", flush=True)
-    before = evaluate(policy, setting)
+    before = base_evaluation(policy, part.setting, out)
     history: list[dict[str, float]] = []
     deadline = time.monotonic() + 60 * max_minutes
     start = time.perf_counter()
@@ -184,6 +197,7 @@ def run_part(part: Part, out: Path, max_minutes: float, iterations: int) -> dict
         "lora": LORA,
         "overrides": overrides,
         "threads": torch.get_num_threads(),
+        "load_average_end": os.getloadavg()[0],  # the machine's other load inflates s/it
         "iterations": len(history),
         "train_seconds": train_seconds,
         "seconds_per_iteration": train_seconds / max(len(history), 1),
@@ -248,10 +262,10 @@ def report(out: Path) -> str:
         "",
         "Columns: *base* and *trained* = mean held-out reward, greedy / sampled (T=1); "
         "*gain* = trained - base, sampled; *s/it* = wall seconds per training iteration "
-        "(the machine's other load varies, so compare within one file); *peak RSS* of the "
-        "part's process.",
+        "(*load* = the machine's 1-minute load average at the end of the part: above the "
+        "2 cores, other processes slowed it down); *peak RSS* of the part's process.",
         "",
-        "| part | task | agent | overrides | iterations | s/it | base greedy / sampled | "
+        "| part | task | agent | overrides | iterations | s/it (load) | base greedy / sampled | "
         "trained greedy / sampled | gain (sampled) | peak RSS (MiB) |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -261,7 +275,7 @@ def report(out: Path) -> str:
         lines.append(
             f"| {r['part']['setting']}-{r['part']['agent']}-s{r['part']['seed']} "
             f"| {r['setting']['task']} | {r['part']['agent']} | {extra} | {r['iterations']} "
-            f"| {r['seconds_per_iteration']:.1f} "
+            f"| {r['seconds_per_iteration']:.1f} ({r.get('load_average_end', float('nan')):.1f}) "
             f"| {b['greedy']['reward']:.3f} / {b['sampled']['reward']:.3f} "
             f"| {a['greedy']['reward']:.3f} / {a['sampled']['reward']:.3f} "
             f"| {a['sampled']['reward'] - b['sampled']['reward']:+.3f} "
