@@ -242,6 +242,7 @@ def base_reference(model: nn.Module) -> dict[str, str] | None:
             source = None
         if source is not None and state_sha256(source.state_dict()) == digest:
             record = {"name_or_path": name, "sha256": digest, "dtype": str(lm.dtype)}
+            record.update(_packaged_name(name))
         del source
     model._lmgym_base_reference = record  # type: ignore[assignment]
     return record or None
@@ -259,11 +260,24 @@ def save_adapter_model(model: nn.Module, path: Path) -> None:
     lm.save_pretrained(path / BASE_DIR, state_dict=_base_state_dict(model))
 
 
+def _packaged_name(directory: str) -> dict[str, str]:
+    """``{"packaged": name}`` when ``directory`` is a packaged model's cached conversion
+    (``lmgym.policy.packaged``), which can be made again where the cache now is."""
+    from lmgym.policy.packaged import MARKER
+
+    marker = Path(directory) / MARKER
+    try:
+        return {"packaged": str(json.loads(marker.read_text())["name"])}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
 def _referenced_base(path: Path, reference: dict[str, str]) -> str:
-    """Where the base ``reference`` names is now: its recorded place, else ``$LMGYM_LORA_BASE``.
+    """Where the base ``reference`` names is now: ``$LMGYM_LORA_BASE``, else its recorded
+    place, else (a packaged model) its cached conversion wherever the cache now is.
 
     Raises:
-        BaseModelError: neither holds a model; one line saying what to pass.
+        BaseModelError: none holds a model; one line saying what to pass.
     """
     recorded = reference["name_or_path"]
     moved = os.environ.get(BASE_ENV)
@@ -271,6 +285,10 @@ def _referenced_base(path: Path, reference: dict[str, str]) -> str:
         return moved
     if not Path(recorded).is_absolute() or Path(recorded).is_dir():
         return recorded
+    if reference.get("packaged"):
+        from lmgym.policy.packaged import packaged_model_dir
+
+        return str(packaged_model_dir(reference["packaged"]))
     raise BaseModelError(
         f"LoRA checkpoint {path}: its base model {recorded} is gone (weights SHA-256 "
         f"{reference['sha256'][:16]}...); put the same model back there, or set "

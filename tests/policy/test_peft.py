@@ -399,3 +399,24 @@ def test_keep_base_weights_writes_the_base_into_the_checkpoint(tokenizer, tmp_pa
 
     shutil.rmtree(base)  # the checkpoint alone reloads
     assert CausalLMPolicy.from_pretrained(tmp_path / "whole").is_peft
+
+
+def test_a_packaged_base_is_found_again_where_its_cache_now_is(tokenizer, tmp_path, monkeypatch):
+    import shutil
+
+    import lmgym.policy.packaged as packaged
+    from lmgym.policy.adapters import BASE_REFERENCE
+
+    base = saved_base(tokenizer, tmp_path / "cache" / "smollm2-135m-instruct-0.1.2")
+    (base / packaged.MARKER).write_text(json.dumps({"name": "smollm2-135m-instruct"}))
+    CausalLMPolicy.from_pretrained(base, peft_config=lora()).save_pretrained(tmp_path / "a")
+    reference = json.loads((tmp_path / "a" / BASE_REFERENCE).read_text())
+    assert reference["packaged"] == "smollm2-135m-instruct"
+
+    moved = tmp_path / "other-cache" / base.name  # LMGYM_MODEL_CACHE changed
+    shutil.copytree(base, moved)
+    shutil.rmtree(base)
+    asked = []
+    monkeypatch.setattr(packaged, "packaged_model_dir", lambda name: asked.append(name) or moved)
+    assert CausalLMPolicy.from_pretrained(tmp_path / "a").is_peft
+    assert asked == ["smollm2-135m-instruct"]
