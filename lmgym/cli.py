@@ -372,8 +372,6 @@ def _train(argv: Sequence[str]) -> int:
         return _error("train", str(exc))
     args = parser.parse_args(argv)
     run_values, agent_values = _split_namespace(args, run_fields, agent_fields)
-    if saved is None:  # a fresh run on a pretrained model: its defaults, said in one line
-        _pretrained_defaults(run_values, agent_values, given_fields(parser, argv) | {*file_values})
     try:
         async_config = _async_config(args)
     except (TypeError, ValueError) as exc:
@@ -397,6 +395,8 @@ def _train(argv: Sequence[str]) -> int:
     elif nproc is not None and nproc > 1:
         return _launch(nproc, argv)
 
+    if saved is None:  # a fresh run on a pretrained model: its defaults, said in one line
+        _pretrained_defaults(run_values, agent_values, given_fields(parser, argv) | {*file_values})
     trainer: Trainer | None = None
     try:
         if saved is not None:
