@@ -273,7 +273,9 @@ def check_common(config: AgentConfig) -> None:
     if config.max_resample < 0:
         raise ValueError(f"max_resample={config.max_resample}: must be >= 0")
     if config.whiten_min_std < 0:
-        raise ValueError(f"whiten_min_std={config.whiten_min_std}: must be >= 0 (0 always rescales)")
+        raise ValueError(
+            f"whiten_min_std={config.whiten_min_std}: must be >= 0 (0 always rescales)"
+        )
 
 
 def resolve_models(

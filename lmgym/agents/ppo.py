@@ -10,7 +10,9 @@
 The critic is a linear value head on the policy's trunk (``value_model="shared"``,
 one forward pass serves both losses) or on a separate copy of the initial model
 (``"separate"``). ``value_init="zeros"`` starts from V = 0. Advantages are
-whitened by default, as in most RLHF PPO implementations.
+whitened by default, as in most RLHF PPO implementations, but only centred when their
+std is below ``whiten_min_std`` (a batch without reward spread holds critic noise,
+which whitening would blow up to a full-sized update; docs/algorithms.md#broadcast-and-whitening).
 """
 
 from __future__ import annotations

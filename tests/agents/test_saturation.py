@@ -117,7 +117,8 @@ def test_a_batch_without_reward_spread_leaves_the_weights_alone(solved_state, na
     agent, batch = mid_run(solved_state, name)
     before = [p.detach().clone() for p in agent.policy.model.parameters()]
     agent.train_on_batch(batch)
-    moved = sum(not torch.equal(a, p) for a, p in zip(before, agent.policy.model.parameters()))
+    after = agent.policy.model.parameters()
+    moved = sum(not torch.equal(a, p) for a, p in zip(before, after, strict=True))
     assert moved == 0, f"{name}: a batch without reward spread moved {moved} weight tensors"
 
 
