@@ -33,7 +33,7 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from lmgym.envs import FunctionReward, TokenVectorEnv
-from lmgym.policy import CausalLMPolicy, compiled_decode
+from lmgym.policy import CausalLMPolicy
 from lmgym.policy.packaged import (
     MARKER,
     PACKAGED_MODELS,
@@ -82,7 +82,7 @@ def smollm2() -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The real model (float32, eval mode) and its tokenizer, loaded once by name.
 
     Tests build their own ``CausalLMPolicy`` around them (cheap) and must not change
-    the weights; the LoRA test adapts a copy.
+    the weights (the LoRA test loads its own copy).
     """
     try:
         policy = CausalLMPolicy.from_pretrained(MODEL)
@@ -143,10 +143,11 @@ def first_layers(model: PreTrainedModel, num_layers: int) -> PreTrainedModel:
     return small.eval()
 
 
-# The decode modes of tests/policy/conftest.py's ``decode`` fixture, on this model.
-# "fixed_shape" runs the compiled step's code, uncompiled, on all 30 layers;
-# "compiled" runs the real compile on the model's first 2 layers (see first_layers).
-ENGINES = ["eager", "fixed_shape", pytest.param("compiled", marks=pytest.mark.slow)]
+# Decode modes as in tests/policy/conftest.py's ``decode`` fixture: "eager" on all 30
+# layers; "compiled" compiles the step on the model's first 2 layers (first_layers).
+# (Its "fixed_shape" mode, the compiled step's code run uncompiled, adds nothing here
+# that these two do not cover, and would cost as much as the eager run.)
+ENGINES = ["eager", pytest.param("compiled", marks=pytest.mark.slow)]
 
 
 @dataclass
@@ -154,7 +155,7 @@ class Engine:
     """Policies and envs on the real model for one decode mode (``engine`` fixture).
 
     Attributes:
-        mode: ``"eager"``, ``"fixed_shape"`` or ``"compiled"``.
+        mode: ``"eager"`` or ``"compiled"``.
         model: the model the policies wrap.
         tokenizer: its tokenizer.
         extra_stop_ids: ids the env stops on besides the policy's stop ids. The
@@ -182,16 +183,12 @@ class Engine:
 
 
 @pytest.fixture(params=ENGINES)
-def engine(request, smollm2, monkeypatch) -> Iterator[Engine]:
-    """The real model in one decode mode; in both compiled modes a fallback to eager
+def engine(request, smollm2) -> Iterator[Engine]:
+    """The real model in one decode mode; in the compiled mode a fallback to eager
     decoding fails the test instead of passing as eager."""
     model, tokenizer = smollm2
     mode = request.param
     extra: list[int] = []
-    if mode == "fixed_shape":
-        monkeypatch.setattr(
-            compiled_decode, "compile_step", lambda mode, packed=False: compiled_decode._step
-        )
     if mode == "compiled":
         model = first_layers(model, 2)
         extra = [tokenizer.convert_tokens_to_ids(",")]
@@ -215,21 +212,6 @@ def trunk_rows(policy: CausalLMPolicy, monkeypatch: pytest.MonkeyPatch) -> list[
 
 
 # ------------------------------------------------------------ 1. log-probs
-def test_group_prefill_rollout_logprobs_equal_teacher_forcing(engine, monkeypatch):
-    policy = engine.policy(temperature=0.7)
-    env = engine.env(policy, [DOG, SUM, HI], group_size=3, max_new_tokens=8)
-    assert env.prompt_table.lengths.unique().numel() == 3  # left padding of two prompts
-    rows = trunk_rows(policy, monkeypatch)
-    batch = collect(env, policy, seed=0)
-    assert rows[0] == 3  # the prefill ran each group's prompt once for its 3 rows
-    assert batch.lengths.min() < batch.lengths.max()  # ragged: rows stopped at varied steps
-    assert batch.terminated.any() and batch.truncated.any()
-    assert logprob_gap(policy, batch) < 1e-4
-    # The learner's group-shared prompt pass gives the same log-probs.
-    assert logprob_gap(policy, batch, group_ids=batch.group_ids) < 1e-4
-    assert policy.compile_decode == (engine.mode != "eager")  # no fallback to eager
-
-
 def answer_begun(
     tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], start: str
 ) -> str:
@@ -239,34 +221,54 @@ def answer_begun(
     return rendered + start
 
 
-def test_continuous_batching_restarts_logprobs_equal_teacher_forcing(engine, monkeypatch):
-    tokenizer = engine.tokenizer
+def test_rollout_logprobs_equal_teacher_forcing_with_group_prefill_and_restarts(
+    engine, monkeypatch
+):
+    # One test for both rollout modes: in the compiled mode the continuous rollout then
+    # reuses the synchronous one's compiled step (same rows, same slot capacity) and
+    # compiles only the packed step.
     policy = engine.policy(temperature=0.7)
-    # Replies that end after about 1 and 4 tokens, and one that runs to the budget:
-    # rows finish, and restart, at different steps.
+    # Replies that end after about 1 and 4 tokens, and one that runs to the budget, in
+    # prompts of three lengths: rows are left-padded, and stop at different steps.
     prompts = [
-        answer_begun(tokenizer, DOG, "A dog has four legs."),
-        answer_begun(tokenizer, DOG, "A dog has"),
+        answer_begun(engine.tokenizer, DOG, "A dog has four legs."),
+        answer_begun(engine.tokenizer, DOG, "A dog has"),
         HI,
     ]
-    env = engine.env(policy, prompts, num_prompts=2, group_size=2, max_new_tokens=8, autoreset=True)
+    settings = {"num_prompts": 2, "group_size": 3, "max_new_tokens": 6}
+
+    # (a) Episode-synchronous: each group's prompt is prefilled once for its 3 rows.
+    env = engine.env(policy, prompts, **settings)
+    rows = trunk_rows(policy, monkeypatch)
+    batch = collect(env, policy, seed=0)
+    assert rows[0] == 2  # the prefill: 2 groups' prompts, not 6 rows
+    assert batch.prompt_mask.sum(1).unique().numel() == 2  # two prompts: left padding
+    assert batch.lengths.min() < batch.lengths.max()  # ragged: rows stopped at varied steps
+    assert batch.terminated.any() and batch.truncated.any()
+    assert logprob_gap(policy, batch) < 1e-4
+    # The learner's group-shared prompt pass gives the same log-probs.
+    assert logprob_gap(policy, batch, group_ids=batch.group_ids) < 1e-4
+
+    # (b) Continuous batching: finished rows restart at once, their new prompt packed
+    # into the decode step of the rows still running.
+    env = engine.env(policy, prompts, autoreset=True, **settings)
     restarts: list[int] = []
     restart = policy._restart
 
-    def counting(ids, mask, last_col, rows, state):
-        restarts.append(int(rows.sum()))
-        return restart(ids, mask, last_col, rows, state)
+    def counting(ids, mask, last_col, restarting, state):
+        restarts.append(int(restarting.sum()))
+        return restart(ids, mask, last_col, restarting, state)
 
     monkeypatch.setattr(policy, "_restart", counting)
     collector = ContinuousCollector(env, policy, seed=0)
-    for _ in range(3):
+    for _ in range(2):
         batch = collector.collect(num_groups=2)
-        assert batch.batch_size == 4
+        assert batch.batch_size == 6
         assert logprob_gap(policy, batch) < 1e-4
-    assert policy.compile_decode == (engine.mode != "eager")  # no fallback to eager
     assert len(restarts) >= 3  # new episodes' prompts packed into decode steps...
     assert min(restarts) < env.num_envs  # ...while other rows went on decoding
     assert len(set(collector._state.cols.tolist())) > 1  # rows now at different columns
+    assert policy.compile_decode == (engine.mode != "eager")  # no fallback to eager
 
 
 # ------------------------------------------------------------ 2. chat template
@@ -298,13 +300,14 @@ def test_the_env_renders_chat_prompts_exactly_as_apply_chat_template(smollm2):
 
 # ------------------------------------------------------------ 3. stopping, greedy
 def test_greedy_decoding_equals_generate_and_stops_on_im_end(smollm2):
+    budget = 8  # DOG and SUM end their answer with <|im_end|> at the 7th token
     model, tokenizer = smollm2
     im_end = tokenizer.convert_tokens_to_ids(IM_END)
     endoftext = tokenizer.convert_tokens_to_ids(ENDOFTEXT)
     policy = CausalLMPolicy(model, tokenizer, temperature=0.0)
     assert policy.stop_token_ids == [im_end, endoftext]
     prompts = [DOG, SUM, HI]
-    env = make_env(tokenizer, policy, prompts, max_new_tokens=10, prompt_order="sequential")
+    env = make_env(tokenizer, policy, prompts, max_new_tokens=budget, prompt_order="sequential")
     assert env.stop_token_ids.tolist() == [im_end, endoftext]
     batch = collect(env, policy, seed=0)
     for row in range(batch.batch_size):
@@ -313,14 +316,14 @@ def test_greedy_decoding_equals_generate_and_stops_on_im_end(smollm2):
             messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
         )
         with torch.no_grad():
-            out = model.generate(**inputs, max_new_tokens=10, do_sample=False)
+            out = model.generate(**inputs, max_new_tokens=budget, do_sample=False)
         expected = out[0, inputs["input_ids"].shape[1] :].tolist()
         ours = batch.completion_ids[row][batch.completion_mask[row]].tolist()
         assert ours == expected, (tokenizer.decode(ours), tokenizer.decode(expected))
         # An episode that emits <|im_end|> is terminated there, the stop token its last.
         stopped = expected[-1] == im_end
         assert bool(batch.terminated[row]) == stopped
-        assert bool(batch.truncated[row]) == (not stopped and len(expected) == 10)
+        assert bool(batch.truncated[row]) == (not stopped and len(expected) == budget)
     assert batch.terminated.sum() >= 2  # DOG and SUM answer and stop
     assert not batch.terminated.all()  # HI talks on: truncated at the budget
     # <|endoftext|> ends an episode as well; an ordinary token does not.
@@ -375,13 +378,13 @@ def test_lora_on_attention_trains_saves_and_reloads_exactly(smollm2, tmp_path):
     config = peft.LoraConfig(
         r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]
     )
-    policy = CausalLMPolicy(copy.deepcopy(model), tokenizer, peft_config=config)
+    policy = CausalLMPolicy.from_pretrained(MODEL, peft_config=config)  # as a user would
     adapter = {n: p for n, p in policy.model.named_parameters() if "lora_" in n}
     assert len(adapter) == 30 * 4 * 2  # A and B on every attention projection
     assert {n for n, p in policy.model.named_parameters() if p.requires_grad} == set(adapter)
     before = {n: p.detach().clone() for n, p in adapter.items()}
 
-    env = make_env(tokenizer, policy, [DOG, HI], group_size=4, max_new_tokens=6)
+    env = make_env(tokenizer, policy, [DOG, HI], group_size=2, max_new_tokens=4)
     agent = GRPO(policy, env, learning_rate=1e-3, seed=0)
     agent.learn(1)
     # LoRA starts with B = 0, so the first step moves every B (A's gradient is 0).
