@@ -361,7 +361,10 @@ def test_bench_quick_writes_table_curves_and_results(tmp_path, capsys):
     out = tmp_path / "bench"
     assert main(["bench", "--quick", "--out", str(out)]) == 0
     readme = (out / "README.md").read_text()
-    assert "| agent | final reward (mean ± std) | solved | iterations to solved |" in readme
+    assert (
+        "| agent | final reward (mean ± std) | reached | kept | plateau | iterations to solved "
+        in readme
+    )
     assert "| grpo | " in readme and "| rloo | " in readme
     assert (out / "TargetString.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     results = json.loads((out / "results.json").read_text())
