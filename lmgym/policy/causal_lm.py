@@ -343,8 +343,10 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
         """Write model and tokenizer so ``from_pretrained(path)`` restores them exactly.
 
         A PEFT model writes its adapter (``adapter_config.json``,
-        ``adapter_model.safetensors``) and the frozen base weights in ``path/base``,
-        so the directory alone reloads base plus adapter.
+        ``adapter_model.safetensors``) and its base: ``base_model.json``, a reference to
+        the base (path or name, and a SHA-256 of its weights, checked on load), or the
+        frozen base weights in ``path/base`` when the base has no place to refer to
+        (``lmgym.policy.adapters.save_adapter_model``).
 
         Args:
             merged: for a PEFT model, write instead the adapter merged into the base
