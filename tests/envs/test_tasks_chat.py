@@ -31,6 +31,9 @@ from lmgym.envs.tasks.chat_arithmetic import (
     problems,
 )
 from lmgym.envs.tasks.instructions import (
+    CHECKS,
+    CONSTRAINTS,
+    EXAMPLES,
     answer_tags,
     answer_text,
     include_word,
@@ -207,6 +210,29 @@ def test_instructions_reward_is_the_mean_and_logs_each_constraint():
     strict = make_instructions_vector(num_envs=2, chat=False, strict=True)
     assert reward_on(strict, [perfect, wrong_count]).tolist() == [1.0, 0.0]
     assert set(reward_component_means(strict)) == set(means)
+
+
+def test_the_worked_examples_meet_every_rule():
+    for _, n, word, sentence in EXAMPLES:
+        reply = f"<answer>{sentence}</answer>"
+        columns = {"word_count": {"num_words": [n]}, "include_word": {"word": [word]}}
+        for name in CONSTRAINTS:
+            assert CHECKS[name](None, [reply], **columns.get(name, {})) == [1.0], (sentence, name)
+    env = make_instructions_vector(num_envs=2, chat=True, tokenizer=chat_char_tokenizer())
+    prompt = env.prompt_table.prompts[0]
+    assert [m["role"] for m in prompt] == ["user", "assistant", "user"]
+    assert prompt[1]["content"] == "<answer>the green garden smells sweet</answer>"
+    no_tags = make_instructions_vector(
+        num_envs=2, constraints="lowercase", examples=2, tokenizer=chat_char_tokenizer()
+    )
+    assert [m["content"] for m in no_tags.prompt_table.prompts[0][1:4:2]] == [
+        "the green garden smells sweet",
+        "fresh bread smells good",
+    ]
+    plain = make_instructions_vector(num_envs=2, chat=False, examples=0)
+    assert plain.prompt_table.texts[0].startswith("Write one sentence about ")
+    with pytest.raises(ValueError, match=r"examples=3: must be an integer in \[0, 2\]"):
+        make_instructions_vector(chat=False, examples=3)
 
 
 def test_instructions_options_and_split():

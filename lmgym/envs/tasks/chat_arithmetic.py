@@ -27,12 +27,12 @@ digit under the lenient rule. Solved: ``R >= 0.9``.
 Why ``"last_number"`` is the default. SmolLM2-135M-Instruct, asked for the number
 only, mostly writes the equation out (``"8 * 8 = 64."``: how it computes) or
 answers in a sentence, and at temperature 1 it often rambles. Measured on the
-one-digit eval split, it scores 0 with ``"exact"`` (greedy and sampled), under 0.1
-sampled with ``"first_number"`` (an echoed equation starts with an operand), and
-between 0.1 and 0.7 sampled only with ``"last_number"``: the one default that
-leaves a group-relative method a learning signal. ``"first_number"``, ``"exact"``
-and ``digits=2`` are the harder levels (base scores for each:
-``benchmarks/results/real_model_tasks.md``).
+one-digit eval split, it scores 0 with ``"exact"`` (greedy and sampled), 0.06 to
+0.14 sampled with ``"first_number"`` depending on the draw (an echoed equation
+starts with an operand), and about 0.2 sampled (0.7 greedy) with
+``"last_number"``: the default that most surely leaves a group-relative method a
+learning signal. ``"first_number"``, ``"exact"`` and ``digits=2`` are the harder
+levels (base scores for each: ``benchmarks/results/real_model_tasks.md``).
 
 ``split`` holds out ``eval_fraction`` of the problems (under ``data_seed``);
 ``dataset_size`` keeps a seeded subset of the distinct problems before the split

@@ -20,6 +20,12 @@ The constraints (``constraints=``, any of the five, in this order):
 - ``answer_tags``: the whole reply, whitespace stripped, is one
   ``<answer>...</answer>`` span with a word inside.
 
+By default (``examples=1``) one worked example leads the prompt: the same kind of
+request about another topic and a reply that meets every rule, as a user and an
+assistant turn. SmolLM2-135M-Instruct never writes the tags nor keeps to
+lowercase without it (so no completion of a group shows the way); with it, a few
+do. ``examples=0`` is the harder level.
+
 Every constraint but ``answer_tags`` is checked on the *answer*: the text inside
 the first ``<answer>...</answer>`` of the reply if it has one, else the whole
 reply. An empty answer satisfies nothing (no free credit for saying nothing).
@@ -78,6 +84,11 @@ WORDS = (
     "soft", "tree", "road", "home", "fast", "sweet", "dark", "gold", "wind", "song",
     "stone", "smile", "bread", "fire", "cloud", "small", "river", "sky", "morning", "friend",
 )  # fmt: skip
+EXAMPLES = (
+    ("a garden", 5, "green", "the green garden smells sweet"),
+    ("a bakery", 4, "bread", "fresh bread smells good"),
+)
+"""Worked examples ``(topic, n, word, sentence)``: each sentence meets every rule."""
 RULES = {
     "word_count": "Use exactly {num_words} words.",
     "lowercase": "Use only lowercase letters.",
@@ -210,6 +221,28 @@ def instruction_reward(
 
 
 # ----------------------------------------------------------------- the prompts
+def question(constraints: Sequence[str], topic: str, num_words: int, word: str) -> str:
+    """The request for a sentence about ``topic`` under the named rules."""
+    rules = "\n".join(f"- {RULES[c].format(num_words=num_words, word=word)}" for c in constraints)
+    return f"Write one sentence about {topic}. Rules:\n{rules}"
+
+
+def example_turns(constraints: Sequence[str], examples: int) -> list[tuple[str, str]]:
+    """The first ``examples`` worked examples as ``(question, answer)`` turns; each
+    answer meets every rule (in tags when ``answer_tags`` is one of them).
+
+    Raises:
+        ValueError: ``examples`` outside ``[0, len(EXAMPLES)]``.
+    """
+    if not isinstance(examples, int) or not 0 <= examples <= len(EXAMPLES):
+        raise ValueError(f"examples={examples!r}: must be an integer in [0, {len(EXAMPLES)}]")
+    wrap = "<answer>{}</answer>" if "answer_tags" in constraints else "{}"
+    return [
+        (question(constraints, topic, n, word), wrap.format(sentence))
+        for topic, n, word, sentence in EXAMPLES[:examples]
+    ]
+
+
 def instruction_records(
     constraints: Sequence[str],
     dataset_size: int = 400,
@@ -217,9 +250,11 @@ def instruction_records(
     max_words: int = 8,
     data_seed: int = 0,
     *,
+    examples: int = 1,
     chat: bool = True,
 ) -> list[dict[str, object]]:
-    """``dataset_size`` distinct prompt records ``{"prompt", "num_words", "word"}``.
+    """``dataset_size`` distinct prompt records ``{"prompt", "num_words", "word"}``,
+    each prompt led by ``examples`` worked examples (user/assistant turns).
 
     Raises:
         ValueError: a bad word range or ``dataset_size`` (the message names the field).
@@ -237,12 +272,17 @@ def instruction_records(
         return rng.choice(TOPICS), rng.randint(min_words, max_words), rng.choice(WORDS)
 
     distinct = len(TOPICS) * (max_words - min_words + 1) * len(WORDS)
-    records = []
-    for topic, n, word in distinct_draws(draw, dataset_size, distinct, data_seed, "dataset_size"):
-        rules = "\n".join(f"- {RULES[c].format(num_words=n, word=word)}" for c in constraints)
-        question = f"Write one sentence about {topic}. Rules:\n{rules}"
-        records.append({"prompt": chat_prompt(question, chat=chat), "num_words": n, "word": word})
-    return records
+    shots = example_turns(constraints, examples)
+    return [
+        {
+            "prompt": chat_prompt(question(constraints, topic, n, word), shots=shots, chat=chat),
+            "num_words": n,
+            "word": word,
+        }
+        for topic, n, word in distinct_draws(
+            draw, dataset_size, distinct, data_seed, "dataset_size"
+        )
+    ]
 
 
 @task_factory()
@@ -250,6 +290,7 @@ def make_instructions_vector(
     options: EnvOptions,
     constraints: str = ",".join(CONSTRAINTS),
     strict: bool = False,
+    examples: int = 1,
     min_words: int = 3,
     max_words: int = 8,
     dataset_size: int = 400,
@@ -263,6 +304,8 @@ def make_instructions_vector(
     Args:
         constraints: comma-separated names from ``CONSTRAINTS`` (default: all five).
         strict: reward 1 only when every constraint holds (default: their mean).
+        examples: worked examples (a request and a reply meeting every rule) before
+            the question, 0 to 2; 0 is the harder level.
         min_words, max_words: the range of the ``word_count`` constraint's ``n``.
         dataset_size: distinct prompts drawn (before the split).
         split: ``"train"``, ``"eval"`` (held-out prompts) or ``"all"``.
@@ -274,7 +317,9 @@ def make_instructions_vector(
     """
     names = parse_constraints(constraints)
     chat = wants_chat(chat, options.tokenizer)
-    records = instruction_records(names, dataset_size, min_words, max_words, data_seed, chat=chat)
+    records = instruction_records(
+        names, dataset_size, min_words, max_words, data_seed, examples=examples, chat=chat
+    )
     pairs = [(record["prompt"], str(i)) for i, record in enumerate(records)]
     kept = [records[int(i)] for _, i in select_split(pairs, split, eval_fraction, data_seed)]
     reward = instruction_reward(names, strict)
