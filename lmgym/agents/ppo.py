@@ -44,6 +44,8 @@ class PPOConfig(AgentConfig):
     """Optimizer steps per epoch."""
     whiten_advantages: bool = True
     """Normalise advantages to zero mean, unit std over real tokens."""
+    whiten_min_std: float = 0.1
+    """Whitening rescales only when the advantages' std reaches this (in reward units); below it they are centred only: on a batch without reward spread the advantages are the critic's errors, and whitened they made a full-sized update (docs/algorithms.md#broadcast-and-whitening)."""
     kl_placement: KLPlacement = "reward"
     """Where the KL term goes: the per-token reward (classic RLHF PPO) or the loss."""
     clip_low: float = 0.2

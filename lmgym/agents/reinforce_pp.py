@@ -2,8 +2,7 @@
 
     r_t <- r_t - beta * (lp_old_t - lp_ref_t)                   (k1 KL in the reward)
     G_t = sum_{t' >= t} gamma^(t'-t) r_t'                          (returns-to-go)
-    A_t = (G_t - mean_batch G) / (std_batch G + 1e-8)              (global batch z-score;
-                                    only centred while std_batch G < whiten_min_std)
+    A_t = (G_t - mean_batch G) / (std_batch G + 1e-8)              (global batch z-score)
     rho_t = exp(lp_t - lp_old_t)
     l_t = max(-A_t rho_t, -A_t clip(rho_t, 1 - clip_low, 1 + clip_high)),   token-mean
 
