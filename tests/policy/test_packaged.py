@@ -33,6 +33,9 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An empty model cache named by ``LMGYM_MODEL_CACHE``."""
     root = tmp_path / "cache"
     monkeypatch.setenv("LMGYM_MODEL_CACHE", str(root))
+    # Checked first, so that a cache_root ignoring the variable fails here instead of
+    # letting a test convert into, or clear, the user's real cache.
+    assert cache_root() == root
     return root
 
 
