@@ -176,6 +176,10 @@ def packaged_model_dir(name: str) -> Path:
     """
     from filelock import FileLock
 
+    if not is_packaged_name(name):
+        raise KeyError(
+            f"{name!r} is not a packaged model; the packaged models are {sorted(PACKAGED_MODELS)}"
+        )
     spec = PACKAGED_MODELS[name.lower()]
     root = cache_root()
     target = root / f"{spec.name}-{spec.version}"

@@ -75,7 +75,7 @@ def test_names_are_case_insensitive_and_others_pass_through(cache):
     assert is_packaged_name(NAME) and is_packaged_name("SmolLM2-135M-Instruct")
     assert not is_packaged_name("gpt2") and not is_packaged_name(Path(NAME))
     assert local_model_path("gpt2") == "gpt2"  # a hub name or path is left alone
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError, match="the packaged models are .*smollm2-135m-instruct"):
         packaged_model_dir("no-such-model")
 
 
