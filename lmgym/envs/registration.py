@@ -218,7 +218,7 @@ def register_chat_tasks() -> None:
         solved_threshold=0.9,
         random_baseline=0.04,
         modes=("bandit",),
-        base_score=None,
+        base_score=(0.72, 0.20),
         base_model=REAL_MODEL,
         description="chat: 'What is 7 + 8? Reply with the number only.'; 1 if the reply's "
         "last number is the answer (answer='first_number' / 'exact': harder)",
@@ -231,7 +231,7 @@ def register_chat_tasks() -> None:
         solved_threshold=0.9,
         random_baseline=0.31,
         modes=("bandit",),
-        base_score=None,
+        base_score=(0.25, 0.27),
         base_model=REAL_MODEL,
         description="chat: a sentence under 5 checkable constraints (word count, lowercase, "
         "a word, no commas, <answer> tags); mean of the satisfied ones, each logged",
@@ -247,7 +247,7 @@ def register_chat_tasks() -> None:
         modes=("bandit",),
         requires="sentiment",
         requires_module="vaderSentiment",
-        base_score=None,
+        base_score=(0.14, 0.34),
         base_model=REAL_MODEL,
         description="chat: continue a movie review's opening; VADER compound sentiment of "
         "the continuation (run with a KL penalty)",

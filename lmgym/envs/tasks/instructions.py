@@ -24,7 +24,8 @@ By default (``examples=1``) one worked example leads the prompt: the same kind o
 request about another topic and a reply that meets every rule, as a user and an
 assistant turn. SmolLM2-135M-Instruct never writes the tags nor keeps to
 lowercase without it (so no completion of a group shows the way); with it, a few
-do. ``examples=0`` is the harder level.
+do (eval split, mean reward greedy/T=1: 0.25/0.27 with the example, 0.21/0.17
+without). ``examples=0`` and ``strict=True`` are the harder levels.
 
 Every constraint but ``answer_tags`` is checked on the *answer*: the text inside
 the first ``<answer>...</answer>`` of the reply if it has one, else the whole

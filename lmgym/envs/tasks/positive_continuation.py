@@ -5,9 +5,11 @@ Prompts: the opening of a movie review, made from templates over invented titles
 and genres (no data is downloaded), e.g. ``"I had low expectations for Midnight
 Harbor, and"``; as a chat prompt (when the tokenizer has a chat template, or
 ``chat=True``) the user asks ``"Continue this movie review: <opening>"``, as plain
-text (``chat=False``, or no template) the opening itself is the prompt. ``openings="mixed"`` (the default) draws from
-neutral and negative-leaning templates alike, ``"negative"`` (the harder level)
-only from the negative ones, ``"neutral"`` only from the others.
+text (``chat=False``, or no template) the opening itself is the prompt.
+``openings="mixed"`` (the default) draws from neutral and negative-leaning
+templates alike, ``"negative"`` (the harder level: SmolLM2-135M-Instruct's
+sampled base score falls from 0.34 to 0.23) only from the negative ones,
+``"neutral"`` only from the others.
 
 Reward: VADER's compound sentiment score of the completion's text alone (the
 prompt is not scored), ``R = compound(y)``, from the ``vaderSentiment`` package
