@@ -65,7 +65,7 @@ class TaskSetting:
 
 SETTINGS = {
     "instructions": TaskSetting("lmgym/Instructions-v0", max_new_tokens=32),
-    "arithmetic": TaskSetting("lmgym/ChatArithmetic-v0", max_new_tokens=8),
+    "arithmetic": TaskSetting("lmgym/ChatArithmetic-v0", max_new_tokens=12),
     "continuation": TaskSetting("lmgym/PositiveContinuation-v0", max_new_tokens=24),
 }
 

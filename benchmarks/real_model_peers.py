@@ -38,7 +38,8 @@ BATCHES, NEW_TOKENS = (32, 64), 64
 TARGET_ROLLOUT = 1.3
 TARGET_GRPO = 1.5
 TASK = "lmgym/ChatArithmetic-v0"
-PROMPTS, GROUP, MAX_NEW = 4, 8, 8
+PROMPTS, GROUP, MAX_NEW = 4, 8, 12
+ANSWER_RULE = "last_number"  # the task's answer= option, given to both sides
 LORA = {"r": 16, "lora_alpha": 32, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
 LEARNING_RATE = 1e-4
 EVAL_PROMPTS, EVAL_SAMPLES, EVAL_SEED = 64, 4, 1234
@@ -133,10 +134,10 @@ def trl_reward(
     prompts: list[Any], completions: list[Any], answer: list[str], **_: Any
 ) -> list[float]:
     """The task's own reward on TRL's conversational completions (one assistant message)."""
-    from lmgym.envs.tasks.chat_arithmetic import first_number_match
+    from lmgym.envs.tasks.chat_arithmetic import REWARDS
 
     texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-    return first_number_match(prompts, texts, answer)
+    return REWARDS[ANSWER_RULE](prompts, texts, answer)
 
 
 def lmgym_agent(seed: int) -> Any:
@@ -151,7 +152,7 @@ def lmgym_agent(seed: int) -> Any:
     policy = CausalLMPolicy.from_pretrained(MODEL, peft_config=LoraConfig(**LORA))
     env = gym.make_vec(TASK, num_envs=PROMPTS * GROUP, group_size=GROUP,
                        tokenizer=policy.tokenizer, stop_token_ids=policy.stop_token_ids,
-                       max_new_tokens=MAX_NEW)  # fmt: skip
+                       max_new_tokens=MAX_NEW, answer=ANSWER_RULE)  # fmt: skip
     return GRPO(policy, env.unwrapped, learning_rate=LEARNING_RATE, beta=0.0, seed=seed,
                 lr_scheduler_type="constant", weight_decay=0.0)  # fmt: skip
 
@@ -199,18 +200,19 @@ def trl_trainer(steps: int, out_dir: str, callbacks: list[Any], seed: int) -> An
     return trainer
 
 
-def held_out(policy: Any) -> dict[str, float]:
+def held_out(policy: Any, prompts: int = EVAL_PROMPTS) -> dict[str, float]:
     """Held-out reward of ``policy``: greedy and sampled at temperature 1 (fixed seed)."""
     from lmgym.training.evaluation import evaluate_policy, make_eval_env
 
     out = {}
     for label, temp, samples in (("greedy", 0.0, 1), ("sampled", 1.0, EVAL_SAMPLES)):
-        env, _ = make_eval_env(TASK, policy.tokenizer, EVAL_PROMPTS, samples,
+        env, _ = make_eval_env(TASK, policy.tokenizer, prompts, samples,
                                env_kwargs={"stop_token_ids": policy.stop_token_ids,
-                                           "max_new_tokens": MAX_NEW})  # fmt: skip
+                                           "max_new_tokens": MAX_NEW,
+                                           "answer": ANSWER_RULE})  # fmt: skip
         saved, policy.temperature = policy.temperature, temp
         try:
-            out[label] = evaluate_policy(policy, env, EVAL_PROMPTS, seed=EVAL_SEED).reward_mean
+            out[label] = evaluate_policy(policy, env, prompts, seed=EVAL_SEED).reward_mean
         finally:
             policy.temperature = saved
     return out
@@ -244,7 +246,8 @@ def alternated(args: Any) -> dict[str, Any]:
                       flush=True)  # fmt: skip
             state["mark"] = time.perf_counter()
 
-    base = held_out(agent.policy)
+    evals = 8 if args.quick else EVAL_PROMPTS
+    base = held_out(agent.policy, evals)
     print(f"base model held-out: {base}", flush=True)
     meter = h.CpuMeter()
     with tempfile.TemporaryDirectory() as out_dir:
@@ -255,7 +258,8 @@ def alternated(args: Any) -> dict[str, Any]:
     load = meter.other_load()
     return {
         "lm": lm_s[args.warmup :], "trl": trl_s[args.warmup :], "other_load": load,
-        "base": base, "lm_after": held_out(agent.policy), "trl_after": held_out(trl_policy),
+        "base": base, "lm_after": held_out(agent.policy, evals),
+        "trl_after": held_out(trl_policy, evals),
         "lm_train_reward": lm_reward, "trl_train_reward": list(trl_rewards),
     }  # fmt: skip
 
@@ -286,7 +290,7 @@ def grpo(args: Any) -> list[str]:
     return [
         f"- work per iteration: {PROMPTS} prompts x {GROUP} completions of `{TASK}` (train "
         f"split, chat template), at most {MAX_NEW} new tokens (both stop on `<|im_end|>`), "
-        f"temperature 1, reward = the task's lenient first-number match (the same function), "
+        f"temperature 1, reward = the task's `answer={ANSWER_RULE!r}` rule (the same function), "
         f"LoRA {LORA}, beta = 0, one AdamW step per iteration (lr {LEARNING_RATE:g}, "
         "constant, clip 1.0), GRPO loss with group-std scaling and token clip 0.2 "
         "(TRL `loss_type='grpo'`, lmgym `GRPO`), float32, seed "

@@ -43,6 +43,7 @@ VERIFIED_TASKS: dict[str, str] = {
     "lmgym/Arithmetic-v0": "the exact answer, then EOS",
     "lmgym/WordProblem-v0": "the exact answer from the task's answer column",
     "lmgym/ArithmeticProcess-v0": "the exact answer, then EOS",
+    "lmgym/ChatArithmetic-v0": "the answer, as the task's answer= rule extracts it",
 }
 """Tasks whose maximal reward means an exactly right answer: pass@k is defined there."""
 
