@@ -53,6 +53,16 @@ NOISY = 0.10
 
 
 # ------------------------------------------------------------------- measurement
+def status_kib(name: str) -> int:
+    """A ``/proc/self/status`` field in KiB (``VmHWM``: this process's peak resident
+    memory, reset by exec; unlike ``ru_maxrss``, which a spawned worker inherits from
+    its parent's peak)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(name + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {name}")
+
+
 def tree_cpu_seconds() -> float:
     """CPU-seconds of this process and its descendants: the finished ones it waited
     for (``os.times``) and the live ones (``/proc/<pid>/stat``, with the children

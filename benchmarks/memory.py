@@ -53,14 +53,6 @@ SIDES = ("lmgym", "naive")
 MIB = 1 << 20
 
 
-def status_kib(name: str) -> int:
-    """A ``/proc/self/status`` field in KiB."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(name + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"/proc/self/status has no {name}")
-
-
 def worker(side: str, case: int, hidden_size: int, threads: int) -> dict[str, float]:
     """Run one pass in this (fresh) process; return its peak extra memory and seconds."""
     from lmgym.policy.logprobs import token_logprobs
@@ -88,12 +80,12 @@ def worker(side: str, case: int, hidden_size: int, threads: int) -> dict[str, fl
         run(*inputs(2, 8, 64, 16))
     tensors = inputs(B, L, V, hidden_size)
     Path("/proc/self/clear_refs").write_text("5")  # VmHWM := the current RSS
-    baseline = status_kib("VmRSS")
+    baseline = h.status_kib("VmRSS")
     start = time.perf_counter()
     with torch.set_grad_enabled(grad):
         run(*tensors)
     seconds = time.perf_counter() - start
-    return {"peak_mib": (status_kib("VmHWM") - baseline) / 1024, "seconds": seconds}
+    return {"peak_mib": (h.status_kib("VmHWM") - baseline) / 1024, "seconds": seconds}
 
 
 def measure(side: str, case: int, args: argparse.Namespace) -> float:

@@ -28,7 +28,6 @@ import argparse
 import contextlib
 import json
 import os
-import resource
 import sys
 import time
 from collections.abc import Iterator
@@ -37,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
+import harness as h  # the repository root on sys.path
 import torch
 
 import lmgym  # noqa: F401  (registers the tasks)
@@ -201,7 +201,7 @@ def run_part(part: Part, out: Path, max_minutes: float, iterations: int) -> dict
         "iterations": len(history),
         "train_seconds": train_seconds,
         "seconds_per_iteration": train_seconds / max(len(history), 1),
-        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mib": h.status_kib("VmHWM") / 1024,
         "before": before,
         "after": after,
         "history": [{k: v for k, v in h.items() if isinstance(v, int | float)} for h in history],

@@ -23,7 +23,6 @@ Two comparisons, each with both sides in one process, alternated:
 from __future__ import annotations
 
 import random
-import resource
 import statistics
 import tempfile
 import time
@@ -253,7 +252,10 @@ def alternated(args: Any) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as out_dir:
         trainer = trl_trainer(args.iters, out_dir, [Alternate()], args.seed)
         trainer.train()
-        trl_rewards = trainer._metrics["train"].get("reward", [])
+        logged = trainer._metrics["train"]
+        trl_rewards = logged.get("reward") or next(
+            (v for k, v in logged.items() if k.startswith("rewards/") and k.endswith("/mean")), []
+        )
         trl_policy = CausalLMPolicy(trainer.model.eval(), trainer.processing_class)
     load = meter.other_load()
     return {
@@ -273,7 +275,7 @@ def peak_rss_mib(side: str, iters: int, seed: int) -> float:
     else:
         with tempfile.TemporaryDirectory() as out_dir:
             trl_trainer(iters, out_dir, [], seed).train()
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return h.status_kib("VmHWM") / 1024
 
 
 def grpo(args: Any) -> list[str]:
