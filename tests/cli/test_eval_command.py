@@ -11,6 +11,7 @@ import gymnasium as gym
 import pytest
 
 from lmgym.cli import main
+from lmgym.envs.registration import TASKS
 
 SUMS = [("1+1=", "2"), ("2+3=", "5"), ("4+4=", "8")]
 REWARD_MODULE = """
@@ -45,8 +46,9 @@ def user_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     yield tmp_path
     for module in ("eval_rewards", "eval_tasks"):
         sys.modules.pop(module, None)
-    for env_id in ("prompts/sums-v0", "lmgym/EvalSums-v0"):
+    for env_id in ("prompts/sums-v0", "lmgym/EvalSums-v0"):  # as a new process would be
         gym.registry.pop(env_id, None)
+        TASKS.pop(env_id, None)
 
 
 @pytest.fixture(scope="module")
