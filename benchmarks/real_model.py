@@ -8,13 +8,14 @@ again and writes ``<out>/<part>.json`` atomically. A part whose file exists is
 skipped, so an interrupted set resumes where it stopped. ``--report`` renders every
 finished part into ``<out>/README.md`` with a learning-curve PNG per task.
 
-Settings, equal for every part unless the part says otherwise (``PARTS``): the packaged
-``smollm2-135m-instruct`` (float32), LoRA r=16, alpha=32 on q/k/v/o projections,
-``SETTINGS`` prompts x completions per iteration, temperature 1, one optimizer step per
-iteration, the agent's documented defaults except the learning rate (``LORA_LR``) and
-what the part overrides. Evaluation: ``EVAL_PROMPTS`` held-out prompts, one greedy
-completion each, and ``EVAL_SAMPLES`` sampled completions each at temperature 1,
-with a fixed seed, so base and trained see the same prompts.
+Settings, equal for every part unless its overrides say otherwise: the packaged
+``smollm2-135m-instruct`` (float32, CPU), LoRA r=16, alpha=32 on the q/k/v/o
+projections, 4 prompts x 8 completions per iteration, temperature 1, one optimizer
+step per iteration, learning rate 1e-4, the agent's documented defaults otherwise,
+the task's default difficulty, at most 10 minutes of training. Evaluation: 64
+held-out prompts (the task's ``split="eval"``), one greedy completion each and 2
+sampled completions each at temperature 1, with a fixed seed, so base and trained
+models see the same prompts.
 
     .venv/bin/python benchmarks/real_model.py --list
     .venv/bin/python benchmarks/real_model.py instructions-grpo-s0 [more parts...]
@@ -286,7 +287,9 @@ def report(out: Path) -> str:
     if records:
         for name in plot(records, out):
             lines += [f"![{name}]({name})", ""]
-        lines += ["## Samples (held-out, greedy, after training)", ""]
+        lines += ["## Commands (one process per part; `--report` wrote this file)", ""]
+        lines += [f"- {r['date']}: `{r['command']}`" for r in records]
+        lines += ["", "## Samples (held-out, greedy, after training)", ""]
         for r in records:
             lines.append(f"- **{r['part']['setting']}-{r['part']['agent']}-s{r['part']['seed']}**:")
             for prompt, completion, reward in r["after"]["greedy"]["samples"][:2]:
