@@ -93,14 +93,22 @@ def render(runs: list[dict[str, Any]], spec: BenchSpec, command: str) -> str:
     lines = [
         "# Seed robustness: reached and kept",
         "",
+        "Why the misses happen, and what was changed: [stability_notes.md](stability_notes.md) "
+        "(hand-written, kept beside the results).",
+        "",
         f"Command: `{command}` ({machine_line()}); commits measured: "
         + ", ".join(sorted({r.get("commit", "?") for r in runs}))
         + ".",
         "",
         "Settings: those of `lmgym bench` (a fresh tiny GPT-2 per seed, "
         f"{spec.num_prompts} prompts x {spec.group_size} completions, bandit reward, each "
-        "agent's documented defaults except the learning rates of "
-        "`lmgym.training.bench.AGENT_OVERRIDES`), iterations: "
+        "agent's documented defaults except "
+        + (
+            "the learning rates of `lmgym.training.bench.AGENT_OVERRIDES`"
+            if spec.learning_rate is None
+            else f"learning_rate={spec.learning_rate:g} for every agent"
+        )
+        + "), iterations: "
         + ", ".join(f"{t.split('/')[-1]} {spec.iterations_for(t)}" for t in spec.tasks)
         + ".",
         "",
@@ -137,6 +145,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--agents", default="all", help="comma list, or all (default)")
     parser.add_argument("--tasks", default=",".join(TASKS))
     parser.add_argument("--seeds", default=",".join(map(str, SEEDS)))
+    parser.add_argument(
+        "--learning-rate", type=float, default=None, help="every agent's rate (an ablation)"
+    )
     parser.add_argument("--runs", default="benchmarks/results/stability.jsonl")
     parser.add_argument("--out", default="benchmarks/results/stability.md")
     parser.add_argument("--render-only", action="store_true", help="no runs: render --runs")
@@ -147,6 +158,7 @@ def main(argv: list[str]) -> int:
         tasks=tuple(args.tasks.split(",")),
         seeds=tuple(int(s) for s in args.seeds.split(",")),
         workers=1,
+        learning_rate=args.learning_rate,
     )
     spec.check()
     path = Path(args.runs)
