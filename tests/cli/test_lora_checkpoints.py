@@ -20,19 +20,6 @@ QUIET += ["--samples", "0", "--sample-every", "0", "--num-prompts", "2", "--grou
 LORA = ["--lora-r", "4", "--lora-target-modules", "q_proj", "v_proj", "--learning-rate", "2e-3"]
 
 
-def llama_dir(path: Path) -> Path:
-    from lmgym.char_tokenizer import make_char_tokenizer
-    from lmgym.policy import make_tiny_llama
-
-    tokenizer = make_char_tokenizer()
-    model = make_tiny_llama(
-        len(tokenizer), eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
-    )
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
-
-
 def rows(run: Path) -> list[dict[str, float]]:
     return [
         {k: v for k, v in row.items() if not k.startswith("time/")}
@@ -44,8 +31,8 @@ def train(*args: str) -> int:
     return main(["train", *QUIET, *LORA, *args])
 
 
-def test_checkpoints_reference_the_base_and_resume_exactly(tmp_path, capsys):
-    base = llama_dir(tmp_path / "llama")
+def test_checkpoints_reference_the_base_and_resume_exactly(tmp_path, capsys, tiny_llama):
+    base = tiny_llama
     whole, split = tmp_path / "whole", tmp_path / "split"
     common = ["--model", str(base), "--save-every", "1", "--keep-checkpoints", "0"]
     assert train(*common, "--iterations", "3", "--run-dir", str(whole)) == 0
@@ -64,8 +51,8 @@ def test_checkpoints_reference_the_base_and_resume_exactly(tmp_path, capsys):
     assert main(["eval", "--run", str(split), "--num-prompts", "2", "-k", "2"]) == 0
 
 
-def test_save_base_weights_keeps_the_full_base(tmp_path):
-    base = llama_dir(tmp_path / "llama")
+def test_save_base_weights_keeps_the_full_base(tmp_path, tiny_llama):
+    base = tiny_llama
     run = tmp_path / "run"
     assert (
         train(
@@ -87,8 +74,8 @@ def test_the_tiny_demo_base_is_written_whole(tmp_path):
     assert (policy / "base" / "model.safetensors").is_file()  # its temporary directory is gone
 
 
-def test_a_moved_base_is_one_line_naming_what_to_pass(tmp_path, capsys, monkeypatch):
-    base = llama_dir(tmp_path / "llama")
+def test_a_moved_base_is_one_line_naming_what_to_pass(tmp_path, capsys, monkeypatch, tiny_llama):
+    base = tiny_llama
     run = tmp_path / "run"
     assert train("--model", str(base), "--iterations", "1", "--run-dir", str(run)) == 0
     moved = tmp_path / "moved"

@@ -283,33 +283,20 @@ def test_prompt_task_mistakes_are_one_line(user_dir, monkeypatch, capsys, args, 
 
 
 # ------------------------------------------------------------------- LoRA
-def tiny_llama_dir(path: Path) -> Path:
-    """A Llama-architecture model built from a config, with the character tokenizer."""
-    from lmgym.policy import make_char_tokenizer, make_tiny_llama
-
-    tokenizer = make_char_tokenizer()
-    model = make_tiny_llama(
-        len(tokenizer), eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
-    )
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
-
-
 def teacher_forced(policy, ids: torch.Tensor) -> torch.Tensor:
     mask = torch.ones_like(ids, dtype=torch.bool)
     with torch.no_grad():
         return policy.logprobs(ids, mask, ids.shape[1] - 2, with_entropy=False)[0]
 
 
-def test_a_lora_run_reloads_its_adapter_exactly_and_resumes(tmp_path):
+def test_a_lora_run_reloads_its_adapter_exactly_and_resumes(tmp_path, tiny_llama):
     pytest.importorskip("peft")
     from lmgym.agents import GRPOConfig
     from lmgym.policy import CausalLMPolicy
     from lmgym.policy.value import AdapterDisabledReference
     from lmgym.training import TrainConfig, Trainer
 
-    model = tiny_llama_dir(tmp_path / "llama")
+    model = tiny_llama
     settings = dict(
         task="lmgym/TargetString-v0", model=str(model), lora_r=4, lora_alpha=8.0,
         num_prompts=2, group_size=4, eval_prompts=2, eval_samples=2, samples=0,
@@ -353,9 +340,9 @@ def test_a_lora_run_reloads_its_adapter_exactly_and_resumes(tmp_path):
     )
 
 
-def test_lora_from_the_command_line(tmp_path, capsys):
+def test_lora_from_the_command_line(tmp_path, capsys, tiny_llama):
     pytest.importorskip("peft")
-    model = tiny_llama_dir(tmp_path / "llama")
+    model = tiny_llama
     run = tmp_path / "run"
     args = ["--model", str(model), "--lora-r", "4", "--lora-target-modules", "q_proj", "v_proj"]
     assert train(*args, "--iterations", "1", "--run-dir", str(run)) == 0
