@@ -34,7 +34,7 @@ from lmgym.envs.rewards import (
 )
 from lmgym.envs.single import TokenEnv, single_env_factory
 from lmgym.envs.token_env import TokenVectorEnv
-from lmgym.policy.special_tokens import stop_ids_for
+from lmgym.special_tokens import stop_ids_for
 
 register_all()
 

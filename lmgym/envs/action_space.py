@@ -1,6 +1,6 @@
 """Action spaces over token ids that leave out the ids the env refuses.
 
-The env refuses special tokens other than its stop ids (``lmgym.policy.special_tokens``);
+The env refuses special tokens other than its stop ids (``lmgym.special_tokens``);
 those ids are not contiguous (``<eos>`` often sits between ``<pad>`` and ``<unk>``),
 so a plain ``Discrete`` cannot describe the legal actions. ``TokenActionSpace`` is
 ``Discrete(V)`` whose ``sample`` draws only legal ids and whose ``contains`` is False

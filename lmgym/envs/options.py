@@ -36,7 +36,7 @@ from lmgym.envs.token_env import (
     TokenVectorEnv,
     Unfinished,
 )
-from lmgym.policy.special_tokens import AllowedSpecialTokens
+from lmgym.special_tokens import AllowedSpecialTokens
 from lmgym.types import PromptSource, RewardModel
 
 VectorFactory = Callable[..., TokenVectorEnv]

@@ -91,13 +91,13 @@ from lmgym.envs.prompts import RowColumns, build_prompt_table
 from lmgym.envs.rewards import call_reward
 from lmgym.envs.stream import PromptStream
 from lmgym.envs.text import completion_texts, infer_completion_mask
-from lmgym.policy.special_tokens import (
+from lmgym.profiling import ENV_RESET, ENV_STEP, REWARD, labelled, phase
+from lmgym.special_tokens import (
     AllowedSpecialTokens,
     refused_special_ids,
     special_token_ids,
     token_names,
 )
-from lmgym.profiling import ENV_RESET, ENV_STEP, REWARD, labelled, phase
 from lmgym.types import PromptSource, RewardInput, RewardModel
 
 RewardMode = Literal["bandit", "per_token"]

@@ -54,14 +54,14 @@ from lmgym.policy.kv_engine import KVCacheRollout, PolicyState
 from lmgym.policy.logprobs import token_logprobs
 from lmgym.policy.packaged import local_model_path
 from lmgym.policy.sampling import check_sampling_settings, logprob_temperature
-from lmgym.policy.special_tokens import (
+from lmgym.profiling import LM_HEAD, LOGPROBS, TEACHER_FORCED, TRUNK, labelled
+from lmgym.special_tokens import (
     AllowedSpecialTokens,
     check_special_tokens_match,
     refused_special_ids,
     stop_ids_for,
     token_names,
 )
-from lmgym.profiling import LM_HEAD, LOGPROBS, TEACHER_FORCED, TRUNK, labelled
 
 if TYPE_CHECKING:
     from lmgym.envs.token_env import TokenVectorEnv

@@ -43,8 +43,8 @@ from lmgym.policy.packaged import (
     PackagedModelMissingError,
     cache_root,
 )
-from lmgym.policy.special_tokens import special_token_ids
 from lmgym.rollout import ContinuousCollector, collect
+from lmgym.special_tokens import special_token_ids
 from lmgym.types import RolloutBatch
 
 MODEL = "smollm2-135m-instruct"
