@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from lmgym.persistence.manifest import CheckpointError
+from lmgym.persistence.write_errors import writing
 
 _PLAIN = (torch.Tensor, type(None), bool, int, float, str, bytes)
 
@@ -57,9 +58,11 @@ def save_state(state: dict[str, Any], path: str | Path, name: str = "state") -> 
 
     Raises:
         TypeError: some value is another object (the message names it).
+        OSError: the write failed (a full disk), naming ``path``.
     """
     check_plain(state, name)
-    torch.save(state, path)
+    with writing(path):
+        torch.save(state, path)
 
 
 def load_state(path: str | Path, map_location: torch.device | str | None = None) -> dict[str, Any]:
