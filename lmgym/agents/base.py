@@ -35,7 +35,7 @@ from lmgym.agents.prepare import prepare_batch
 from lmgym.agents.ratios import tis_weights
 from lmgym.agents.records import Counts, MicroBatchLoss, PolicyOutput, PreparedBatch, UpdateLog
 from lmgym.agents.report import update_metrics
-from lmgym.agents.rollout_source import collect_batch, seeded_generators
+from lmgym.agents.rollout_source import RolloutSource, collect_batch, seeded_generators
 from lmgym.distributed import DataParallelGroup
 from lmgym.envs.rewards import reward_component_means
 from lmgym.envs.token_env import TokenVectorEnv
@@ -44,7 +44,7 @@ from lmgym.persistence.agent import load_agent, save_agent
 from lmgym.policy.causal_lm import CausalLMPolicy
 from lmgym.policy.value import Critic
 from lmgym.profiling import BACKWARD, LOSS, METRICS, OPTIMIZER, PREPARE, phase
-from lmgym.rollout import ContinuousCollector, score_policy
+from lmgym.rollout import score_policy
 from lmgym.types import RolloutBatch
 
 ConfigT = TypeVar("ConfigT", bound=AgentConfig)
@@ -109,8 +109,7 @@ class Agent(Generic[ConfigT]):
         self.generator, self._shuffle = seeded_generators(
             self.config.seed, self.policy.device, self.group.rank
         )
-        self._collector: ContinuousCollector | None = None
-        self._env_seeded = False  # the env is seeded with config.seed on the first draw
+        self.rollouts = RolloutSource(self.env, self.policy, self.generator, self.config.seed)
         self.iteration = self.tokens_generated = 0
 
     # ------------------------------------------------------------ algorithm
@@ -189,6 +188,12 @@ class Agent(Generic[ConfigT]):
         metrics.update(reward_component_means(self.env))  # CombinedReward's parts, if any
         return metrics
 
+    def count_update(self, tokens_generated: int) -> None:
+        """Count an update trained outside ``step`` (an asynchronous learner's), with the
+        run's completion tokens so far (sampled by the actors)."""
+        self.iteration += 1
+        self.tokens_generated = tokens_generated
+
     def counters(self) -> dict[str, float]:
         """``iteration``, ``tokens_generated`` and the ``learning_rate`` after the update."""
         return {
@@ -198,8 +203,13 @@ class Agent(Generic[ConfigT]):
         }
 
     def collect(self) -> tuple[RolloutBatch, int]:
-        """``(batch of env.num_envs completions, groups_dropped)`` (``rollout_source``)."""
-        return collect_batch(self)
+        """``(batch of env.num_envs completions, groups_dropped)`` (``rollout_source``);
+        the completion tokens sampled are counted in ``tokens_generated``."""
+        batch, dropped, tokens = collect_batch(
+            self.rollouts, self.config, self.group, self.iteration
+        )
+        self.tokens_generated += tokens
+        return batch, dropped
 
     # ---------------------------------------------------------------- update
     def train_on_batch(self, batch: RolloutBatch) -> dict[str, float]:
@@ -308,6 +318,56 @@ class Agent(Generic[ConfigT]):
         return score_policy(env, self.policy, num_batches, seed, training_env=self.env)
 
     # -------------------------------------------------------------- save/load
+    def state_dict(self) -> dict[str, Any]:
+        """Everything besides the weights and the config needed to continue exactly:
+        tensors and plain data (``lmgym.persistence.agent`` writes it as ``agent_state.pt``).
+
+        Keys: ``algorithm``, ``iteration``, ``tokens_generated``, ``optimizer``,
+        ``lr_scheduler``, ``generator`` and ``shuffle`` (RNG states), ``critic`` (its
+        head, and trunk when separate), ``env`` (the prompt stream, once started),
+        ``helpers`` (every dataclass attribute but the config, e.g. REINFORCE's EMA
+        baseline) and ``sampling`` (the policy's ``from_pretrained`` settings).
+        """
+        helpers = {
+            name: dataclasses.asdict(value)
+            for name, value in vars(self).items()
+            if dataclasses.is_dataclass(value)
+            and not isinstance(value, type)
+            and value is not self.config
+        }
+        return {
+            "algorithm": self.name,
+            "iteration": self.iteration,
+            "tokens_generated": self.tokens_generated,
+            "optimizer": self.optimizer.state_dict(),
+            "lr_scheduler": self.lr_schedule.state_dict(),
+            "generator": self.generator.get_state(),
+            "shuffle": self._shuffle.get_state(),
+            "critic": self.critic.state_dict_for_save() if self.critic is not None else None,
+            "env": self.rollouts.state(),
+            "helpers": helpers,
+            "sampling": self.policy.settings(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from what ``state_dict`` returned (on an agent built with the same
+        config and weights); ``sampling`` is read by the loader, not here."""
+        self.lr_schedule.restore_length(state.get("lr_scheduler"))
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.lr_schedule.load_state_dict(state.get("lr_scheduler"))
+        self.generator.set_state(state["generator"].cpu())
+        self._shuffle.set_state(state["shuffle"].cpu())
+        if self.critic is not None and state["critic"] is not None:
+            self.critic.load_from_save(state["critic"])
+        for name, values in state.get("helpers", {}).items():
+            helper = getattr(self, name, None)
+            if helper is not None:
+                for key, value in values.items():
+                    setattr(helper, key, value)
+        self.iteration = state["iteration"]
+        self.tokens_generated = state["tokens_generated"]
+        self.rollouts.restore(state.get("env"))
+
     def save(self, path: str | Path) -> Path:
         """Write the agent to the directory ``path`` atomically (``lmgym.persistence.agent``)."""
         return save_agent(self, path)

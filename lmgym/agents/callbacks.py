@@ -4,12 +4,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from lmgym.agents.base import Agent
-
-Callback = Callable[["Agent", dict[str, float]], bool | None]
+# The first argument is the learning ``lmgym.agents.Agent``; typed ``Any`` because
+# naming it here would make this module and ``agents.base`` import each other.
+Callback = Callable[[Any, dict[str, float]], bool | None]
 """Called after every iteration with the agent and its metrics; returning False stops learning.
 
 A callback object may also define ``on_learn_start(agent)`` and

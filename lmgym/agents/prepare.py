@@ -11,7 +11,7 @@ the loss only (docs/algorithms.md#conventions).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -22,11 +22,25 @@ from lmgym.agents.dapo import overlong_penalty
 from lmgym.agents.kl import kl_in_reward
 from lmgym.agents.numerics import check_finite
 from lmgym.agents.records import PreparedBatch
+from lmgym.distributed import DataParallelGroup
 from lmgym.policy.causal_lm import CausalLMPolicy
+from lmgym.policy.value import Critic
 from lmgym.types import RolloutBatch
 
-if TYPE_CHECKING:
-    from lmgym.agents.base import Agent
+
+class Learner(Protocol):
+    """What ``prepare_batch`` reads of an agent (``lmgym.agents.Agent`` has all of it)."""
+
+    config: AgentConfig
+    policy: CausalLMPolicy
+    ref_policy: CausalLMPolicy | None
+    critic: Critic | None
+    group: DataParallelGroup
+    iteration: int
+
+    def advantages(
+        self, batch: RolloutBatch, rewards: Tensor, mask: Tensor, values: Tensor | None
+    ) -> tuple[Tensor, Tensor | None]: ...
 
 
 def shaped_rewards(
@@ -69,7 +83,7 @@ def teacher_forced(
 
 
 @torch.no_grad()
-def prepare_batch(agent: Agent, batch: RolloutBatch) -> PreparedBatch:
+def prepare_batch(agent: Learner, batch: RolloutBatch) -> PreparedBatch:
     """``agent``'s ``PreparedBatch`` of ``batch`` (on the policy's device), its
     advantages from ``agent.advantages`` over every rank's rows.
 

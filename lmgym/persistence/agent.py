@@ -3,16 +3,20 @@
 Layout of a saved agent (also ``agent/`` inside a training checkpoint)::
 
     policy/              save_pretrained: safetensors weights, config, tokenizer
-    agent_state.pt       optimizer, sampler and shuffle RNG, the env's prompt stream,
-                         iteration and token counters, critic head, stateful helpers
-                         (REINFORCE's EMA baseline), sampling settings
+    agent_state.pt       the agent's ``state_dict()``: optimizer, sampler and shuffle
+                         RNG, the env's prompt stream, iteration and token counters,
+                         critic head, stateful helpers (REINFORCE's EMA baseline),
+                         sampling settings
     agent_config.json    {"algorithm", **the config}
     manifest.json        size + SHA-256 of every file above (written last)
 
 ``agent_state.pt`` holds only tensors and plain data and is read with
 ``torch.load(weights_only=True)`` (``lmgym.persistence.state``); the weights are
 safetensors, and a policy directory carrying a pickle-based weight file is
-refused. ``load`` verifies the manifest before it reads any file.
+refused. ``load`` verifies the manifest and every safetensors header before it
+reads any file, then rebuilds the agent and hands it ``load_state_dict(state)``:
+this module reads no private field of an agent and imports nothing of
+``lmgym.agents``.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 import torch
 
@@ -32,10 +36,10 @@ from lmgym.persistence.manifest import (
     verify_manifest,
     write_manifest,
 )
-from lmgym.persistence.state import load_state, save_state
+from lmgym.persistence.state import global_rng_state, load_state, save_state
+from lmgym.persistence.write_errors import writing
 
 if TYPE_CHECKING:
-    from lmgym.agents.base import Agent
     from lmgym.envs.token_env import TokenVectorEnv
     from lmgym.policy.causal_lm import CausalLMPolicy
 
@@ -45,35 +49,29 @@ POLICY_DIR = "policy"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 """Weight formats that unpickle on load: never read from a checkpoint's policy directory."""
 
-AgentT = TypeVar("AgentT", bound="Agent")
+
+class SavableAgent(Protocol):
+    """What this module needs of an agent (``lmgym.agents.Agent`` has all of it)."""
+
+    name: ClassVar[str]
+    config: Any
+    policy: CausalLMPolicy
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
-def agent_state(agent: Agent) -> dict[str, Any]:
-    """Everything besides the weights and the config that ``load`` needs to continue exactly."""
-    helpers = {
-        name: dataclasses.asdict(value)
-        for name, value in vars(agent).items()
-        if dataclasses.is_dataclass(value)
-        and not isinstance(value, type)
-        and value is not agent.config
-    }
-    return {
-        "algorithm": agent.name,
-        "iteration": agent.iteration,
-        "tokens_generated": agent.tokens_generated,
-        "optimizer": agent.optimizer.state_dict(),
-        "lr_scheduler": agent.lr_schedule.state_dict(),
-        "generator": agent.generator.get_state(),
-        "shuffle": agent._shuffle.get_state(),
-        "critic": agent.critic.state_dict_for_save() if agent.critic is not None else None,
-        "env": agent.env.get_state() if agent._env_seeded else None,
-        "helpers": helpers,
-        # Sampling, weight dtype, mixed precision, checkpointing: from_pretrained's settings.
-        "sampling": agent.policy.settings(),
-    }
+AgentT = TypeVar("AgentT", bound=SavableAgent)
 
 
-def rank_state(agent: Agent) -> dict[str, Any]:
+def agent_state(agent: SavableAgent) -> dict[str, Any]:
+    """Everything besides the weights and the config that ``load`` needs to continue
+    exactly: ``agent.state_dict()``."""
+    return agent.state_dict()
+
+
+def rank_state(agent: SavableAgent) -> dict[str, Any]:
     """What differs between data-parallel ranks: the sampler and shuffle RNG, the env's
     prompt stream (its shard), the process's global RNG, the token counter and, under
     ``data_parallel="fsdp"``, the optimizer state (this rank's shard, marked ``MARKER``).
@@ -81,26 +79,29 @@ def rank_state(agent: Agent) -> dict[str, Any]:
     A checkpoint of an N-process run holds one per rank (``trainer_state["ranks"]``);
     ``load_agent(rank_state=...)`` restores a rank's own. Plain data and CPU tensors.
     """
-    from lmgym.persistence.state import global_rng_state
-
+    full = agent.state_dict()
     state = {
-        "generator": agent.generator.get_state().cpu(),
-        "shuffle": agent._shuffle.get_state(),
-        "env": agent.env.get_state() if agent._env_seeded else None,
+        "generator": full["generator"].cpu(),
+        "shuffle": full["shuffle"],
+        "env": full["env"],
         "rng": global_rng_state(),
-        "tokens_generated": agent.tokens_generated,
+        "tokens_generated": full["tokens_generated"],
     }
-    optimizer = agent.optimizer.state_dict()
-    if MARKER in optimizer:  # a whole optimizer is the same on every rank: saved once
-        state["optimizer"] = optimizer
+    if MARKER in full["optimizer"]:  # a whole optimizer is the same on every rank: saved once
+        state["optimizer"] = full["optimizer"]
     return state
 
 
-def write_agent(agent: Agent, directory: Path) -> None:
+def write_agent(agent: SavableAgent, directory: Path) -> None:
     """Write the agent's files and their ``manifest.json`` into the empty ``directory``
-    (part of an ``atomic_directory``: it is not renamed into place here)."""
+    (part of an ``atomic_directory``: it is not renamed into place here).
+
+    Raises:
+        OSError: a write failed (a full disk), naming the file or directory.
+    """
     directory.mkdir(parents=True, exist_ok=True)
-    agent.policy.save_pretrained(directory / POLICY_DIR)
+    with writing(directory / POLICY_DIR):
+        agent.policy.save_pretrained(directory / POLICY_DIR)
     if not any((directory / POLICY_DIR).glob("*.safetensors")):
         # transformers' save_pretrained writes nothing on ranks other than 0 once a
         # torch.distributed group exists: a checkpoint without weights must not land.
@@ -116,11 +117,16 @@ def write_agent(agent: Agent, directory: Path) -> None:
     write_manifest(directory)
 
 
-def save_agent(agent: Agent, path: str | Path) -> Path:
+def save_agent(agent: SavableAgent, path: str | Path) -> Path:
     """``Agent.save``: write ``path`` atomically (see the module docstring for the layout).
 
     Returns:
         ``path``.
+
+    Raises:
+        FileExistsError: ``path`` is a file or a symbolic link (only a directory is
+            replaced).
+        OSError: a write failed (a full disk); ``path`` is then untouched.
     """
     path = Path(path)
     with atomic_directory(path) as tmp:
@@ -133,8 +139,8 @@ def check_agent_dir(path: Path) -> None:
 
     Raises:
         FileNotFoundError: a required file is missing (not a saved agent).
-        CheckpointError: the manifest does not match, or the policy directory holds
-            a pickle-based weight file.
+        CheckpointError: the manifest does not match, the policy directory holds
+            a pickle-based weight file, or a safetensors file's header is unreadable.
     """
     for needed in (CONFIG_FILE, STATE_FILE, POLICY_DIR, MANIFEST_FILE):
         if not (path / needed).exists():
@@ -153,6 +159,30 @@ def check_agent_dir(path: Path) -> None:
             f"checkpoint {path} is refused: {', '.join(pickled)} is a pickle-based weight file "
             "(loading it could run code); lmgym checkpoints hold safetensors weights only"
         )
+    check_safetensors(path / POLICY_DIR)
+
+
+def check_safetensors(directory: Path) -> None:
+    """Read the header of every ``*.safetensors`` file under ``directory``.
+
+    The manifest only proves the files are those that were listed: one damaged
+    before the manifest was (re)written passes it and would fail deep inside the
+    model loader.
+
+    Raises:
+        CheckpointError: one line naming the file that cannot be read.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    for file in sorted(directory.rglob("*.safetensors")):
+        try:
+            with safe_open(str(file), framework="pt") as handle:
+                handle.keys()
+        except (SafetensorError, OSError, ValueError) as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise CheckpointError(
+                f"checkpoint file {file} is not a readable safetensors file ({first[:200]})"
+            ) from None
 
 
 def load_agent(
@@ -203,22 +233,6 @@ def load_agent(
     policy = CausalLMPolicy.from_pretrained(path / POLICY_DIR, device=device, **state["sampling"])
     if ref_policy is None and policy.is_peft and saved.get("beta", 0) > 0:
         ref_policy = frozen_copy(policy)  # the base under the adapter: exact, no copy
-    agent = cls(policy, env, ref_policy, config=cls.config_class(**saved))
-    agent.lr_schedule.restore_length(state.get("lr_scheduler"))
-    agent.optimizer.load_state_dict(state["optimizer"])
-    agent.lr_schedule.load_state_dict(state.get("lr_scheduler"))
-    agent.generator.set_state(state["generator"].cpu())
-    agent._shuffle.set_state(state["shuffle"].cpu())
-    if agent.critic is not None and state["critic"] is not None:
-        agent.critic.load_from_save(state["critic"])
-    for name, values in state.get("helpers", {}).items():
-        helper = getattr(agent, name, None)
-        if helper is not None:
-            for key, value in values.items():
-                setattr(helper, key, value)
-    agent.iteration = state["iteration"]
-    agent.tokens_generated = state["tokens_generated"]
-    if state.get("env") is not None:
-        env.set_state(state["env"])
-        agent._env_seeded = True
+    agent = cls(policy, env, ref_policy, config=cls.config_class(**saved))  # type: ignore[call-arg]
+    agent.load_state_dict(state)
     return agent
