@@ -7,10 +7,14 @@
 - ``state``: non-weight state saved as tensors and plain data and loaded with
   ``torch.load(weights_only=True)``: nothing on disk is unpickled.
 - ``agent``: the layout ``Agent.save`` writes and ``Agent.load`` reads.
-- ``lock``: an exclusive, crash-safe lock on a directory (``filelock``).
+- ``lock``: an exclusive, crash-safe lock on a directory (``flock`` on the
+  directory itself, so deleting a file cannot defeat it).
+- ``write_errors``: the errors libraries raise on a failed write (a full disk
+  inside ``torch.save`` or safetensors) turned into ``OSError`` naming the file.
 
 This package imports nothing from ``lmgym.agents`` or ``lmgym.training``, so both
-can use it without an import cycle.
+can use it without an import cycle: an agent hands it ``state_dict()`` and takes
+back ``load_state_dict(...)``.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from lmgym.persistence.atomic import (
     complete_lines,
     recover_leftovers,
 )
-from lmgym.persistence.lock import DirectoryLock, DirectoryLockedError
+from lmgym.persistence.lock import DirectoryLock, DirectoryLockedError, LockFileError
 from lmgym.persistence.manifest import CheckpointError, verify_manifest, write_manifest
 from lmgym.persistence.state import (
     global_rng_state,
@@ -36,6 +40,7 @@ __all__ = [
     "CheckpointError",
     "DirectoryLock",
     "DirectoryLockedError",
+    "LockFileError",
     "append_line",
     "atomic_directory",
     "atomic_write_text",

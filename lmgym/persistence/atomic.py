@@ -14,7 +14,8 @@ Every durable write lmgym makes goes through one of these helpers:
 ``recover_leftovers`` cleans what a crash between those steps leaves behind
 (``.NAME.tmp-PID`` directories and files; a ``.NAME.old-PID`` directory is put
 back if its replacement never arrived). Call it only while holding the
-directory's lock (``DirectoryLock``), when no other writer can be mid-write.
+directory's lock (``DirectoryLock``); even then it touches only the leftovers of
+processes that are no longer running, never another live process's files.
 
 ``write_point(label)`` is called between the steps. It does nothing; the tests
 in ``tests/reliability`` replace it to kill the process, or raise ``ENOSPC``,
@@ -32,7 +33,7 @@ from pathlib import Path
 
 from lmgym.persistence.manifest import fsync_path, write_manifest
 
-_LEFTOVER = re.compile(r"\.(?P<name>.+)\.(?P<kind>tmp|old)-\d+")
+_LEFTOVER = re.compile(r"\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)")
 
 
 def write_point(label: str) -> None:
@@ -41,6 +42,21 @@ def write_point(label: str) -> None:
 
 def _tmp_name(path: Path, kind: str = "tmp") -> Path:
     return path.with_name(f".{path.name}.{kind}-{os.getpid()}")
+
+
+def _running(pid: int) -> bool:
+    """Whether another process with this PID is running now (this process counts as not)."""
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists, under another user
+    except (OverflowError, OSError):
+        return False  # not a PID this system can have
+    return True
 
 
 def atomic_write_text(path: str | Path, text: str) -> Path:
@@ -124,8 +140,18 @@ def atomic_directory(path: str | Path, manifest: Iterable[str] | None = None) ->
 
     Yields:
         The temporary directory to write into.
+
+    Raises:
+        FileExistsError: ``path`` is a file or a symbolic link: only a directory
+            is replaced (nothing is written).
     """
     final = Path(path)
+    if final.is_symlink() or (final.exists() and not final.is_dir()):
+        kind = "a symbolic link" if final.is_symlink() else "a file"
+        raise FileExistsError(
+            f"{final} is {kind}, not a directory; save to a new path or to a directory "
+            "written before (only those are replaced)"
+        )
     tmp = _tmp_name(final)
     if tmp.exists():
         shutil.rmtree(tmp)
@@ -148,7 +174,8 @@ def recover_leftovers(directory: str | Path) -> list[str]:
     ``.NAME.tmp-PID`` files and directories are deleted (their content never made
     it into place); a ``.NAME.old-PID`` directory is renamed back to ``NAME`` when
     ``NAME`` is missing (the crash came between the two renames of
-    ``replace_directory``) and deleted otherwise.
+    ``replace_directory``) and deleted otherwise. A leftover whose PID is a running
+    process other than this one is left alone: it may be that process's write.
 
     Returns:
         What was done, one line per leftover, e.g. ``"removed .iter_000004.tmp-123"``.
@@ -159,7 +186,7 @@ def recover_leftovers(directory: str | Path) -> list[str]:
     done = []
     for entry in sorted(directory.iterdir()):
         match = _LEFTOVER.fullmatch(entry.name)
-        if match is None:
+        if match is None or _running(int(match["pid"])):
             continue
         final = directory / match["name"]
         if match["kind"] == "old" and entry.is_dir() and not final.exists():
