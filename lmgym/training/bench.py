@@ -24,14 +24,12 @@ with every curve) and writes them with one PNG of learning curves per task
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import multiprocessing
 import os
 import resource
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,188 +46,20 @@ from lmgym.training.bench_report import (  # noqa: F401  (re-exported: the repor
     summarize,
     write_report,
 )
-
-DEFAULT_AGENTS: tuple[str, ...] = ("reinforce", "rloo", "ppo", "grpo", "gspo", "cispo")
-"""The agents of the committed results (``lmgym bench --agents all`` runs every one of
-``lmgym.agents.ALGORITHMS``; the default stays at these six to keep its ~14 minutes)."""
-DEFAULT_TASKS: tuple[str, ...] = (
-    "lmgym/TargetString-v0",
-    "lmgym/LengthControl-v0",
-    "lmgym/Preference-v0",
+from lmgym.training.bench_spec import (  # noqa: F401  (re-exported: the spec's API)
+    AGENT_OVERRIDES,
+    DEFAULT_AGENTS,
+    DEFAULT_ITERATIONS,
+    DEFAULT_OUT,
+    DEFAULT_SEEDS,
+    DEFAULT_TASKS,
+    TASK_ITERATIONS,
+    BenchSpec,
 )
-DEFAULT_SEEDS: tuple[int, ...] = (0, 1, 2)
-DEFAULT_OUT = "benchmarks/results/agents"
-TASK_ITERATIONS: dict[str, int] = {
-    "lmgym/TargetString-v0": 150,
-    "lmgym/LengthControl-v0": 250,
-    "lmgym/Preference-v0": 100,
-}
-"""Iterations per task (the same for every agent); other tasks get ``DEFAULT_ITERATIONS``."""
-DEFAULT_ITERATIONS = 150
-AGENT_OVERRIDES: dict[str, dict[str, Any]] = {
-    "reinforce": {"learning_rate": 2e-3},
-    "rloo": {"learning_rate": 2e-3},
-    "ppo": {},
-    "grpo": {"learning_rate": 2e-3},
-    "drgrpo": {"learning_rate": 1e-3},
-    "gspo": {"learning_rate": 2e-3},
-    "cispo": {"learning_rate": 1e-3},
-    "reinforce_pp": {"learning_rate": 2e-3},
-    "gspo_token": {"learning_rate": 2e-3},
-    "dual_clip_ppo": {},
-    # Without the entropy bonus ReMax collapses onto its greedy completion (remax.py).
-    "remax": {"learning_rate": 2e-3, "entropy_coef": 0.02},
-    "vapo": {},
-}
-"""Config overrides per agent: the settings of tests/agents/test_learning.py's CASES
-(the PPO family and VAPO: their defaults)."""
-# Relative cost of an iteration, to start the longest runs first.
-_COST = {"ppo": 3.0, "dual_clip_ppo": 3.0, "vapo": 3.0, "remax": 1.5}
 
 
 class BenchOutputExistsError(FileExistsError):
     """The output directory already holds results and ``overwrite`` was not given."""
-
-
-@dataclass(frozen=True)
-class BenchSpec:
-    """What ``run_bench`` runs.
-
-    Attributes:
-        agents: algorithm names (``ALGORITHMS`` keys).
-        tasks: task ids.
-        seeds: one run per seed (model init, sampler, prompt order).
-        iterations: for every task; ``None``: ``TASK_ITERATIONS`` (else 150).
-        num_prompts, group_size: batch shape, the same for every agent.
-        workers: processes running at once (a fresh one per run); 0 runs everything in
-            this process. Default 1: concurrent runs share the CPU caches and memory
-            bandwidth and, on a 2-vCPU machine measured for the committed results, slowed
-            each other about 2x, which gained nothing and made wall times meaningless.
-        window: iterations in the rolling mean (final reward, solved threshold).
-        agent_overrides: config overrides per agent.
-        env_kwargs: extra env factory arguments per task.
-        model: a local directory or hub name of a causal LM (``None``: the tiny GPT-2).
-        learning_rate: every agent's learning rate (``None``: ``agent_overrides``').
-    """
-
-    agents: tuple[str, ...] = DEFAULT_AGENTS
-    tasks: tuple[str, ...] = DEFAULT_TASKS
-    seeds: tuple[int, ...] = DEFAULT_SEEDS
-    iterations: int | None = None
-    num_prompts: int = 4
-    group_size: int = 8
-    workers: int = 1
-    window: int = 5
-    agent_overrides: dict[str, dict[str, Any]] = field(
-        default_factory=lambda: {k: dict(v) for k, v in AGENT_OVERRIDES.items()}
-    )
-    env_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)
-    model: str | None = None
-    learning_rate: float | None = None
-
-    @classmethod
-    def quick(cls) -> BenchSpec:
-        """A smoke run for tests: one task, two agents, one seed, 6 iterations, in-process."""
-        return cls(
-            agents=("grpo", "rloo"),
-            tasks=("lmgym/TargetString-v0",),
-            seeds=(0,),
-            iterations=6,
-            workers=0,
-            window=3,
-        )
-
-    def replace(self, **changes: Any) -> BenchSpec:
-        """A copy with the non-``None`` ``changes`` applied (sequences become tuples)."""
-        changes = {
-            k: tuple(v) if isinstance(v, list) else v for k, v in changes.items() if v is not None
-        }
-        return dataclasses.replace(self, **changes)
-
-    def iterations_for(self, task: str) -> int:
-        """The iteration budget of ``task``."""
-        if self.iterations is not None:
-            return self.iterations
-        return TASK_ITERATIONS.get(task, DEFAULT_ITERATIONS)
-
-    def check(self) -> None:
-        """Raise ``ValueError`` naming bad agents/tasks (with the valid ones) or sizes.
-
-        A ``module:Id`` task's module is imported here; ``model`` is resolved
-        (``resolve_model``: a missing directory or an unreachable hub name fails now).
-        """
-        import lmgym  # noqa: F401  (registers the tasks)
-        from lmgym.agents import ALGORITHMS
-        from lmgym.envs.registration import TASKS
-        from lmgym.training.user_code import check_task_factory, resolve_task
-
-        bad = [a for a in self.agents if a not in ALGORITHMS]
-        if bad:
-            raise ValueError(
-                f"unknown agent(s) {', '.join(bad)}; valid: {', '.join(sorted(ALGORITHMS))} "
-                "(or all)"
-            )
-        bad = []
-        for task in self.tasks:
-            try:
-                env_id = resolve_task(task)
-            except ValueError:
-                if ":" in task:
-                    raise
-                bad.append(task)
-                continue
-            if env_id in TASKS and not TASKS[env_id].available():
-                bad.append(task)
-            else:
-                check_task_factory(env_id, task)
-        if bad:
-            valid = sorted(t for t, info in TASKS.items() if info.available())
-            raise ValueError(
-                f"unknown task(s) {', '.join(bad)}; valid: {', '.join(valid)}, or your own "
-                "as module:TaskId-v0"
-            )
-        if self.model is not None:
-            from lmgym.training.model_source import resolve_model
-
-            resolve_model(self.model)
-        if self.learning_rate is not None and not self.learning_rate > 0:
-            raise ValueError(f"learning_rate={self.learning_rate}: must be > 0")
-        if not self.agents or not self.tasks or not self.seeds:
-            raise ValueError("agents, tasks and seeds must each name at least one")
-        for name in ("num_prompts", "group_size", "window"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)}: must be >= 1")
-        if self.iterations is not None and self.iterations < 1:
-            raise ValueError(f"iterations={self.iterations}: must be >= 1")
-        if self.workers < 0:
-            raise ValueError(f"workers={self.workers}: must be >= 0")
-
-    def overrides_for(self, agent: str) -> dict[str, Any]:
-        """``agent``'s config overrides (``learning_rate`` replacing its rate when set)."""
-        overrides = dict(self.agent_overrides.get(agent, {}))
-        if self.learning_rate is not None:
-            overrides["learning_rate"] = self.learning_rate
-        return overrides
-
-    def jobs(self) -> list[dict[str, Any]]:
-        """One job per (task, agent, seed), longest first."""
-        jobs = [
-            {
-                "agent": agent,
-                "task": task,
-                "seed": seed,
-                "iterations": self.iterations_for(task),
-                "num_prompts": self.num_prompts,
-                "group_size": self.group_size,
-                "overrides": self.overrides_for(agent),
-                "env_kwargs": dict(self.env_kwargs.get(task, {})),
-                "model": self.model,
-            }
-            for task in self.tasks
-            for agent in self.agents
-            for seed in self.seeds
-        ]
-        return sorted(jobs, key=lambda j: -j["iterations"] * _COST.get(j["agent"], 1.0))
 
 
 def _rss_mib() -> float:

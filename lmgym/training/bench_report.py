@@ -1,7 +1,7 @@
 """The agent benchmark's report: summary numbers, Markdown tables, learning-curve PNGs.
 
-``lmgym.training.bench`` runs the jobs; this module turns their results into what
-``run_bench`` writes: ``summarize`` (per agent and task: the final reward as mean
+``lmgym.training.bench`` runs the jobs of a ``BenchSpec`` (``bench_spec``); this
+module turns their results into what ``run_bench`` writes: ``summarize`` (per agent and task: the final reward as mean
 +- std over seeds, the seeds that reached the solved threshold and those that kept
 it to the end, the seeds that ended on a plateau below it, iterations and tokens to
 the threshold, wall time, peak RSS), ``format_summary`` / ``format_table`` (Markdown), ``plot_curves`` (reward
@@ -27,9 +27,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lmgym.training.bench_spec import DEFAULT_OUT, BenchSpec
+
 if TYPE_CHECKING:
     from lmgym.envs.registration import TaskInfo
-    from lmgym.training.bench import BenchSpec
 
 THRESHOLD_TOLERANCE = 1e-6
 """Slack when comparing a rolling mean of float32 rewards with a threshold."""
@@ -289,8 +290,6 @@ def _task_text(task: str) -> str:
 
 def bench_command(spec: BenchSpec, out: str | Path) -> str:
     """The ``lmgym bench`` command line that reproduces ``spec``."""
-    from lmgym.training.bench import DEFAULT_OUT, BenchSpec
-
     default = BenchSpec()
     parts = ["lmgym", "bench"]
     if spec.agents != default.agents:

@@ -71,7 +71,11 @@ def agent_on(
     model = make_tiny_model(len(tokenizer), seed=0)
     model.load_state_dict(state)
     env = gym.make_vec(TASK, num_envs=32, group_size=8, tokenizer=tokenizer)
-    overrides = {**AGENT_OVERRIDES[name], **(SHORT_WARMUP if name == "vapo" else {}), **extra}
+    overrides = {
+        **AGENT_OVERRIDES.get(name, {}),
+        **(SHORT_WARMUP if name == "vapo" else {}),
+        **extra,
+    }
     agent_class = agent_class or ALGORITHMS[name]
     return agent_class(CausalLMPolicy(model, tokenizer), env, seed=seed, **overrides)
 

