@@ -2,7 +2,7 @@
 every task shares, rewards, prompt sources, tasks and registration."""
 
 from lmgym.envs.action_space import TokenActionSpace, TokenActionsSpace
-from lmgym.envs.options import ENV_OPTION_NAMES, EnvOptions, task_factory
+from lmgym.envs.options import ENV_OPTION_NAMES, EnvOptions
 from lmgym.envs.prompts import (
     DatasetColumn,
     JsonlPrompts,
@@ -33,6 +33,7 @@ from lmgym.envs.rewards import (
     reward_component_means,
 )
 from lmgym.envs.single import TokenEnv, single_env_factory
+from lmgym.envs.task_factory import task_factory
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.special_tokens import stop_ids_for
 

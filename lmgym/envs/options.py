@@ -1,72 +1,77 @@
 """The env options every task takes, declared once.
 
-``EnvOptions`` holds the options of ``TokenVectorEnv`` that a task does not fix
-itself: batching (``num_envs``, ``group_size``), the token budget, the reward
+``EnvOptions`` is the record of a ``TokenVectorEnv``'s options that a task does not
+fix itself: batching (``num_envs``, ``group_size``), the token budget, the reward
 mode and its forms, the unfinished-completion policy, stop ids, special tokens,
-reset mode, prompt order, sharding, rendering, tokenizer and device.
-
-``task_factory`` turns a task's body ``body(options, **task_params) ->
-TokenVectorEnv`` into its Gymnasium ``vector_entry_point``: one function that
-takes the task's own parameters and every ``EnvOptions`` field as keyword
-arguments, with a real signature (``inspect.signature`` lists them all with
-their annotations, so ``--env KEY=VALUE`` can be checked against it). Built-in
-tasks, ``register_reward_env`` and ``reward_env_factory`` all go through it, so
-``gymnasium.make_vec(id, tokenizer=..., per_token_form="dense", shard=(1, 2))``
-works the same for every task; ``single_env_factory`` (``lmgym.envs.single``)
-gives the ``gymnasium.make`` face with the same options.
+reset mode, prompt order, sharding, rendering, tokenizer and device. Each option's
+default, check and conversion is written here and nowhere else: the env takes the
+record (``TokenVectorEnv(tokenizer, prompts, reward, options)``, or its fields as
+keywords, which this module turns into the record), ``--env KEY=VALUE`` is typed
+from its fields (``OPTION_TYPES``), and every task's factory takes them all
+(``lmgym.envs.task_factory``).
 """
 
 from __future__ import annotations
 
-import inspect
+import types
 import typing
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields, replace
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from typing import TYPE_CHECKING, Any, Literal
 
+import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
 from lmgym.char_tokenizer import make_char_tokenizer
-from lmgym.envs.token_env import (
-    PerTokenForm,
-    PromptOrder,
-    RenderMode,
-    RewardMode,
-    TokenVectorEnv,
-    Unfinished,
-)
 from lmgym.special_tokens import AllowedSpecialTokens
 from lmgym.types import PromptSource, RewardModel
 
-VectorFactory = Callable[..., TokenVectorEnv]
+if TYPE_CHECKING:
+    from lmgym.envs.token_env import TokenVectorEnv
+
+RewardMode = Literal["bandit", "per_token"]
+PerTokenForm = Literal["potential", "dense"]
+Unfinished = Literal["score", "penalty", "mask"]
+PromptOrder = Literal["shuffle", "sequential"]
+RenderMode = Literal["ansi"]
+
+#: The token budget of an env whose options and task leave ``max_new_tokens`` unset.
+DEFAULT_MAX_NEW_TOKENS = 32
 
 
 @dataclass(frozen=True)
 class EnvOptions:
-    """Options every task accepts, in ``gymnasium.make_vec`` and ``gymnasium.make`` alike.
+    """Options every task accepts, in ``gymnasium.make_vec`` and ``gymnasium.make``
+    alike, and the record a ``TokenVectorEnv`` keeps as ``env.options``.
 
     A task may change a default (``ArithmeticProcess`` defaults to
     ``reward_mode="per_token"``); its factory's signature shows the defaults it uses.
-    See ``TokenVectorEnv`` for what each option does.
+    Every value is checked when the record is made (a bad one is a ``ValueError``
+    naming the field); ``shard``, ``device`` and ``unfinished_penalty`` are stored
+    normalised (``(int, int)``, ``torch.device``, ``float``).
 
     Attributes:
-        num_envs: Rows, ``num_prompts * group_size`` (``make_vec``'s ``num_envs``).
-        group_size: Completions per prompt (``G``).
-        max_new_tokens: Token budget of a completion; ``None``: the task's default.
+        num_envs: ``N``, rows: ``num_prompts * group_size`` (``make_vec``'s ``num_envs``).
+        group_size: ``G``, completions per prompt.
+        max_new_tokens: ``L``, the token budget of a completion; ``None``: the task's
+            default (``DEFAULT_MAX_NEW_TOKENS`` for a bare ``TokenVectorEnv``).
         max_prompt_length: Width of the prompt region; ``None``: the longest prompt.
-        reward_mode: ``"bandit"`` or ``"per_token"``.
-        per_token_form: ``"potential"`` or ``"dense"`` (per-token mode).
-        center_potential: Potential form: subtract ``R(x, empty)``.
-        unfinished: ``"score"``, ``"penalty"`` or ``"mask"``.
-        unfinished_penalty: Return of a cut-off completion under ``"penalty"``.
+        reward_mode: ``"bandit"`` (one score at the end) or ``"per_token"``.
+        per_token_form: ``"potential"`` (differences of prefix scores) or ``"dense"``
+            (the prefix score itself); per-token mode only.
+        center_potential: Potential form only: subtract ``R(x, empty)``.
+        unfinished: A completion cut at the budget: ``"score"``, ``"penalty"`` or ``"mask"``.
+        unfinished_penalty: Episode return of a cut-off completion under ``"penalty"``.
         stop_token_ids: Ids that end a completion; ``None``: the tokenizer's EOS. Pass
             ``stop_ids_for(model, tokenizer)`` (or ``policy.stop_token_ids``) to stop
             on every id of the model's ``generation_config`` too.
-        allowed_special_tokens: Special tokens that are legal actions besides the stop
-            ids (ids, token strings or ``"all"``).
+        allowed_special_tokens: Special tokens (ids, token strings or ``"all"``) that
+            are legal actions besides the stop ids; any other is refused
+            (``lmgym.special_tokens``).
         autoreset: ``False`` episode-synchronous, ``True`` next-step autoreset.
-        prompt_order: ``"shuffle"`` or ``"sequential"``.
+        prompt_order: ``"shuffle"`` (a fresh permutation per pass, reproducible under
+            ``reset(seed=...)``) or ``"sequential"``.
         shard: ``(rank, world_size)``: this env's share of a prompt stream shared by
             ``world_size`` data-parallel ranks; ``(0, 1)``: all of it.
         render_mode: ``None`` or ``"ansi"``.
@@ -89,28 +94,91 @@ class EnvOptions:
     prompt_order: PromptOrder = "shuffle"
     shard: tuple[int, int] = (0, 1)
     render_mode: RenderMode | None = None
-    tokenizer: PreTrainedTokenizerBase | None = None
+    tokenizer: PreTrainedTokenizerBase | None = field(default=None, repr=False)
     device: torch.device | str = "cpu"
+
+    def __post_init__(self) -> None:
+        for name, choices in _LITERAL_CHOICES.items():
+            value = getattr(self, name)
+            if value not in choices:
+                raise ValueError(f"{name}={value!r} is not one of {[c for c in choices if c]}")
+        num_prompts_of(self.num_envs, self.group_size)
+        if self.max_new_tokens is not None:
+            _check_positive("max_new_tokens", self.max_new_tokens)
+        # Frozen: the normalised values are written once, here.
+        object.__setattr__(self, "shard", check_shard(self.shard))
+        object.__setattr__(self, "device", torch.device(self.device))
+        object.__setattr__(self, "unfinished_penalty", float(self.unfinished_penalty))
 
     @property
     def num_prompts(self) -> int:
-        """``num_envs // group_size``, after checking the division is exact."""
-        return num_prompts_of(self.num_envs, self.group_size)
+        """``P = num_envs / group_size``, prompts drawn per reset."""
+        return self.num_envs // self.group_size
 
     def stop_ids(self) -> list[int]:
         """The ids that end a completion: ``stop_token_ids``, else the tokenizer's EOS.
 
         Raises:
-            ValueError: neither is set.
+            ValueError: neither is set, or an id is outside the tokenizer's vocabulary.
         """
-        if self.stop_token_ids is not None:
-            return [int(i) for i in self.stop_token_ids]
         tokenizer = self.tokenizer or make_char_tokenizer()
-        if tokenizer.eos_token_id is None:
+        if self.stop_token_ids is None:
+            if tokenizer.eos_token_id is None:
+                raise ValueError(
+                    "stop_token_ids: the tokenizer has no eos_token_id; pass stop_token_ids"
+                )
+            return [int(tokenizer.eos_token_id)]
+        stop = [int(i) for i in self.stop_token_ids]
+        if not stop or any(not 0 <= i < len(tokenizer) for i in stop):
             raise ValueError(
-                "stop_token_ids: the tokenizer has no eos_token_id; pass stop_token_ids"
+                f"stop_token_ids={stop}: need at least one id, each in [0, {len(tokenizer)})"
             )
-        return [tokenizer.eos_token_id]
+        return stop
+
+    def for_env(
+        self, tokenizer: PreTrainedTokenizerBase, keywords: Mapping[str, Any]
+    ) -> EnvOptions:
+        """These options with ``keywords`` applied, complete for an env over ``tokenizer``.
+
+        What ``TokenVectorEnv(tokenizer, prompts, reward, options, **keywords)`` does
+        with its arguments. ``keywords`` are ``EnvOptions`` fields or ``num_prompts``,
+        the env's count of prompts per reset: ``num_envs = num_prompts * group_size``,
+        ``num_prompts`` staying this record's when only ``group_size`` is given. The
+        result has ``tokenizer`` set, ``max_new_tokens`` resolved (``None``:
+        ``DEFAULT_MAX_NEW_TOKENS``) and ``stop_token_ids`` resolved (``stop_ids``).
+
+        Raises:
+            TypeError: an unknown keyword, or both ``num_envs`` and ``num_prompts``.
+            ValueError: ``tokenizer`` differs from the record's, or a bad value.
+        """
+        changes = dict(keywords)
+        unknown = sorted(set(changes) - {*ENV_OPTION_NAMES, "num_prompts"})
+        if unknown:
+            raise TypeError(
+                f"TokenVectorEnv() got unknown option(s) {unknown}; the options are "
+                f"num_prompts and the fields of EnvOptions: {', '.join(ENV_OPTION_NAMES)}"
+            )
+        if "num_prompts" in changes:
+            if "num_envs" in changes:
+                raise TypeError("TokenVectorEnv(): pass num_prompts or num_envs, not both")
+            num_prompts = _check_positive("num_prompts", changes.pop("num_prompts"))
+        else:
+            num_prompts = self.num_prompts
+        if "num_envs" not in changes:
+            group_size = _check_positive("group_size", changes.get("group_size", self.group_size))
+            changes["num_envs"] = num_prompts * group_size
+        if self.tokenizer is not None and self.tokenizer is not tokenizer:
+            raise ValueError(
+                "tokenizer: the options carry a different tokenizer than the env's; pass "
+                "the same one (or leave the options' tokenizer None)"
+            )
+        options = replace(self, tokenizer=tokenizer, **changes)
+        budget = options.max_new_tokens
+        return replace(
+            options,
+            max_new_tokens=DEFAULT_MAX_NEW_TOKENS if budget is None else budget,
+            stop_token_ids=tuple(options.stop_ids()),
+        )
 
     def build(
         self, prompts: PromptSource, reward: RewardModel, *, max_new_tokens: int | None = None
@@ -123,29 +191,15 @@ class EnvOptions:
             max_new_tokens: The task's default budget, used when the options leave
                 ``max_new_tokens`` at ``None``.
         """
+        # The env imports this record, so it is imported here, when a task builds one.
+        from lmgym.envs.token_env import TokenVectorEnv
+
         budget = self.max_new_tokens if self.max_new_tokens is not None else max_new_tokens
-        if budget is None:
-            raise ValueError("max_new_tokens: no token budget given; pass max_new_tokens=...")
         return TokenVectorEnv(
             self.tokenizer or make_char_tokenizer(),
             prompts,
             reward,
-            num_prompts=self.num_prompts,
-            group_size=self.group_size,
-            max_new_tokens=budget,
-            max_prompt_length=self.max_prompt_length,
-            reward_mode=self.reward_mode,
-            per_token_form=self.per_token_form,
-            center_potential=self.center_potential,
-            unfinished=self.unfinished,
-            unfinished_penalty=self.unfinished_penalty,
-            stop_token_ids=self.stop_token_ids,
-            allowed_special_tokens=self.allowed_special_tokens,
-            autoreset=self.autoreset,
-            prompt_order=self.prompt_order,
-            device=self.device,
-            shard=self.shard,
-            render_mode=self.render_mode,
+            replace(self, max_new_tokens=budget),
         )
 
 
@@ -153,10 +207,40 @@ class EnvOptions:
 ENV_OPTION_NAMES: tuple[str, ...] = tuple(f.name for f in fields(EnvOptions))
 
 
+#: Each ``EnvOptions`` field's type, e.g. ``{"max_new_tokens": int | None, ...}``: what
+#: ``--env KEY=VALUE`` converts a value to (``lmgym.training.env_args``).
+OPTION_TYPES: dict[str, Any] = typing.get_type_hints(EnvOptions)
+
+
+def _literal_choices(hint: Any) -> tuple[Any, ...] | None:
+    """The values a ``Literal`` or ``Literal | None`` type allows, else ``None``."""
+    if typing.get_origin(hint) is Literal:
+        return typing.get_args(hint)
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args:
+        inner = [a for a in args if a is not type(None)]
+        if len(inner) == 1 and typing.get_origin(inner[0]) is Literal:
+            return (*typing.get_args(inner[0]), None)
+    return None
+
+
+#: The fields whose type is a ``Literal``, and the values each allows.
+_LITERAL_CHOICES: dict[str, tuple[Any, ...]] = {
+    name: choices
+    for name, hint in OPTION_TYPES.items()
+    if (choices := _literal_choices(hint)) is not None
+}
+
+
+def _check_positive(field: str, value: object) -> int:
+    if not isinstance(value, int | np.integer) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{field}={value!r}: must be a positive integer")
+    return int(value)
+
+
 def num_prompts_of(num_envs: int, group_size: int) -> int:
-    """``num_envs // group_size``, after checking the division is exact."""
-    if not isinstance(group_size, int) or group_size < 1:
-        raise ValueError(f"group_size={group_size!r}: must be a positive integer")
+    """``num_envs // group_size``, after checking both and that the division is exact."""
+    _check_positive("group_size", group_size)
     if not isinstance(num_envs, int) or num_envs < 1 or num_envs % group_size != 0:
         raise ValueError(
             f"num_envs={num_envs} is not a multiple of group_size={group_size}; "
@@ -165,92 +249,21 @@ def num_prompts_of(num_envs: int, group_size: int) -> int:
     return num_envs // group_size
 
 
-def check_option_defaults(defaults: dict[str, Any], where: str) -> None:
-    """Raise ``TypeError`` naming any key of ``defaults`` that is not an ``EnvOptions`` field."""
-    unknown = sorted(set(defaults) - set(ENV_OPTION_NAMES))
-    if unknown:
-        raise TypeError(
-            f"{where}: unknown env option(s) {unknown}; the options are the fields of "
-            f"EnvOptions: {', '.join(ENV_OPTION_NAMES)}"
-        )
-
-
-def task_factory(**defaults: Any) -> Callable[[Callable[..., TokenVectorEnv]], VectorFactory]:
-    """Decorator: a task body ``body(options: EnvOptions, **task_params)`` becomes the
-    task's vector factory, taking its parameters and every ``EnvOptions`` field.
-
-    The factory's signature is: the body's required parameters, ``num_envs``,
-    ``group_size``, then (keyword-only) the body's optional parameters and the other
-    ``EnvOptions`` fields, each annotated. The factory fills a ``None`` tokenizer with
-    the character tokenizer before calling the body, so ``options.tokenizer`` is set.
-
-    Args:
-        defaults: Task defaults for ``EnvOptions`` fields (e.g. ``reward_mode="per_token"``).
+def check_shard(shard: object) -> tuple[int, int]:
+    """``shard`` as ``(rank, world_size)`` ints, after checking ``0 <= rank < world_size``.
 
     Raises:
-        TypeError: a default that is not an ``EnvOptions`` field, or a body parameter
-            named like one.
-
-    Example::
-
-        @task_factory(max_new_tokens=8)
-        def make_echo_vector(options: EnvOptions, word: str = "hi") -> TokenVectorEnv:
-            return options.build([f"say {word}:"], EchoReward(word))
+        ValueError: anything else, naming the field.
     """
-    check_option_defaults(defaults, "task_factory")
-
-    def decorate(body: Callable[..., TokenVectorEnv]) -> VectorFactory:
-        return _make_factory(body, defaults)
-
-    return decorate
-
-
-def _make_factory(body: Callable[..., TokenVectorEnv], defaults: dict[str, Any]) -> VectorFactory:
-    body_params = list(inspect.signature(body).parameters.values())[1:]  # after ``options``
-    clash = sorted({p.name for p in body_params} & set(ENV_OPTION_NAMES))
-    if clash:
-        raise TypeError(f"{body.__name__}: parameters {clash} are EnvOptions fields; rename them")
-    body_hints = typing.get_type_hints(body)
-    option_hints = typing.get_type_hints(EnvOptions)
-    POK, KW = inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY
-
-    def option(name: str, kind: inspect._ParameterKind) -> inspect.Parameter:
-        default = defaults.get(name, EnvOptions.__dataclass_fields__[name].default)
-        return inspect.Parameter(name, kind, default=default, annotation=option_hints[name])
-
-    def task_param(p: inspect.Parameter, kind: inspect._ParameterKind) -> inspect.Parameter:
-        return p.replace(kind=kind, annotation=body_hints.get(p.name, p.annotation))
-
-    required = [task_param(p, POK) for p in body_params if p.default is p.empty]
-    optional = [task_param(p, KW) for p in body_params if p.default is not p.empty]
-    batching = [option("num_envs", POK), option("group_size", POK)]
-    rest = [option(n, KW) for n in ENV_OPTION_NAMES if n not in ("num_envs", "group_size")]
-    signature = inspect.Signature(
-        [*required, *batching, *optional, *rest], return_annotation=TokenVectorEnv
+    if (
+        isinstance(shard, Sequence)
+        and not isinstance(shard, str)
+        and len(shard) == 2
+        and all(isinstance(x, int | np.integer) and not isinstance(x, bool) for x in shard)
+        and 0 <= shard[0] < shard[1]
+    ):
+        return int(shard[0]), int(shard[1])
+    raise ValueError(
+        f"shard={shard!r}: expected (rank, world_size) with 0 <= rank < world_size, "
+        "e.g. (0, 1) for one process"
     )
-    names = list(signature.parameters)
-
-    def factory(*args: Any, **kwargs: Any) -> TokenVectorEnv:
-        try:
-            bound = signature.bind(*args, **kwargs)
-        except TypeError as err:
-            raise TypeError(f"{factory.__name__}(): {err}; valid: {', '.join(names)}") from None
-        bound.apply_defaults()
-        values = dict(bound.arguments)
-        options = EnvOptions(**{name: values.pop(name) for name in ENV_OPTION_NAMES})
-        if options.tokenizer is None:
-            options = replace(options, tokenizer=make_char_tokenizer())
-        return body(options, **values)
-
-    factory.__name__ = factory.__qualname__ = body.__name__
-    factory.__module__ = body.__module__
-    factory.__doc__ = (inspect.getdoc(body) or "").rstrip() + (
-        "\n\nEnv options: every ``EnvOptions`` field (``lmgym.envs.EnvOptions``) as a keyword "
-        "argument; the signature shows this task's defaults."
-    )
-    factory.__signature__ = signature  # type: ignore[attr-defined]
-    factory.__annotations__ = {
-        **{p.name: p.annotation for p in signature.parameters.values()},
-        "return": TokenVectorEnv,
-    }
-    return factory

@@ -20,8 +20,9 @@ from typing import Any
 
 import gymnasium as gym
 
-from lmgym.envs.options import EnvOptions, VectorFactory, check_option_defaults, task_factory
+from lmgym.envs.options import EnvOptions
 from lmgym.envs.single import single_env_factory
+from lmgym.envs.task_factory import VectorFactory, check_option_defaults, task_factory
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.types import Prompt, PromptSource, RewardModel
 

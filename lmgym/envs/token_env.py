@@ -75,7 +75,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -87,49 +87,32 @@ from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
 from lmgym.envs.action_space import TokenActionSpace
+from lmgym.envs.options import EnvOptions
 from lmgym.envs.prompts import RowColumns, build_prompt_table
 from lmgym.envs.rewards import call_reward
 from lmgym.envs.stream import PromptStream
 from lmgym.envs.text import completion_texts, infer_completion_mask
 from lmgym.profiling import ENV_RESET, ENV_STEP, REWARD, labelled, phase
 from lmgym.special_tokens import (
-    AllowedSpecialTokens,
     refused_special_ids,
     special_token_ids,
     token_names,
 )
 from lmgym.types import PromptSource, RewardInput, RewardModel
 
-RewardMode = Literal["bandit", "per_token"]
-PerTokenForm = Literal["potential", "dense"]
-Unfinished = Literal["score", "penalty", "mask"]
-PromptOrder = Literal["shuffle", "sequential"]
-RenderMode = Literal["ansi"]
 
+class _Option:
+    """A ``TokenVectorEnv`` attribute read from its options record: ``env.reward_mode``
+    is ``env.options.reward_mode``, so the env holds no second copy to drift."""
 
-def _check_choice(field: str, value: str, choices: Sequence[str]) -> None:
-    if value not in choices:
-        raise ValueError(f"{field}={value!r} is not one of {list(choices)}")
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
 
+    def __get__(self, env: TokenVectorEnv | None, owner: type | None = None) -> Any:
+        return self if env is None else getattr(env.options, self.name)
 
-def check_shard(shard: object) -> tuple[int, int]:
-    """``shard`` as ``(rank, world_size)`` ints, after checking ``0 <= rank < world_size``.
-
-    Raises:
-        ValueError: anything else, naming the field.
-    """
-    if (
-        isinstance(shard, Sequence)
-        and not isinstance(shard, str)
-        and len(shard) == 2
-        and all(isinstance(x, int | np.integer) and not isinstance(x, bool) for x in shard)
-        and 0 <= shard[0] < shard[1]
-    ):
-        return int(shard[0]), int(shard[1])
-    raise ValueError(
-        f"shard={shard!r}: expected (rank, world_size) with 0 <= rank < world_size, "
-        "e.g. (0, 1) for one process"
-    )
+    def __set__(self, env: TokenVectorEnv, value: Any) -> None:
+        raise AttributeError(f"{self.name}: an env option; build a new env to change it")
 
 
 class _Rows(NamedTuple):
@@ -177,6 +160,14 @@ class _Rows(NamedTuple):
 class TokenVectorEnv(VectorEnv):
     """Batched token-level text-generation env; state lives in torch tensors on ``device``.
 
+    Its options are one ``EnvOptions`` record (``lmgym.envs.options``, where each
+    option's default and check is written), kept as ``env.options`` and readable as
+    attributes (``env.group_size``, ``env.reward_mode``, ...). Pass the record, its
+    fields as keywords, or both (keywords override the record's)::
+
+        TokenVectorEnv(tokenizer, prompts, reward, num_prompts=2, group_size=4)
+        TokenVectorEnv(tokenizer, prompts, reward, EnvOptions(num_envs=8, group_size=4))
+
     Args:
         tokenizer: Tokenises prompts and decodes completions for reward functions.
             Its ``len()`` is the vocabulary (the action space).
@@ -184,34 +175,19 @@ class TokenVectorEnv(VectorEnv):
             list of chat messages (``lmgym.envs.prompts``); its ``columns``, if any,
             reach the reward model (``RewardInput.columns``).
         reward: A ``RewardModel``: ``RewardInput -> [N]`` floats.
-        num_prompts: ``P``, prompts drawn per reset.
-        group_size: ``G``, completions per prompt (``num_envs = P * G``).
-        max_new_tokens: ``L``, the token budget of a completion.
-        max_prompt_length: Width of the prompt region; default the longest prompt.
-        reward_mode: ``"bandit"`` or ``"per_token"``.
-        per_token_form: ``"potential"`` or ``"dense"`` (per-token mode only).
-        center_potential: Potential form only: subtract ``R(x, empty)`` (see module doc).
-        unfinished: ``"score"``, ``"penalty"`` or ``"mask"``.
-        unfinished_penalty: Episode return of a cut-off completion under ``"penalty"``.
-        stop_token_ids: Ids that end an episode; default the tokenizer's EOS id. Pass
-            the model's too (``lmgym.envs.stop_ids_for(model, tokenizer)``, or a
-            ``CausalLMPolicy``'s ``stop_token_ids``) so that every id its
-            ``generation_config`` stops on ends a completion.
-        allowed_special_tokens: Special tokens (ids or token strings, or ``"all"``)
-            that are legal actions besides the stop ids. By default any other special
-            token (``<pad>``, ``<unk>``, ...) is refused with an error (text that hides
-            a chosen token lets a policy game a string reward); an allowed one is part
-            of the text the reward sees (``'<pad>'``). ``refused_token_ids`` and
-            ``legal_token_ids`` list the outcome; the action space leaves refused ids
-            out (``TokenActionSpace``).
-        autoreset: ``False`` episode-synchronous, ``True`` next-step autoreset.
-        prompt_order: ``"shuffle"`` (a fresh permutation per pass over the prompts,
-            reproducible under ``reset(seed=...)``) or ``"sequential"``.
-        device: Where the state tensors live.
-        shard: ``(rank, world_size)``: draw rank ``rank``'s share of a prompt stream
-            shared by ``world_size`` envs (see the module docstring); ``(0, 1)``: the
-            whole stream.
-        render_mode: ``None`` or ``"ansi"`` (``render()`` returns the rows' text).
+        options: The env options; default ``EnvOptions()``. Its ``tokenizer``, if
+            set, must be ``tokenizer``.
+        **keywords: ``EnvOptions`` fields, or ``num_prompts`` (``P``, prompts drawn per
+            reset: ``num_envs = P * group_size``). ``max_new_tokens`` left ``None``
+            is ``DEFAULT_MAX_NEW_TOKENS``; ``stop_token_ids`` left ``None`` is the
+            tokenizer's EOS. Special tokens other than the stop ids and
+            ``allowed_special_tokens`` are refused as actions (a text that hides a
+            chosen token lets a policy game a string reward); ``refused_token_ids``
+            and ``legal_token_ids`` list the outcome, and the action space leaves
+            refused ids out (``TokenActionSpace``).
+
+    Attributes:
+        stop_token_ids: ``[S] int64`` on ``device``, the ids that end an episode.
     """
 
     metadata: dict[str, Any] = {
@@ -220,85 +196,54 @@ class TokenVectorEnv(VectorEnv):
         "render_fps": 4,
     }
 
+    # The options, read from ``self.options`` (see ``EnvOptions`` for each).
+    num_envs = _Option()
+    num_prompts = _Option()
+    group_size = _Option()
+    max_new_tokens = _Option()
+    reward_mode = _Option()
+    per_token_form = _Option()
+    center_potential = _Option()
+    unfinished = _Option()
+    unfinished_penalty = _Option()
+    allowed_special_tokens = _Option()
+    autoreset = _Option()
+    prompt_order = _Option()
+    shard = _Option()
+    render_mode = _Option()
+    tokenizer = _Option()
+    device = _Option()
+
     def __init__(
         self,
         tokenizer: PreTrainedTokenizerBase,
         prompts: PromptSource,
         reward: RewardModel,
-        *,
-        num_prompts: int = 1,
-        group_size: int = 1,
-        max_new_tokens: int = 32,
-        max_prompt_length: int | None = None,
-        reward_mode: RewardMode = "bandit",
-        per_token_form: PerTokenForm = "potential",
-        center_potential: bool = False,
-        unfinished: Unfinished = "score",
-        unfinished_penalty: float = -1.0,
-        stop_token_ids: Sequence[int] | None = None,
-        allowed_special_tokens: AllowedSpecialTokens = (),
-        autoreset: bool = False,
-        prompt_order: PromptOrder = "shuffle",
-        device: torch.device | str = "cpu",
-        shard: tuple[int, int] = (0, 1),
-        render_mode: RenderMode | None = None,
+        options: EnvOptions | None = None,
+        **keywords: Any,
     ) -> None:
-        _check_choice("reward_mode", reward_mode, ("bandit", "per_token"))
-        if render_mode is not None:
-            _check_choice("render_mode", render_mode, self.metadata["render_modes"])
-        _check_choice("per_token_form", per_token_form, ("potential", "dense"))
-        _check_choice("unfinished", unfinished, ("score", "penalty", "mask"))
-        _check_choice("prompt_order", prompt_order, ("shuffle", "sequential"))
-        for field, value in (("num_prompts", num_prompts), ("group_size", group_size)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{field}={value!r}: must be a positive integer")
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens={max_new_tokens!r}: must be a positive integer")
         if not callable(reward):
             raise TypeError(
                 f"reward: expected a RewardModel (a callable RewardInput -> floats), "
                 f"got {type(reward).__name__}; wrap a plain function with FunctionReward"
             )
-        self.shard = check_shard(shard)
-        self.render_mode = render_mode
-        self.device = torch.device(device)
-        self.tokenizer = tokenizer
+        self.options = (options or EnvOptions()).for_env(tokenizer, keywords)
         self.prompt_source = prompts
         self.reward_model = reward
-        self.num_prompts, self.group_size = num_prompts, group_size
-        self.num_envs = num_prompts * group_size
-        self.max_new_tokens = max_new_tokens
-        self.reward_mode, self.per_token_form = reward_mode, per_token_form
-        self.center_potential = center_potential
-        self.unfinished, self.unfinished_penalty = unfinished, float(unfinished_penalty)
-        self.autoreset = autoreset
-        self.prompt_order = prompt_order
         self.metadata = {
             **type(self).metadata,
-            "autoreset_mode": AutoresetMode.NEXT_STEP if autoreset else AutoresetMode.DISABLED,
+            "autoreset_mode": AutoresetMode.NEXT_STEP if self.autoreset else AutoresetMode.DISABLED,
         }
 
         self.vocab_size = len(tokenizer)
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        if stop_token_ids is None:
-            if tokenizer.eos_token_id is None:
-                raise ValueError(
-                    "stop_token_ids: the tokenizer has no eos_token_id; pass stop_token_ids"
-                )
-            stop_token_ids = [tokenizer.eos_token_id]
-        stop = torch.as_tensor(list(stop_token_ids), dtype=torch.long)
-        if stop.numel() == 0 or bool(((stop < 0) | (stop >= self.vocab_size)).any()):
-            raise ValueError(
-                f"stop_token_ids={stop.tolist()}: need at least one id, each in "
-                f"[0, {self.vocab_size})"
-            )
+        stop = torch.tensor(self.options.stop_token_ids, dtype=torch.long)
         self.stop_token_ids = stop.to(self.device)
         special = special_token_ids(tokenizer)
         # A final stop id that is a special token ends the text instead of being in it.
         self._hidden_stop_ids = stop[torch.isin(stop, torch.tensor(special, dtype=torch.long))]
-        self.allowed_special_tokens = allowed_special_tokens
         self.refused_token_ids = refused_special_ids(
-            tokenizer, stop.tolist(), allowed_special_tokens
+            tokenizer, stop.tolist(), self.allowed_special_tokens
         )
         refused = torch.zeros(self.vocab_size, dtype=torch.bool)
         refused[self.refused_token_ids] = True
@@ -308,7 +253,9 @@ class TokenVectorEnv(VectorEnv):
         true = torch.ones(1, dtype=torch.bool)
         self._illegal = torch.cat([true, refused, true]).to(self.device)
 
-        self.prompt_table = build_prompt_table(prompts, tokenizer, max_prompt_length, self.device)
+        self.prompt_table = build_prompt_table(
+            prompts, tokenizer, self.options.max_prompt_length, self.device
+        )
         missing = [
             c for c in getattr(reward, "required_columns", ()) if c not in self.prompt_table.columns
         ]
@@ -320,7 +267,7 @@ class TokenVectorEnv(VectorEnv):
                 'a JSONL line {"prompt": ..., "answer": ...} read with JsonlPrompts'
             )
         self.prompt_width = self.prompt_table.width
-        self.seq_len = self.prompt_width + max_new_tokens
+        self.seq_len = self.prompt_width + self.max_new_tokens
 
         self.single_observation_space = spaces.Dict(
             {
@@ -333,7 +280,9 @@ class TokenVectorEnv(VectorEnv):
         self.action_space = batch_space(self.single_action_space, self.num_envs)
 
         self._centred = (
-            reward_mode == "per_token" and per_token_form == "potential" and center_potential
+            self.reward_mode == "per_token"
+            and self.per_token_form == "potential"
+            and self.center_potential
         )
         self._stream = self._new_stream(int(torch.randint(0, 2**62, (1,)).item()))
         self._rows: _Rows | None = None

@@ -25,8 +25,9 @@ problems (under ``data_seed``) to test generalisation.
 
 from __future__ import annotations
 
-from lmgym.envs.options import EnvOptions, task_factory
+from lmgym.envs.options import EnvOptions
 from lmgym.envs.single import single_env_factory
+from lmgym.envs.task_factory import task_factory
 from lmgym.envs.tasks._common import (
     ExactMatchReward,
     PositionMatchReward,

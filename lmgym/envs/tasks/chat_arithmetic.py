@@ -47,10 +47,11 @@ import re
 from collections.abc import Sequence
 from typing import Literal
 
-from lmgym.envs.options import EnvOptions, task_factory
+from lmgym.envs.options import EnvOptions
 from lmgym.envs.prompts import RecordPrompts, shuffle_prompts
 from lmgym.envs.rewards import FunctionReward
 from lmgym.envs.single import single_env_factory
+from lmgym.envs.task_factory import task_factory
 from lmgym.envs.tasks._chat import chat_prompt, wants_chat
 from lmgym.envs.tasks._common import Split, select_split
 from lmgym.envs.token_env import TokenVectorEnv

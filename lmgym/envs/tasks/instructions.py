@@ -60,10 +60,11 @@ from collections.abc import Callable, Sequence
 
 from torch import Tensor
 
-from lmgym.envs.options import EnvOptions, task_factory
+from lmgym.envs.options import EnvOptions
 from lmgym.envs.prompts import RecordPrompts
 from lmgym.envs.rewards import CombinedReward, FunctionReward
 from lmgym.envs.single import single_env_factory
+from lmgym.envs.task_factory import task_factory
 from lmgym.envs.tasks._chat import chat_prompt, distinct_draws, wants_chat
 from lmgym.envs.tasks._common import Split, select_split
 from lmgym.envs.token_env import TokenVectorEnv

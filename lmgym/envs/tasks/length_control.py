@@ -30,8 +30,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lmgym.envs.options import EnvOptions, task_factory
+from lmgym.envs.options import EnvOptions
 from lmgym.envs.single import single_env_factory
+from lmgym.envs.task_factory import task_factory
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.types import RewardInput
 

@@ -36,9 +36,10 @@ import random
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from lmgym.envs.options import EnvOptions, task_factory
+from lmgym.envs.options import EnvOptions
 from lmgym.envs.rewards import FunctionReward
 from lmgym.envs.single import single_env_factory
+from lmgym.envs.task_factory import task_factory
 from lmgym.envs.tasks._chat import chat_prompt, distinct_draws, wants_chat
 from lmgym.envs.tasks._common import Split, select_split
 from lmgym.envs.token_env import TokenVectorEnv

@@ -56,9 +56,10 @@ from transformers import (
 )
 
 from lmgym.char_tokenizer import DEFAULT_CHARS, make_char_tokenizer
-from lmgym.envs.options import EnvOptions, task_factory
+from lmgym.envs.options import EnvOptions
 from lmgym.envs.rewards import SequenceClassifierReward
 from lmgym.envs.single import single_env_factory
+from lmgym.envs.task_factory import task_factory
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.types import RewardInput
 

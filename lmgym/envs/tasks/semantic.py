@@ -28,8 +28,9 @@ import torch.nn.functional as F
 from torch import Tensor
 from transformers import AutoModel, AutoTokenizer
 
-from lmgym.envs.options import EnvOptions, task_factory
+from lmgym.envs.options import EnvOptions
 from lmgym.envs.single import single_env_factory
+from lmgym.envs.task_factory import task_factory
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.types import RewardInput
 

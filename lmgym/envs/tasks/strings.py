@@ -29,8 +29,9 @@ from typing import Literal
 
 import torch
 
-from lmgym.envs.options import EnvOptions, task_factory
+from lmgym.envs.options import EnvOptions
 from lmgym.envs.single import single_env_factory
+from lmgym.envs.task_factory import task_factory
 from lmgym.envs.tasks._common import (
     PositionMatchReward,
     Split,

@@ -27,10 +27,11 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from lmgym.envs.options import EnvOptions, task_factory
+from lmgym.envs.options import EnvOptions
 from lmgym.envs.prompts import RecordPrompts
 from lmgym.envs.rewards import FunctionReward
 from lmgym.envs.single import single_env_factory
+from lmgym.envs.task_factory import task_factory
 from lmgym.envs.tasks._common import Split, encode, select_split
 from lmgym.envs.token_env import TokenVectorEnv
 

@@ -1,0 +1,116 @@
+"""A task's body becomes its Gymnasium vector factory, taking every env option.
+
+``task_factory`` turns a task's body ``body(options, **task_params) ->
+TokenVectorEnv`` into its ``vector_entry_point``: one function that takes the
+task's own parameters and every ``EnvOptions`` field as keyword arguments, with a
+real signature (``inspect.signature`` lists them all with their annotations, for
+``help()`` and ``env_option_names``). Built-in tasks, ``register_reward_env`` and
+``reward_env_factory`` all go through it, so ``gymnasium.make_vec(id,
+tokenizer=..., per_token_form="dense", shard=(1, 2))`` works the same for every
+task; ``single_env_factory`` (``lmgym.envs.single``) gives the ``gymnasium.make``
+face with the same options.
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from lmgym.char_tokenizer import make_char_tokenizer
+from lmgym.envs.options import ENV_OPTION_NAMES, OPTION_TYPES, EnvOptions
+from lmgym.envs.token_env import TokenVectorEnv
+
+VectorFactory = Callable[..., TokenVectorEnv]
+
+
+def check_option_defaults(defaults: dict[str, Any], where: str) -> None:
+    """Raise ``TypeError`` naming any key of ``defaults`` that is not an ``EnvOptions`` field."""
+    unknown = sorted(set(defaults) - set(ENV_OPTION_NAMES))
+    if unknown:
+        raise TypeError(
+            f"{where}: unknown env option(s) {unknown}; the options are the fields of "
+            f"EnvOptions: {', '.join(ENV_OPTION_NAMES)}"
+        )
+
+
+def task_factory(**defaults: Any) -> Callable[[Callable[..., TokenVectorEnv]], VectorFactory]:
+    """Decorator: a task body ``body(options: EnvOptions, **task_params)`` becomes the
+    task's vector factory, taking its parameters and every ``EnvOptions`` field.
+
+    The factory's signature is: the body's required parameters, ``num_envs``,
+    ``group_size``, then (keyword-only) the body's optional parameters and the other
+    ``EnvOptions`` fields, each annotated. The factory fills a ``None`` tokenizer with
+    the character tokenizer before calling the body, so ``options.tokenizer`` is set.
+
+    Args:
+        defaults: Task defaults for ``EnvOptions`` fields (e.g. ``reward_mode="per_token"``).
+
+    Raises:
+        TypeError: a default that is not an ``EnvOptions`` field, or a body parameter
+            named like one.
+
+    Example::
+
+        @task_factory(max_new_tokens=8)
+        def make_echo_vector(options: EnvOptions, word: str = "hi") -> TokenVectorEnv:
+            return options.build([f"say {word}:"], EchoReward(word))
+    """
+    check_option_defaults(defaults, "task_factory")
+
+    def decorate(body: Callable[..., TokenVectorEnv]) -> VectorFactory:
+        return _make_factory(body, defaults)
+
+    return decorate
+
+
+def _make_factory(body: Callable[..., TokenVectorEnv], defaults: dict[str, Any]) -> VectorFactory:
+    body_params = list(inspect.signature(body).parameters.values())[1:]  # after ``options``
+    clash = sorted({p.name for p in body_params} & set(ENV_OPTION_NAMES))
+    if clash:
+        raise TypeError(f"{body.__name__}: parameters {clash} are EnvOptions fields; rename them")
+    body_hints = typing.get_type_hints(body)
+    POK, KW = inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY
+
+    def option(name: str, kind: inspect._ParameterKind) -> inspect.Parameter:
+        default = defaults.get(name, EnvOptions.__dataclass_fields__[name].default)
+        return inspect.Parameter(name, kind, default=default, annotation=OPTION_TYPES[name])
+
+    def task_param(p: inspect.Parameter, kind: inspect._ParameterKind) -> inspect.Parameter:
+        return p.replace(kind=kind, annotation=body_hints.get(p.name, p.annotation))
+
+    required = [task_param(p, POK) for p in body_params if p.default is p.empty]
+    optional = [task_param(p, KW) for p in body_params if p.default is not p.empty]
+    batching = [option("num_envs", POK), option("group_size", POK)]
+    rest = [option(n, KW) for n in ENV_OPTION_NAMES if n not in ("num_envs", "group_size")]
+    signature = inspect.Signature(
+        [*required, *batching, *optional, *rest], return_annotation=TokenVectorEnv
+    )
+    names = list(signature.parameters)
+
+    def factory(*args: Any, **kwargs: Any) -> TokenVectorEnv:
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError as err:
+            raise TypeError(f"{factory.__name__}(): {err}; valid: {', '.join(names)}") from None
+        bound.apply_defaults()
+        values = dict(bound.arguments)
+        options = EnvOptions(**{name: values.pop(name) for name in ENV_OPTION_NAMES})
+        if options.tokenizer is None:
+            options = replace(options, tokenizer=make_char_tokenizer())
+        return body(options, **values)
+
+    factory.__name__ = factory.__qualname__ = body.__name__
+    factory.__module__ = body.__module__
+    factory.__doc__ = (inspect.getdoc(body) or "").rstrip() + (
+        "\n\nEnv options: every ``EnvOptions`` field (``lmgym.envs.EnvOptions``) as a keyword "
+        "argument; the signature shows this task's defaults."
+    )
+    factory.__signature__ = signature  # type: ignore[attr-defined]
+    factory.__annotations__ = {
+        **{p.name: p.annotation for p in signature.parameters.values()},
+        "return": TokenVectorEnv,
+    }
+    return factory
