@@ -1,19 +1,23 @@
 """Policy-gradient agents, each a small composition of the shared pieces.
 
-| agent      | advantage                     | ratio control             | default aggregation     |
-|------------|-------------------------------|---------------------------|-------------------------|
-| REINFORCE  | reward-to-go - baseline       | none (TIS optional)       | token-mean              |
-| RLOO       | leave-one-out group baseline  | none (TIS optional)       | token-mean              |
-| PPO        | GAE with a learned critic     | token clip                | token-mean              |
-| GRPO       | group-normalised reward       | token clip                | seq-mean-token-mean     |
-| Dr. GRPO   | group-centred reward          | token clip                | seq-mean-token-sum-norm |
-| GSPO       | group-normalised reward       | sequence ratio clip       | seq-mean-token-mean     |
-| CISPO      | group-normalised reward       | clipped, detached IS weight | token-mean            |
-| REINFORCE++ | returns-to-go, z-scored over the batch | token clip         | token-mean              |
-| GSPO-token | group-normalised reward (or per token) | sequence ratio, token gradients | seq-mean-token-mean |
-| dual-clip PPO | GAE with a learned critic  | token clip, loss <= -c*A for A < 0 | token-mean         |
-| ReMax      | reward - greedy completion's reward | none (TIS optional) | token-mean              |
-| VAPO       | decoupled, length-adaptive GAE | token clip (clip-higher) | token-mean             |
+``ALGORITHMS`` is the one registry of them: the CLI's ``--algo`` choices, the
+benchmark's ``--agents all`` and the tests' agent matrices are read from it, and
+``tests/agents/test_registry.py`` checks this table against it.
+
+| --algo        | agent         | advantage                              | ratio control                      | default aggregation     |
+|---------------|---------------|----------------------------------------|------------------------------------|-------------------------|
+| reinforce     | REINFORCE     | reward-to-go - baseline                | none (TIS optional)                | token-mean              |
+| rloo          | RLOO          | leave-one-out group baseline           | none (TIS optional)                | token-mean              |
+| ppo           | PPO           | GAE with a learned critic              | token clip                         | token-mean              |
+| grpo          | GRPO          | group-normalised reward                | token clip                         | seq-mean-token-mean     |
+| drgrpo        | Dr. GRPO      | group-centred reward                   | token clip                         | seq-mean-token-sum-norm |
+| gspo          | GSPO          | group-normalised reward                | sequence ratio clip                | seq-mean-token-mean     |
+| cispo         | CISPO         | group-normalised reward                | clipped, detached IS weight        | token-mean              |
+| reinforce_pp  | REINFORCE++   | returns-to-go, z-scored over the batch | token clip                         | token-mean              |
+| gspo_token    | GSPO-token    | group-normalised reward (or per token) | sequence ratio, token gradients    | seq-mean-token-mean     |
+| dual_clip_ppo | dual-clip PPO | GAE with a learned critic              | token clip, loss <= -c*A for A < 0 | token-mean              |
+| remax         | ReMax         | reward - greedy completion's reward    | none (TIS optional)                | token-mean              |
+| vapo          | VAPO          | decoupled, length-adaptive GAE         | token clip (clip-higher)           | token-mean              |
 """
 
 from lmgym.agents.base import Agent, Callback
