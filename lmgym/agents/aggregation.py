@@ -19,27 +19,26 @@ Other libraries' names for the same modes (lmgym keeps verl's `loss_agg_mode` na
 Minibatches and gradient accumulation: the normalisers `num_sequences` (B) and
 `num_tokens` (Σ mask) are the *whole batch's* counts, passed in by the caller, so
 summing the results over any split of the rows gives the full-batch value and a
-distributed learner can all-reduce the counts (DESIGN.md, principle 4).
+distributed learner can all-reduce the counts: minibatches are sets of whole rows,
+and no split of them can change the loss (docs/algorithms.md#conventions).
 """
 
+import typing
 from typing import Literal
 
 from torch import Tensor
 
 from lmgym.agents.metrics import masked_mean, masked_sum
 
-AggregationMode = Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"]
-AGGREGATION_MODES: tuple[str, ...] = (
-    "seq-mean-token-mean",
-    "token-mean",
-    "seq-mean-token-sum-norm",
-)
+Aggregation = Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"]
+"""A ``loss_aggregation`` (the config field's type)."""
+AGGREGATION_MODES: tuple[str, ...] = typing.get_args(Aggregation)
 
 
 def aggregate(
     loss: Tensor,
     mask: Tensor,
-    mode: AggregationMode,
+    mode: Aggregation,
     *,
     num_sequences: int | float,
     num_tokens: int | float,

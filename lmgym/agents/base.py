@@ -1,8 +1,10 @@
 """The learn loop shared by every agent: collect, prepare, update (docs/algorithms.md).
 
-A subclass composes an algorithm from the hooks below (DESIGN.md, principle 3); this
-class adds, from the config, the KL term, TIS, the aggregation, minibatching, non-finite
-guards, clipping and the metrics of docs/metrics.md. One iteration (``step``)::
+A subclass composes an algorithm from the hooks below, choosing an advantage
+estimator and a ratio rule (pure functions in their own modules, docs/algorithms.md)
+in one short file; this class adds, from the config, the KL term, TIS, the
+aggregation, minibatching, non-finite guards, clipping and the metrics of
+docs/metrics.md. One iteration (``step``)::
 
     batch  = collect()                      # env x policy -> RolloutBatch (rollout_source)
     data   = prepare(batch)                 # lp_old, lp_ref, V_old, rewards -> advantages (prepare)

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lmgym.agents.config import Aggregation
-from lmgym.agents.grpo import GRPO, GRPOConfig, check_clip
+from lmgym.agents.aggregation import Aggregation
+from lmgym.agents.grpo import GRPO, GRPOConfig
 from lmgym.agents.ratios import cispo_loss
+from lmgym.agents.token_clip import check_clip
 
 
 @dataclass

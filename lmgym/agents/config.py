@@ -17,10 +17,9 @@ import typing
 from dataclasses import dataclass, fields
 from typing import Any, Literal, TypeVar
 
-from lmgym.agents.aggregation import AGGREGATION_MODES
+from lmgym.agents.aggregation import AGGREGATION_MODES, Aggregation
+from lmgym.agents.kl import KLEstimator
 
-Aggregation = Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"]
-KLEstimator = Literal["k1", "k2", "k3"]
 KLPlacement = Literal["reward", "loss"]
 LRSchedulerType = Literal[
     "constant",

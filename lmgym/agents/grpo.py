@@ -25,9 +25,10 @@ from typing import Literal
 from torch import Tensor
 
 from lmgym.agents.advantages import broadcast_to_tokens, grpo_advantages, process_grpo_advantages
+from lmgym.agents.aggregation import Aggregation
 from lmgym.agents.base import Agent
-from lmgym.agents.config import AgentConfig, Aggregation, check_group_size
-from lmgym.agents.token_clip import TokenClip
+from lmgym.agents.config import AgentConfig, check_group_size
+from lmgym.agents.token_clip import TokenClip, check_clip
 from lmgym.types import RolloutBatch
 
 
@@ -43,16 +44,6 @@ class GRPOConfig(AgentConfig):
     """Lower clip half-width epsilon_low: the ratio is clipped at 1 - clip_low."""
     clip_high: float = 0.2
     """Upper clip half-width epsilon_high (DAPO's clip-higher: 0.28)."""
-
-
-def check_clip(
-    low: float, high: float, low_name: str = "clip_low", high_name: str = "clip_high"
-) -> None:
-    """Clip half-widths must be >= 0, and the lower bound ``1 - low`` must stay >= 0."""
-    if low < 0 or high < 0:
-        raise ValueError(f"{low_name}={low}, {high_name}={high}: clip ranges must be >= 0")
-    if low > 1:
-        raise ValueError(f"{low_name}={low}: must be <= 1 (the lower bound is 1 - {low_name})")
 
 
 class GRPO(TokenClip, Agent[GRPOConfig]):

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from lmgym.agents.advantages import broadcast_to_tokens
-from lmgym.agents.config import Aggregation
+from lmgym.agents.aggregation import Aggregation
 from lmgym.agents.grpo import GRPO, GRPOConfig
 from lmgym.agents.metrics import masked_mean
 from lmgym.agents.ratios import gspo_loss

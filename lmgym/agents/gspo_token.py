@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from lmgym.agents.config import Aggregation
+from lmgym.agents.aggregation import Aggregation
 from lmgym.agents.grpo import GRPO
 from lmgym.agents.gspo import GSPOConfig
 from lmgym.agents.ratios import clip_objective, gspo_token_ratio

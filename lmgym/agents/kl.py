@@ -17,7 +17,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-KLEstimatorName = Literal["k1", "k2", "k3"]
+KLEstimator = Literal["k1", "k2", "k3"]
+"""A ``kl_estimator`` name (the config field's type)."""
 
 
 def kl_k1(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
@@ -69,7 +70,7 @@ _ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
 }
 
 
-def kl_estimator(name: KLEstimatorName) -> Callable[[Tensor, Tensor], Tensor]:
+def kl_estimator(name: KLEstimator) -> Callable[[Tensor, Tensor], Tensor]:
     """Look an estimator up by name.
 
     Args:

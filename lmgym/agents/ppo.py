@@ -26,9 +26,8 @@ from lmgym.agents.advantages import gae
 from lmgym.agents.aggregation import aggregate
 from lmgym.agents.base import Agent
 from lmgym.agents.config import AgentConfig, KLPlacement
-from lmgym.agents.grpo import check_clip
 from lmgym.agents.records import Counts, PolicyOutput, PreparedBatch
-from lmgym.agents.token_clip import TokenClip
+from lmgym.agents.token_clip import TokenClip, check_clip
 from lmgym.agents.value import clipped_value_loss
 from lmgym.policy.value import Critic, ValueInit
 from lmgym.types import RolloutBatch

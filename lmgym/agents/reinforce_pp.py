@@ -32,8 +32,7 @@ from torch import Tensor
 from lmgym.agents.advantages import discounted_returns
 from lmgym.agents.base import Agent
 from lmgym.agents.config import AgentConfig, KLPlacement
-from lmgym.agents.grpo import check_clip
-from lmgym.agents.token_clip import TokenClip
+from lmgym.agents.token_clip import TokenClip, check_clip
 from lmgym.types import RolloutBatch
 
 

@@ -6,7 +6,8 @@
 PPO, GRPO (and Dr. GRPO) and REINFORCE++ differ in their advantages, not in this
 rule; CISPO clips its importance weight over an interval of the same form under
 its own names (``weight_low``, ``weight_high``). A mixin gives them one copy of the
-``policy_loss`` / ``clip_range`` pair.
+``policy_loss`` / ``clip_range`` pair; ``check_clip`` is the check of such an
+interval that each of them runs on its config.
 """
 
 from __future__ import annotations
@@ -17,6 +18,16 @@ from typing import Any, ClassVar
 from torch import Tensor
 
 from lmgym.agents.ratios import clipped_surrogate_loss
+
+
+def check_clip(
+    low: float, high: float, low_name: str = "clip_low", high_name: str = "clip_high"
+) -> None:
+    """Clip half-widths must be >= 0, and the lower bound ``1 - low`` must stay >= 0."""
+    if low < 0 or high < 0:
+        raise ValueError(f"{low_name}={low}, {high_name}={high}: clip ranges must be >= 0")
+    if low > 1:
+        raise ValueError(f"{low_name}={low}: must be <= 1 (the lower bound is 1 - {low_name})")
 
 
 class TokenClip:
