@@ -8,10 +8,10 @@ import torch
 from lmgym.agents import GRPO, PPO
 from lmgym.cli import main
 from lmgym.envs.tasks.target_string import make_target_string_vector
+from lmgym.persistence import manifest as manifest_module
 from lmgym.policy import CausalLMPolicy, make_char_tokenizer, make_tiny_model
 from lmgym.rollout import collect
 from lmgym.training import CheckpointError, CheckpointManager, pass_at_k
-from lmgym.training import manifest as manifest_module
 
 
 def fresh_agent(agent_class=GRPO, **config):
