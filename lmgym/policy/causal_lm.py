@@ -4,14 +4,16 @@ Two faces:
 
 - ``act`` (rollout time, no grad): reads the env's observation, feeds the model
   only what its KV cache has not seen, and samples the next token of every row at
-  once. It lives in ``kv_engine`` (``KVCacheRollout``, mixed in here) with the
-  cache state it carries between calls (``PolicyState``).
+  once. The policy delegates it to its ``RolloutEngine`` (``kv_engine``), which
+  has the policy's trunk (``trunk.ModelTrunk``), the policy as its head and the
+  sampling record (``sampling.SamplingSettings``), and returns the cache state it
+  carries between calls (``PolicyState``).
 - ``logprobs`` (learner time): a teacher-forced pass that recomputes per-token
   log-probs and entropies of given sequences, chunked so a float32 ``[B, L, V]``
   log-softmax is never held at once.
 
-This module holds the model wrapper (loading, saving, checks, the trunk and the
-LM head, mixed precision, activation checkpointing) and the teacher-forced pass.
+This module holds the model wrapper (loading, saving, checks, the LM head, mixed
+precision, activation checkpointing) and the teacher-forced pass.
 The model may be a ``peft.PeftModel`` (``lmgym.policy.adapters``): the trunk and
 head are then those of the transformers model under it, with the adapter layers in.
 
@@ -22,6 +24,7 @@ Invariant under test: on the same sequences, ``act``'s sampler log-probs equal
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,13 +51,13 @@ from lmgym.policy.adapters import (
     save_merged_model,
     transformer_of,
 )
-from lmgym.policy.compiled_decode import CompiledDecode, slot_attention_on
-from lmgym.policy.groups import shared_rows
-from lmgym.policy.kv_engine import KVCacheRollout, PolicyState
+from lmgym.policy.groups import shared_pass, shared_rows
+from lmgym.policy.kv_engine import PolicyState, RolloutEngine
 from lmgym.policy.logprobs import token_logprobs
 from lmgym.policy.packaged import local_model_path
-from lmgym.policy.sampling import check_sampling_settings, logprob_temperature
-from lmgym.profiling import LM_HEAD, LOGPROBS, TEACHER_FORCED, TRUNK, labelled
+from lmgym.policy.sampling import SamplingSettings
+from lmgym.policy.trunk import ModelTrunk
+from lmgym.profiling import LM_HEAD, LOGPROBS, TEACHER_FORCED, labelled
 from lmgym.special_tokens import (
     AllowedSpecialTokens,
     check_special_tokens_match,
@@ -144,7 +147,7 @@ def _context_length(model: PreTrainedModel) -> int | None:
     return getattr(model.config, "max_position_embeddings", None)
 
 
-class CausalLMPolicy(KVCacheRollout, nn.Module):
+class CausalLMPolicy(nn.Module):
     """A transformers causal LM with a sampler and a teacher-forced log-prob pass.
 
     Args:
@@ -211,7 +214,7 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
         compile_decode: bool = False,
     ) -> None:
         super().__init__()
-        check_sampling_settings(temperature, top_k, top_p)
+        sampling = SamplingSettings(temperature, top_k, top_p)
         self.autocast_dtype = resolve_autocast_dtype(autocast_dtype)
         if peft_config is not None:
             model = add_adapter(model, peft_config)
@@ -247,7 +250,6 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
             _enable_checkpointing(lm)
         self.model = model
         self.tokenizer = tokenizer
-        self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
         # The model's generation_config may stop on more ids than the tokenizer's EOS
         # (chat models' end-of-turn tokens): they stay samplable.
         self.stop_token_ids = stop_ids_for(model, tokenizer)
@@ -262,11 +264,8 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
         self.register_buffer(
             "_refused", refused if self.masked_token_ids else None, persistent=False
         )
-        # With a pad id in the config, transformers wants a mask even on unpadded input.
-        self._mask_always = getattr(lm.config, "pad_token_id", None) is not None
-        params = inspect.signature(lm.base_model.forward).parameters
-        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
-        self._compiled_decode = CompiledDecode(compile_decode)
+        self.trunk = ModelTrunk(model, self._trunk_pass_context, compile_decode)
+        self.engine = RolloutEngine(self.trunk, self, sampling)
 
     # -------------------------------------------------------------- loading
     @classmethod
@@ -372,7 +371,46 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
     def compile_decode(self) -> bool:
         """Whether the rollout decodes with the compiled step (``False`` after a
         compile failure)."""
-        return self._compiled_decode.enabled
+        return self.trunk.compiles
+
+    @property
+    def sampling(self) -> SamplingSettings:
+        """How ``act`` samples; the teacher-forced pass takes its temperature from it.
+        Assign a new record to sample differently (it is checked when made)."""
+        return self.engine.sampling
+
+    @sampling.setter
+    def sampling(self, settings: SamplingSettings) -> None:
+        self.engine.sampling = settings
+
+    @property
+    def temperature(self) -> float:
+        return self.sampling.temperature
+
+    @temperature.setter
+    def temperature(self, value: float) -> None:
+        self.sampling = dataclasses.replace(self.sampling, temperature=value)
+
+    @property
+    def top_k(self) -> int | None:
+        return self.sampling.top_k
+
+    @top_k.setter
+    def top_k(self, value: int | None) -> None:
+        self.sampling = dataclasses.replace(self.sampling, top_k=value)
+
+    @property
+    def top_p(self) -> float | None:
+        return self.sampling.top_p
+
+    @top_p.setter
+    def top_p(self, value: float | None) -> None:
+        self.sampling = dataclasses.replace(self.sampling, top_p=value)
+
+    @property
+    def refused_mask(self) -> Tensor | None:
+        """``[V] bool``: the ids never sampled (``masked_token_ids``), or ``None``."""
+        return self._refused
 
     @property
     def gradient_checkpointing(self) -> bool:
@@ -471,13 +509,18 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
             return _checkpointed_layers_training(transformer_of(self.model))
         return contextlib.nullcontext()
 
+    @contextlib.contextmanager
+    def _trunk_pass_context(self) -> Iterator[None]:
+        """Every trunk pass (``ModelTrunk.context``): autocast, then ``_trunk_context``."""
+        with self.autocast(), self._trunk_context():
+            yield
+
     def _head(self) -> tuple[Tensor, Tensor | None]:
         """The LM head restricted to the tokenizer's ids: ``([V, H], [V] | None)``."""
         head = transformer_of(self.model).get_output_embeddings()
         bias = head.bias[: self.vocab_size] if head.bias is not None else None
         return head.weight[: self.vocab_size], bias
 
-    @labelled(TRUNK)
     def hidden_states(
         self,
         input_ids: Tensor,
@@ -486,53 +529,21 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
         cache: DynamicCache | None = None,
         packed: tuple[Tensor, Tensor] | None = None,
     ) -> Tensor:
-        """Final hidden states of the trunk: ``[N, S, H]`` for ``[N, S]`` inputs.
+        """Final hidden states of the trunk: ``[N, S, H]`` for ``[N, S]`` inputs
+        (``ModelTrunk.hidden_states`` documents the arguments)."""
+        return self.trunk.hidden_states(input_ids, attention_mask, position_ids, cache, packed)
 
-        ``attention_mask`` is ``[N, C]`` over cache plus input columns (bool or int),
-        or ``None`` when every column is real (plain causal attention).
-
-        ``packed``: a packed decode step over KV slots (``kv_engine``): the inputs are
-        ``[N + T, 1]``, ``N`` rows' new tokens then ``T`` tokens of restarted rows'
-        text, ``attention_mask`` is ``[N, 1, 1, C] bool`` and ``packed`` the
-        ``(rows, allowed)`` of ``compiled_decode.slot_attention``, which the model
-        then attends with.
-        """
-        trunk = transformer_of(self.model).base_model
-        kwargs = {self._cache_kwarg: cache, "use_cache": cache is not None}
-        attention: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
-        if packed is not None:
-            kwargs["lmgym_packed"] = packed
-            attention = slot_attention_on(trunk.config)
-        with self.autocast(), self._trunk_context(), attention:
-            out = trunk(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                position_ids=position_ids,
-                **kwargs,
-            )
-        return out.last_hidden_state
-
-    @labelled(TRUNK)
-    def _compiled_trunk(
+    def act(
         self,
-        input_ids: Tensor,
-        cache_mask: Tensor,
-        position_ids: Tensor,
-        cache: DynamicCache,
-        filled: int,
-        packed: tuple[Tensor, Tensor] | None = None,
-    ) -> Tensor | None:
-        """``hidden_states`` of a one-token step through the compiled step:
-        ``[N (+ T), H]``, or ``None`` when compiling failed (``compiled_decode``).
-
-        ``cache_mask`` is ``[N, C] bool`` over every slot column; ``filled`` the
-        columns in use after the step; ``packed`` as in ``hidden_states``.
-        """
-        trunk = transformer_of(self.model).base_model
-        with self.autocast(), self._trunk_context():
-            return self._compiled_decode(
-                trunk, input_ids, cache_mask, position_ids, cache, self._cache_kwarg, filled, packed
-            )
+        obs: dict[str, Tensor],
+        state: PolicyState | None = None,
+        episode_starts: Tensor | None = None,
+        generator: torch.Generator | None = None,
+        group_ids: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor, PolicyState]:
+        """Sample the next token of every row: ``(actions [N] int64, sampler_logprobs
+        [N] float32, new_state)`` (``RolloutEngine.act`` documents the arguments)."""
+        return self.engine.act(obs, state, episode_starts, generator, group_ids)
 
     @labelled(LM_HEAD)
     def next_token_logits(self, hidden: Tensor) -> Tensor:
@@ -592,7 +603,7 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
                 weight,
                 bias,
                 targets,
-                logprob_temperature(self.temperature),
+                self.sampling.logprob_temperature,
                 with_entropy,
                 chunk_size,
                 self._refused,
@@ -628,11 +639,11 @@ class CausalLMPolicy(KVCacheRollout, nn.Module):
         if shared is None:
             hidden = self.hidden_states(input_ids, mask, positions)
             return hidden[:, p - 1 : s - 1]
-        cache = DynamicCache(config=self.model.config)
-        prompt_hidden, source = self._shared_pass(
-            input_ids[:, :p], mask[:, :p], positions[:, :p], cache, shared
+        cache = self.trunk.new_cache()
+        prompt_hidden = shared_pass(
+            self.hidden_states, input_ids[:, :p], mask[:, :p], positions[:, :p], cache, shared
         )
-        last_prompt = prompt_hidden[source, p - 1 :]  # [B, 1, H]
+        last_prompt = prompt_hidden[shared[1], p - 1 :]  # [B, 1, H]
         if num_targets == 1:
             return last_prompt
         completion_hidden = self.hidden_states(

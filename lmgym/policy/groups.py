@@ -14,8 +14,11 @@ batched comparison, cheap next to the trunk pass it saves.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
+from transformers import DynamicCache
 
 
 def shared_rows(
@@ -65,3 +68,31 @@ def shared_rows(
             "start), or group_ids=None"
         )
     return first, inverse
+
+
+def shared_pass(
+    hidden_states: Callable[..., Tensor],
+    ids: Tensor,
+    attention_mask: Tensor | None,
+    positions: Tensor,
+    cache: DynamicCache,
+    shared: tuple[Tensor, Tensor],
+) -> Tensor:
+    """A trunk pass over ``[N, W]`` rows into the empty ``cache``, each group's rows
+    computed once.
+
+    Args:
+        hidden_states: the trunk, ``(ids, attention_mask, positions, cache) -> [U, W, H]``.
+        ids, positions: ``[N, W] int64``.
+        attention_mask: ``[N, W]`` or ``None`` (every column real).
+        shared: ``shared_rows``'s ``(first, inverse)``.
+
+    Returns:
+        ``hidden [U, W, H]``: row ``i``'s hidden states are ``hidden[inverse[i]]``;
+        ``cache`` then holds all ``N`` rows.
+    """
+    first, inverse = shared
+    mask = None if attention_mask is None else attention_mask[first]
+    hidden = hidden_states(ids[first], mask, positions[first], cache)
+    cache.batch_select_indices(inverse)
+    return hidden

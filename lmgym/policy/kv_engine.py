@@ -1,10 +1,15 @@
-"""The rollout half of ``CausalLMPolicy``: ``act`` with a KV cache over the env's rows.
+"""The rollout engine: ``act`` with a KV cache over the env's rows.
 
-``act`` (rollout time, no grad) reads the env's observation, feeds the model only
-what its KV cache has not seen (the whole prompt once, then one token per step),
-and samples the next token of every row at once. The cache is the policy's
+``RolloutEngine.act`` (rollout time, no grad) reads the env's observation, feeds the
+trunk only what its KV cache has not seen (the whole prompt once, then one token per
+step), and samples the next token of every row at once. The cache is the policy's
 recurrent state (``PolicyState``), like an RNN's hidden state; the env owns the
 text.
+
+The engine *has* its collaborators: a ``Trunk`` (inputs to final hidden states over
+a KV cache; ``trunk.ModelTrunk`` for a transformers model, a stub in tests), a
+``Head`` (hidden states to next-token logits, and the ids never sampled) and a
+frozen ``SamplingSettings``. ``CausalLMPolicy`` builds one and delegates ``act``.
 
 - ``_prefill``: a fresh cache from every row's text; a group's shared prompt runs
   once and its cache is copied to the group (``groups.shared_rows``, from the
@@ -13,24 +18,27 @@ text.
   ``compile_decode`` a compiled step over the slot buffers (``compiled_decode``),
   rows writing their own columns from the prefill on.
 - ``_restart``: rows that started a new episode (continuous batching): their
-  new text is packed into the others' decode step (``PackedText``), each token
-  one more one-token input that writes its own row's first slots.
+  slots are cleared and their new text is appended to them in the others' decode
+  step.
 
-``KVCacheRollout`` is a mixin: ``CausalLMPolicy`` (``causal_lm``) supplies the
-model, ``hidden_states``, ``next_token_logits`` and the sampling settings.
+Appending tokens to a row's KV slots in the next decode step is one named path:
+a ``PackedText`` passed to ``_decode``, each token one more one-token input that
+writes its row's given slot column and attends causally to its row. A restart
+appends a row's new text from column 0; a multi-turn env's observation tokens are
+absorbed the same way, after the row's columns.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from torch import Tensor
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from lmgym.policy.groups import shared_rows
+from lmgym.policy.groups import shared_pass, shared_rows
 from lmgym.policy.kv_slots import (
     is_slot_cache,
     reserve,
@@ -39,15 +47,63 @@ from lmgym.policy.kv_slots import (
     slots_filled,
     to_slots,
 )
-from lmgym.policy.sampling import sample_step
+from lmgym.policy.sampling import SamplingSettings, sample_step
 from lmgym.profiling import ACT, DECODE, PREFILL, RESTART, SAMPLE, labelled, phase
 
-if TYPE_CHECKING:
-    from collections.abc import Callable
 
-    from transformers import PreTrainedModel
+class Trunk(Protocol):
+    """What the engine runs: inputs to final hidden states over a KV cache."""
 
-    from lmgym.policy.compiled_decode import CompiledDecode
+    #: give the attention mask even where every column is real (``ModelTrunk``)
+    mask_always: bool
+
+    @property
+    def compiles(self) -> bool:
+        """Whether one-token steps over slots go through ``compiled_hidden_states``."""
+        ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def new_cache(self) -> DynamicCache:
+        """An empty cache the trunk's layers fill."""
+        ...
+
+    def hidden_states(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None,
+        position_ids: Tensor,
+        cache: DynamicCache | None = None,
+        packed: tuple[Tensor, Tensor] | None = None,
+    ) -> Tensor:
+        """``[N, S]`` inputs -> ``[N, S, H]`` (``ModelTrunk.hidden_states``)."""
+        ...
+
+    def compiled_hidden_states(
+        self,
+        input_ids: Tensor,
+        cache_mask: Tensor,
+        position_ids: Tensor,
+        cache: DynamicCache,
+        filled: int,
+        packed: tuple[Tensor, Tensor] | None = None,
+    ) -> Tensor | None:
+        """A one-token step, ``[N (+ T), H]``, or ``None`` to run it eagerly."""
+        ...
+
+
+class Head(Protocol):
+    """What turns the trunk's last hidden states into a draw."""
+
+    @property
+    def refused_mask(self) -> Tensor | None:
+        """``[V] bool`` ids never sampled, or ``None``: every id may be."""
+        ...
+
+    def next_token_logits(self, hidden: Tensor) -> Tensor:
+        """``[N, H]`` -> ``[N, V] float32``."""
+        ...
 
 
 @dataclass
@@ -86,13 +142,14 @@ class PolicyState:
 
 @dataclass
 class PackedText:
-    """Restarted rows' text as ``T`` extra one-token inputs of a decode step.
+    """Tokens appended to given rows' KV slots in the next decode step, as ``T``
+    extra one-token inputs after the ``N`` rows' own.
 
     Attributes:
-        ids: ``[T] int64`` the tokens (every restarted row's real tokens, in order).
+        ids: ``[T] int64`` the tokens, each row's in order.
         positions: ``[T] int64`` their position ids.
         rows: ``[T] int64`` the cache row each one belongs to.
-        cols: ``[T] int64`` the slot column each one writes (its observation column).
+        cols: ``[T] int64`` the slot column each one writes.
         allowed: ``[T, W] bool`` the columns of its row each one attends to: the real
             ones up to its own.
     """
@@ -111,6 +168,39 @@ def _plain_cache(cache: DynamicCache) -> bool:
     return all(type(layer) is DynamicLayer and layer.is_initialized for layer in cache.layers)
 
 
+def _restart_text(
+    ids: Tensor, mask: Tensor, last_col: Tensor, rows: Tensor, first_input: int
+) -> tuple[PackedText, Tensor, Tensor]:
+    """Restarted rows' new text, appended from their slot column 0.
+
+    Args:
+        ids, mask: ``[N, S]`` the observation.
+        last_col: ``[N] int64`` each row's last real column.
+        rows: ``[k] int64`` the restarted rows.
+        first_input: the index the first packed token gets among the step's inputs
+            (after the ``N`` rows' own).
+
+    Returns:
+        ``(packed, newest [k] int64, new_mask [k, W] bool)``: ``newest[j]`` is the input
+        index of restarted row ``j``'s last token (its next-token hidden state);
+        ``new_mask`` the real columns of the ``W`` its new text spans.
+    """
+    width = int(last_col[rows].max()) + 1
+    new_mask = mask[rows, :width]
+    new_positions = new_mask.long().cumsum(1) - 1
+    local, col = new_mask.nonzero(as_tuple=True)  # row-major: each row's text in order
+    arange = torch.arange(width, device=ids.device)
+    packed = PackedText(
+        ids=ids[rows[local], col],
+        positions=new_positions[local, col],
+        rows=rows[local],
+        cols=col,
+        allowed=new_mask[local] & (arange[None, :] <= col[:, None]),
+    )
+    newest = new_mask.sum(1).cumsum(0) - 1 + first_input
+    return packed, newest, new_mask
+
+
 def _widen(cache_mask: Tensor, columns: int) -> Tensor:
     """``[N, C]`` -> ``[N, columns]``, new columns False."""
     extra = columns - cache_mask.shape[1]
@@ -119,37 +209,33 @@ def _widen(cache_mask: Tensor, columns: int) -> Tensor:
     return torch.cat([cache_mask, cache_mask.new_zeros(cache_mask.shape[0], extra)], dim=1)
 
 
-class KVCacheRollout:
-    """``act`` and its KV-cache engine, mixed into ``CausalLMPolicy``."""
+class RolloutEngine:
+    """``act`` over a KV cache, from a trunk, a head and a sampling record.
 
-    if TYPE_CHECKING:  # supplied by CausalLMPolicy
-        model: PreTrainedModel
-        device: torch.device
-        temperature: float
-        top_k: int | None
-        top_p: float | None
-        _refused: Tensor | None
-        _mask_always: bool
-        _compiled_decode: CompiledDecode
-        hidden_states: Callable[..., Tensor]
-        _compiled_trunk: Callable[..., Tensor | None]
-        next_token_logits: Callable[[Tensor], Tensor]
+    Args:
+        trunk: runs inputs to final hidden states over a KV cache.
+        head: next-token logits and the ids never sampled.
+        sampling: temperature, top-k, top-p. The attribute may be replaced by
+            another record between calls (``dataclasses.replace``).
+    """
+
+    def __init__(self, trunk: Trunk, head: Head, sampling: SamplingSettings) -> None:
+        self.trunk = trunk
+        self.head = head
+        self.sampling = sampling
+        self._constants: dict[tuple[str, int, torch.device], Tensor] = {}
 
     def _trunk_mask(self, mask: Tensor, padded: bool) -> Tensor | None:
         """The attention mask to give the trunk: ``mask`` with padding, else ``None``
-        (plain causal attention, the fast path), except for a model whose config names
-        a pad id: transformers cannot tell a real token with that id (an EOS equal to
-        it, a BOS) from padding and warns "We strongly recommend passing in an
-        `attention_mask`", so it gets the mask it asks for."""
-        return mask if padded or self._mask_always else None
+        (plain causal attention, the fast path), unless the trunk always wants one
+        (``ModelTrunk.mask_always``)."""
+        return mask if padded or self.trunk.mask_always else None
 
     def _constant(self, kind: str, n: int, device: torch.device) -> Tensor:
         """A cached constant that ``act`` needs every step: ``"arange"``, ``arange(n)``;
         ``"true"``, an ``[n, 1]`` all-True column (the cache-mask column of a full
         step)."""
-        cached: dict[tuple[str, int, torch.device], Tensor] = self.__dict__.setdefault(
-            "_constants", {}
-        )
+        cached = self._constants
         key = (kind, n, device)
         if key not in cached:
             if len(cached) >= 8:  # a caller with ever-changing widths
@@ -159,34 +245,6 @@ class KVCacheRollout:
             else:
                 cached[key] = torch.ones(n, 1, dtype=torch.bool, device=device)
         return cached[key]
-
-    def _shared_pass(
-        self,
-        ids: Tensor,
-        attention_mask: Tensor | None,
-        positions: Tensor,
-        cache: DynamicCache,
-        shared: tuple[Tensor, Tensor] | None,
-    ) -> tuple[Tensor, Tensor]:
-        """``hidden_states`` of ``[N, W]`` rows into the empty ``cache``, each group's
-        rows computed once.
-
-        Args:
-            shared: ``shared_rows``'s ``(first, inverse)``, or ``None``: every row runs.
-
-        Returns:
-            ``(hidden [U, W, H], source [N] int64)``: row ``i``'s hidden states are
-            ``hidden[source[i]]`` (``U = N`` without sharing); ``cache`` then holds
-            all ``N`` rows.
-        """
-        if shared is None:
-            hidden = self.hidden_states(ids, attention_mask, positions, cache)
-            return hidden, self._constant("arange", ids.shape[0], ids.device)
-        first, inverse = shared
-        mask = None if attention_mask is None else attention_mask[first]
-        hidden = self.hidden_states(ids[first], mask, positions[first], cache)
-        cache.batch_select_indices(inverse)
-        return hidden, inverse
 
     # ------------------------------------------------------------------ act
     @labelled(PREFILL)
@@ -212,22 +270,28 @@ class KVCacheRollout:
             order = torch.sort(mask.to(torch.uint8), dim=1, stable=True).indices
             ids, mask = ids.gather(1, order), mask.gather(1, order)
         positions = (mask.long().cumsum(1) - 1).clamp(min=0)
-        cache = DynamicCache(config=self.model.config)
+        cache = self.trunk.new_cache()
         padded = not bool(mask.all())
         groups = shared_rows(group_ids, ids, mask)
-        hidden, source = self._shared_pass(
-            ids, self._trunk_mask(mask, padded), positions, cache, groups
-        )
+        attention_mask = self._trunk_mask(mask, padded)
+        if groups is None:
+            hidden = self.trunk.hidden_states(ids, attention_mask, positions, cache)
+            source = self._constant("arange", ids.shape[0], ids.device)
+        else:
+            hidden = shared_pass(
+                self.trunk.hidden_states, ids, attention_mask, positions, cache, groups
+            )
+            source = groups[1]
         cache_mask, cols = mask, None
         if _plain_cache(cache):
             capacity = max(capacity, width + 1)
-            if self._compiled_decode.enabled:
+            if self.trunk.compiles:
                 # A spare column: the compiled step's read width stays below the
                 # capacity (a width equal to it is a second graph: another compile).
                 capacity += 1
             to_slots(cache, capacity)
             cache_mask = _widen(mask, capacity)
-            if self._compiled_decode.enabled:  # its one graph writes per-row columns
+            if self.trunk.compiles:  # its one graph writes per-row columns
                 cols, padded = torch.full_like(last_col, width), True
         state = PolicyState(cache, cache_mask, mask.sum(1), last_col, padded, cols)
         return hidden[source, -1], state
@@ -248,8 +312,8 @@ class KVCacheRollout:
         cache column masked out, so it sees nothing new. ``all_advanced``: the caller
         already knows every row advanced by one column. ``filled``: with per-row
         columns, the exact width in use after this step (default: an upper bound).
-        ``packed``: restarted rows' text, fed in the same forward after the ``N``
-        rows' tokens (per-row columns only).
+        ``packed``: tokens appended to their rows' slots in the same forward, after
+        the ``N`` rows' own (per-row columns only): a restarted row's new text.
 
         Returns:
             ``(hidden [N (+ T), H], new_state)``: the ``N`` rows' last hidden states,
@@ -294,15 +358,17 @@ class KVCacheRollout:
             )
             attend = (packed.rows, packed.allowed)
         hidden = None
-        if cols is not None and self._compiled_decode.enabled:
+        if cols is not None and self.trunk.compiles:
             set_step(cache, write_cols, filled, read_all=True, rows=write_rows)
-            hidden = self._compiled_trunk(tokens, cache_mask, positions_in, cache, filled, attend)
+            hidden = self.trunk.compiled_hidden_states(
+                tokens, cache_mask, positions_in, cache, filled, attend
+            )
         if hidden is None:  # eager (or the compiled step just failed)
             if cols is not None:
                 set_step(cache, write_cols, filled, rows=write_rows)
             if packed is not None:
                 attention_mask = attention_mask[:, None, None, :]
-            hidden = self.hidden_states(
+            hidden = self.trunk.hidden_states(
                 tokens, self._trunk_mask(attention_mask, padded), positions_in, cache, attend
             )[:, 0]
         if padded:
@@ -328,7 +394,7 @@ class KVCacheRollout:
         The ``k`` restarted rows' ``W`` new columns go to the first ``W`` slots of their
         own rows (their old columns are all dead; the rest are masked out); from then
         on each row writes its own next column (``PolicyState.cols``). Their text is
-        packed into the decode step (``PackedText``): its ``T`` real tokens are ``T``
+        appended in the decode step (``PackedText``): its ``T`` real tokens are ``T``
         more one-token inputs after the ``N`` rows', each writing its own column and
         attending causally to its row's new text, so the linear layers run once over
         ``N + T`` tokens and there is no separate prefill. Nothing is copied or
@@ -337,20 +403,8 @@ class KVCacheRollout:
         """
         cache = state.cache
         rows = restart.nonzero().squeeze(1)
-        width = int(last_col[rows].max()) + 1
-        new_mask = mask[rows, :width]
-        new_positions = new_mask.long().cumsum(1) - 1
-        local, col = new_mask.nonzero(as_tuple=True)  # row-major: each row's text in order
-        arange = self._constant("arange", width, ids.device)
-        packed = PackedText(
-            ids=ids[rows[local], col],
-            positions=new_positions[local, col],
-            rows=rows[local],
-            cols=col,
-            allowed=new_mask[local] & (arange[None, :] <= col[:, None]),
-        )
-        # Each restarted row's newest token (its last real column) is its last packed one.
-        newest = new_mask.sum(1).cumsum(0) - 1 + ids.shape[0]
+        packed, newest, new_mask = _restart_text(ids, mask, last_col, rows, ids.shape[0])
+        width = new_mask.shape[1]
         cache_mask = _widen(state.cache_mask, reserve(cache, width))
         cache_mask = cache_mask & ~restart[:, None]
         cache_mask[rows, :width] = new_mask
@@ -421,7 +475,7 @@ class KVCacheRollout:
         generator: torch.Generator | None,
         group_ids: Tensor | None,
     ) -> tuple[Tensor, Tensor, PolicyState]:
-        device = self.device  # one parameter scan per call, not two
+        device = self.trunk.device  # one parameter scan per call, not two
         ids = obs["input_ids"].to(device)
         mask = obs["attention_mask"].to(device).bool()
         groups = None if group_ids is None else group_ids.to(device)
@@ -444,10 +498,10 @@ class KVCacheRollout:
             else:  # a cache kind whose tensors lmgym does not edit: refill every row
                 # (mid-episode: a group's rows hold their own completions, no sharing)
                 hidden, state = self._prefill(ids, mask, last_col, None)
-        logits = self.next_token_logits(hidden)
+        logits = self.head.next_token_logits(hidden)
         with phase(SAMPLE):  # one masked, tempered [N, V] for the draw and the special mass
             actions, logprobs, mass = sample_step(
-                logits, self.temperature, self.top_k, self.top_p, generator, self._refused
+                logits, self.sampling, generator, self.head.refused_mask
             )
             if mass is not None:
                 state.special_mass = mass

@@ -1,9 +1,14 @@
 """Sampling one token per row from next-token logits (special-token mask, temperature,
-top-k, top-p, or greedy decoding at temperature 0)."""
+top-k, top-p, or greedy decoding at temperature 0).
+
+``SamplingSettings`` is the one record of how a policy samples: the rollout engine
+draws with it and the teacher-forced pass takes its log-prob temperature from it.
+"""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from numbers import Real
 
 import torch
@@ -34,6 +39,32 @@ def check_sampling_settings(temperature: float, top_k: int | None, top_p: float 
         raise TypeError(f"top_k={top_k!r}: expected an int")
     if top_k is not None and top_k < 0:
         raise ValueError(f"top_k={top_k}: must be >= 0 (0 or None disables it)")
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """How the next token is drawn; checked when made (``check_sampling_settings``).
+
+    Frozen: a caller that samples differently for a while (ReMax's greedy baseline)
+    swaps in another record, so nothing sees half-changed settings.
+
+    Attributes:
+        temperature: > 0 samples at that temperature; 0 is greedy decoding (argmax).
+        top_k: keep the ``k`` most likely ids (``None`` or 0: all).
+        top_p: nucleus mass (``None`` or 1.0: no filter).
+    """
+
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+
+    def __post_init__(self) -> None:
+        check_sampling_settings(self.temperature, self.top_k, self.top_p)
+
+    @property
+    def logprob_temperature(self) -> float:
+        """The temperature log-probs are taken at (``logprob_temperature``)."""
+        return logprob_temperature(self.temperature)
 
 
 def logprob_temperature(temperature: float) -> float:
@@ -120,15 +151,14 @@ def sample_tokens(
         RuntimeError: non-finite logits (``torch.multinomial``: "probability tensor
             contains either inf, nan or element < 0"; ``Agent`` names the cause).
     """
-    actions, logprobs, _ = sample_step(logits, temperature, top_k, top_p, generator, refused)
+    settings = SamplingSettings(temperature, top_k, top_p)
+    actions, logprobs, _ = sample_step(logits, settings, generator, refused)
     return actions, logprobs
 
 
 def sample_step(
     logits: Tensor,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
+    settings: SamplingSettings = SamplingSettings(),  # noqa: B008  # frozen: safe to share
     generator: torch.Generator | None = None,
     refused: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
@@ -136,13 +166,16 @@ def sample_step(
     masked, tempered logits: one ``[N, V]`` mask and division fewer).
 
     Args:
-        logits, temperature, top_k, top_p, generator, refused: as ``sample_tokens``.
+        logits: ``[N, V]`` raw next-token logits.
+        settings: temperature, top-k and top-p.
+        generator, refused: as ``sample_tokens``.
 
     Returns:
         ``(actions [N] int64, logprobs [N] float32, special_mass [N] float32 | None)``:
         ``sample_tokens``'s pair and ``special_mass(logits, refused, temperature)``,
         bit for bit (``None`` when ``refused`` is ``None``).
     """
+    temperature, top_k, top_p = settings.temperature, settings.top_k, settings.top_p
     logits = logits.float()
     if temperature == 0:
         actions, logprobs = _greedy(logits, refused)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 from typing import Literal
 
 import torch
@@ -125,9 +126,7 @@ class AdapterDisabledReference(CausalLMPolicy):
         super().__init__(
             policy.model,
             policy.tokenizer,
-            policy.temperature,
-            policy.top_k,
-            policy.top_p,
+            **dataclasses.asdict(policy.sampling),
             fused_activations=False,
             allowed_special_tokens=policy.allowed_special_tokens,
             autocast_dtype=policy.autocast_dtype,

@@ -237,9 +237,9 @@ def test_a_rollouts_later_steps_skip_full_guards_yet_run_their_own_graph(
             batch = collect(env, policy, seed=seed)
             assert shortcut == [False] + [True] * (int(batch.lengths.max()) - 2)
             assert teacher_forced_gap(policy, batch) < 1e-4
-            policy._compiled_decode.skip_guards = False
+            policy.trunk.compiled_decode.skip_guards = False
             full = collect(env, policy, seed=seed)
-            policy._compiled_decode.skip_guards = True
+            policy.trunk.compiled_decode.skip_guards = True
             assert torch.equal(full.completion_ids, batch.completion_ids)
             assert torch.equal(full.sampler_logprobs, batch.sampler_logprobs)
             assert policy.compile_decode

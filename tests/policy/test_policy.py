@@ -58,13 +58,13 @@ def test_unpadded_prompts_run_maskless_until_a_row_finishes(make_env, make_eos_p
 def trunk_rows(policy, monkeypatch) -> list[int]:
     """The number of rows of every trunk pass ``policy`` makes from now on."""
     rows: list[int] = []
-    forward = policy.hidden_states
+    forward = policy.trunk.hidden_states
 
     def spy(input_ids, *args, **kwargs):
         rows.append(input_ids.shape[0])
         return forward(input_ids, *args, **kwargs)
 
-    monkeypatch.setattr(policy, "hidden_states", spy)
+    monkeypatch.setattr(policy.trunk, "hidden_states", spy)
     return rows
 
 
@@ -180,8 +180,8 @@ def test_continuous_collector_keeps_its_cache_until_the_weights_change(
     )
     collector = ContinuousCollector(env, policy, seed=0)
     prefills = []
-    original = policy._prefill
-    monkeypatch.setattr(policy, "_prefill", lambda *a: prefills.append(1) or original(*a))
+    original = policy.engine._prefill
+    monkeypatch.setattr(policy.engine, "_prefill", lambda *a: prefills.append(1) or original(*a))
     collector.collect(num_groups=2)
     assert len(prefills) == 1
     batch = collector.collect(num_groups=2)  # same weights: the in-flight cache is reused
@@ -403,13 +403,13 @@ def test_restarted_rows_text_is_packed_into_the_decode_step(make_env, policy, id
     starts = terminated | truncated
     assert starts.all()
     shapes = []
-    original = policy.hidden_states
+    original = policy.trunk.hidden_states
 
     def counting(input_ids, *args, **kwargs):
         shapes.append(tuple(input_ids.shape))
         return original(input_ids, *args, **kwargs)
 
-    monkeypatch.setattr(policy, "hidden_states", counting)
+    monkeypatch.setattr(policy.trunk, "hidden_states", counting)
     gen = torch.Generator().manual_seed(0)
     cached = policy.act(obs, state, episode_starts=starts, generator=gen)
     real = int(obs["attention_mask"].sum())

@@ -204,13 +204,13 @@ def engine(request, smollm2) -> Iterator[Engine]:
 def trunk_rows(policy: CausalLMPolicy, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The number of rows of every eager trunk pass ``policy`` makes from now on."""
     rows: list[int] = []
-    forward = policy.hidden_states
+    forward = policy.trunk.hidden_states
 
     def spy(input_ids: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         rows.append(input_ids.shape[0])
         return forward(input_ids, *args, **kwargs)
 
-    monkeypatch.setattr(policy, "hidden_states", spy)
+    monkeypatch.setattr(policy.trunk, "hidden_states", spy)
     return rows
 
 
@@ -256,13 +256,13 @@ def test_rollout_logprobs_equal_teacher_forcing_with_group_prefill_and_restarts(
     # into the decode step of the rows still running.
     env = engine.env(policy, prompts, autoreset=True, **settings)
     restarts: list[int] = []
-    restart = policy._restart
+    restart = policy.engine._restart
 
     def counting(ids, mask, last_col, restarting, state):
         restarts.append(int(restarting.sum()))
         return restart(ids, mask, last_col, restarting, state)
 
-    monkeypatch.setattr(policy, "_restart", counting)
+    monkeypatch.setattr(policy.engine, "_restart", counting)
     collector = ContinuousCollector(env, policy, seed=0)
     for _ in range(2):
         batch = collector.collect(num_groups=2)

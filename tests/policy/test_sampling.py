@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmgym.policy.sampling import sample_step, sample_tokens, special_mass
+from lmgym.policy.sampling import SamplingSettings, sample_step, sample_tokens, special_mass
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -24,13 +24,14 @@ def test_sample_step_is_sample_tokens_plus_the_special_mass_bit_for_bit(temperat
     actions, lp = sample_tokens(
         logits, temperature, top_k, top_p, torch.Generator().manual_seed(1), refused
     )
+    settings = SamplingSettings(temperature, top_k, top_p)
     step_actions, step_lp, mass = sample_step(
-        logits, temperature, top_k, top_p, torch.Generator().manual_seed(1), refused
+        logits, settings, torch.Generator().manual_seed(1), refused
     )
     assert torch.equal(step_actions, actions) and torch.equal(bits(step_lp), bits(lp))
     assert not bool(refused[actions].any())
     assert torch.equal(bits(mass), bits(special_mass(logits, refused, temperature)))
-    assert sample_step(logits, temperature, top_k, top_p, None, None)[2] is None
+    assert sample_step(logits, settings, None, None)[2] is None
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
@@ -40,3 +41,13 @@ def test_non_finite_logits_raise_the_error_agents_name(bad):
     logits[1, 2] = bad
     with pytest.raises(RuntimeError, match="probability tensor contains"):
         sample_step(logits, generator=torch.Generator().manual_seed(0))
+
+
+def test_the_settings_record_is_frozen_and_checked_when_made():
+    settings = SamplingSettings(0.5, 3, 0.9)
+    with pytest.raises(AttributeError):
+        settings.top_k = 1  # type: ignore[misc]
+    with pytest.raises(ValueError, match=r"top_p=1.5: must be in \(0, 1\]"):
+        SamplingSettings(top_p=1.5)
+    assert SamplingSettings(0.0).logprob_temperature == 1.0
+    assert settings.logprob_temperature == 0.5
