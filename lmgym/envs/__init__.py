@@ -33,7 +33,7 @@ from lmgym.envs.rewards import (
     reward_component_means,
 )
 from lmgym.envs.single import TokenEnv, single_env_factory
-from lmgym.envs.task_factory import task_factory
+from lmgym.envs.task_factory import build_env, task_factory
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.special_tokens import stop_ids_for
 
@@ -59,6 +59,7 @@ __all__ = [
     "TokenScoreReward",
     "TokenVectorEnv",
     "available_tasks",
+    "build_env",
     "env_option_names",
     "format_task_table",
     "make_reward_env_vector",

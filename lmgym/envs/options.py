@@ -17,7 +17,7 @@ import types
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -25,10 +25,6 @@ from transformers import PreTrainedTokenizerBase
 
 from lmgym.char_tokenizer import make_char_tokenizer
 from lmgym.special_tokens import AllowedSpecialTokens
-from lmgym.types import PromptSource, RewardModel
-
-if TYPE_CHECKING:
-    from lmgym.envs.token_env import TokenVectorEnv
 
 RewardMode = Literal["bandit", "per_token"]
 PerTokenForm = Literal["potential", "dense"]
@@ -178,28 +174,6 @@ class EnvOptions:
             options,
             max_new_tokens=DEFAULT_MAX_NEW_TOKENS if budget is None else budget,
             stop_token_ids=tuple(options.stop_ids()),
-        )
-
-    def build(
-        self, prompts: PromptSource, reward: RewardModel, *, max_new_tokens: int | None = None
-    ) -> TokenVectorEnv:
-        """The ``TokenVectorEnv`` over ``prompts`` and ``reward`` with these options.
-
-        Args:
-            prompts: The task's prompt source.
-            reward: The task's reward model.
-            max_new_tokens: The task's default budget, used when the options leave
-                ``max_new_tokens`` at ``None``.
-        """
-        # The env imports this record, so it is imported here, when a task builds one.
-        from lmgym.envs.token_env import TokenVectorEnv
-
-        budget = self.max_new_tokens if self.max_new_tokens is not None else max_new_tokens
-        return TokenVectorEnv(
-            self.tokenizer or make_char_tokenizer(),
-            prompts,
-            reward,
-            replace(self, max_new_tokens=budget),
         )
 
 

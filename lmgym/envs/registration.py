@@ -22,7 +22,12 @@ import gymnasium as gym
 
 from lmgym.envs.options import EnvOptions
 from lmgym.envs.single import single_env_factory
-from lmgym.envs.task_factory import VectorFactory, check_option_defaults, task_factory
+from lmgym.envs.task_factory import (
+    VectorFactory,
+    build_env,
+    check_option_defaults,
+    task_factory,
+)
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.types import Prompt, PromptSource, RewardModel
 
@@ -305,7 +310,7 @@ def make_reward_env_vector(
 ) -> TokenVectorEnv:
     """A ``TokenVectorEnv`` over any reward and prompt source: ``num_envs`` rows,
     ``num_envs / group_size`` prompts per batch, budget 16 tokens by default."""
-    return options.build(prompts, reward)
+    return build_env(options, prompts, reward)
 
 
 def _check_reward_model(reward: object) -> None:
@@ -363,7 +368,7 @@ def reward_env_factory(
 
     @task_factory(**{"max_new_tokens": 16, **defaults})
     def make_reward_env_vector(options: EnvOptions) -> TokenVectorEnv:
-        return options.build(source, reward)
+        return build_env(options, source, reward)
 
     return make_reward_env_vector
 

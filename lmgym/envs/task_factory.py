@@ -1,5 +1,9 @@
 """A task's body becomes its Gymnasium vector factory, taking every env option.
 
+A task body ``body(options: EnvOptions, **task_params) -> TokenVectorEnv`` makes
+its prompts and reward and returns ``build_env(options, prompts, reward,
+max_new_tokens=<its default budget>)``.
+
 ``task_factory`` turns a task's body ``body(options, **task_params) ->
 TokenVectorEnv`` into its ``vector_entry_point``: one function that takes the
 task's own parameters and every ``EnvOptions`` field as keyword arguments, with a
@@ -22,8 +26,31 @@ from typing import Any
 from lmgym.char_tokenizer import make_char_tokenizer
 from lmgym.envs.options import ENV_OPTION_NAMES, OPTION_TYPES, EnvOptions
 from lmgym.envs.token_env import TokenVectorEnv
+from lmgym.types import PromptSource, RewardModel
 
 VectorFactory = Callable[..., TokenVectorEnv]
+
+
+def build_env(
+    options: EnvOptions,
+    prompts: PromptSource,
+    reward: RewardModel,
+    *,
+    max_new_tokens: int | None = None,
+) -> TokenVectorEnv:
+    """The ``TokenVectorEnv`` over ``prompts`` and ``reward`` with ``options``: what a
+    task body returns.
+
+    Args:
+        options: The options the body was given.
+        prompts: The task's prompt source.
+        reward: The task's reward model.
+        max_new_tokens: The task's default budget, used when the options leave
+            ``max_new_tokens`` at ``None``.
+    """
+    if options.max_new_tokens is None:
+        options = replace(options, max_new_tokens=max_new_tokens)
+    return TokenVectorEnv(options.tokenizer or make_char_tokenizer(), prompts, reward, options)
 
 
 def check_option_defaults(defaults: dict[str, Any], where: str) -> None:
@@ -56,7 +83,7 @@ def task_factory(**defaults: Any) -> Callable[[Callable[..., TokenVectorEnv]], V
 
         @task_factory(max_new_tokens=8)
         def make_echo_vector(options: EnvOptions, word: str = "hi") -> TokenVectorEnv:
-            return options.build([f"say {word}:"], EchoReward(word))
+            return build_env(options, [f"say {word}:"], EchoReward(word))
     """
     check_option_defaults(defaults, "task_factory")
 

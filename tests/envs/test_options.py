@@ -19,6 +19,7 @@ from lmgym.envs import (
     FunctionReward,
     TokenEnv,
     TokenVectorEnv,
+    build_env,
     env_option_names,
     register_reward_env,
     reward_env_factory,
@@ -219,7 +220,7 @@ def test_task_factory_builds_a_task_from_a_body():
         """Echo ``word``."""
         ids = torch.tensor([options.tokenizer.convert_tokens_to_ids(c) for c in word])
         reward = PositionMatchReward(ids[None], torch.tensor([len(word)]), "echo")
-        return options.build([f"say {word}:"], reward, max_new_tokens=99)
+        return build_env(options, [f"say {word}:"], reward, max_new_tokens=99)
 
     assert list(inspect.signature(make_echo_vector).parameters)[:3] == [
         "num_envs",

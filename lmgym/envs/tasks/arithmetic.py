@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from lmgym.envs.options import EnvOptions
 from lmgym.envs.single import single_env_factory
-from lmgym.envs.task_factory import task_factory
+from lmgym.envs.task_factory import build_env, task_factory
 from lmgym.envs.tasks._common import (
     ExactMatchReward,
     PositionMatchReward,
@@ -87,7 +87,7 @@ def _arithmetic_vector(
         if process
         else ExactMatchReward(ids, lengths, name="exact_match")
     )
-    return options.build([prompt for prompt, _ in items], reward, max_new_tokens=longest)
+    return build_env(options, [prompt for prompt, _ in items], reward, max_new_tokens=longest)
 
 
 @task_factory()

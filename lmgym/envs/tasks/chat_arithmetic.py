@@ -51,7 +51,7 @@ from lmgym.envs.options import EnvOptions
 from lmgym.envs.prompts import RecordPrompts, shuffle_prompts
 from lmgym.envs.rewards import FunctionReward
 from lmgym.envs.single import single_env_factory
-from lmgym.envs.task_factory import task_factory
+from lmgym.envs.task_factory import build_env, task_factory
 from lmgym.envs.tasks._chat import chat_prompt, wants_chat
 from lmgym.envs.tasks._common import Split, select_split
 from lmgym.envs.token_env import TokenVectorEnv
@@ -204,7 +204,7 @@ def make_chat_arithmetic_vector(
     items = select_split(every, split, eval_fraction, data_seed)
     source = RecordPrompts([{"prompt": prompt, "answer": a} for prompt, a in items])
     reward = FunctionReward(REWARDS[answer], name=f"{answer}_match")
-    return options.build(source, reward, max_new_tokens=DEFAULT_MAX_NEW_TOKENS)
+    return build_env(options, source, reward, max_new_tokens=DEFAULT_MAX_NEW_TOKENS)
 
 
 make_chat_arithmetic = single_env_factory(make_chat_arithmetic_vector)

@@ -64,7 +64,7 @@ from lmgym.envs.options import EnvOptions
 from lmgym.envs.prompts import RecordPrompts
 from lmgym.envs.rewards import CombinedReward, FunctionReward
 from lmgym.envs.single import single_env_factory
-from lmgym.envs.task_factory import task_factory
+from lmgym.envs.task_factory import build_env, task_factory
 from lmgym.envs.tasks._chat import chat_prompt, distinct_draws, wants_chat
 from lmgym.envs.tasks._common import Split, select_split
 from lmgym.envs.token_env import TokenVectorEnv
@@ -325,7 +325,7 @@ def make_instructions_vector(
     pairs = [(record["prompt"], str(i)) for i, record in enumerate(records)]
     kept = [records[int(i)] for _, i in select_split(pairs, split, eval_fraction, data_seed)]
     reward = instruction_reward(names, strict)
-    return options.build(RecordPrompts(kept), reward, max_new_tokens=DEFAULT_MAX_NEW_TOKENS)
+    return build_env(options, RecordPrompts(kept), reward, max_new_tokens=DEFAULT_MAX_NEW_TOKENS)
 
 
 make_instructions = single_env_factory(make_instructions_vector)

@@ -32,7 +32,7 @@ from torch import Tensor
 
 from lmgym.envs.options import EnvOptions
 from lmgym.envs.single import single_env_factory
-from lmgym.envs.task_factory import task_factory
+from lmgym.envs.task_factory import build_env, task_factory
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.types import RewardInput
 
@@ -102,8 +102,8 @@ def make_length_control_vector(
         raise ValueError("tokenizer: LengthControl ends completions with EOS; it has none")
     lengths = torch.arange(min_length, max_length + 1)
     reward = LengthReward(lengths, torch.tensor(options.stop_ids()), tolerance)
-    return options.build(
-        [f"len={n}:" for n in lengths.tolist()], reward, max_new_tokens=max_new_tokens
+    return build_env(
+        options, [f"len={n}:" for n in lengths.tolist()], reward, max_new_tokens=max_new_tokens
     )
 
 

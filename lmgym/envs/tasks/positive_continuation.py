@@ -39,7 +39,7 @@ from typing import Any, Literal
 from lmgym.envs.options import EnvOptions
 from lmgym.envs.rewards import FunctionReward
 from lmgym.envs.single import single_env_factory
-from lmgym.envs.task_factory import task_factory
+from lmgym.envs.task_factory import build_env, task_factory
 from lmgym.envs.tasks._chat import chat_prompt, distinct_draws, wants_chat
 from lmgym.envs.tasks._common import Split, select_split
 from lmgym.envs.token_env import TokenVectorEnv
@@ -167,7 +167,7 @@ def make_positive_continuation_vector(
     prompts = [chat_prompt(QUESTION.format(opening=t)) if chat else t for t in texts]
     pairs = [(prompt, text) for prompt, text in zip(prompts, texts, strict=True)]
     kept = [prompt for prompt, _ in select_split(pairs, split, eval_fraction, data_seed)]
-    return options.build(kept, reward, max_new_tokens=DEFAULT_MAX_NEW_TOKENS)
+    return build_env(options, kept, reward, max_new_tokens=DEFAULT_MAX_NEW_TOKENS)
 
 
 make_positive_continuation = single_env_factory(make_positive_continuation_vector)

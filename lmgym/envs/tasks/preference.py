@@ -59,7 +59,7 @@ from lmgym.char_tokenizer import DEFAULT_CHARS, make_char_tokenizer
 from lmgym.envs.options import EnvOptions
 from lmgym.envs.rewards import SequenceClassifierReward
 from lmgym.envs.single import single_env_factory
-from lmgym.envs.task_factory import task_factory
+from lmgym.envs.task_factory import build_env, task_factory
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.types import RewardInput
 
@@ -391,7 +391,7 @@ def make_preference_vector(
         config = PreferenceRMConfig(prompts=prompts, max_completion_length=max_new_tokens)
         path = train_preference_reward_model(path, config)
     reward = make_preference_reward(path, prompts, max_new_tokens, score, device=options.device)
-    return options.build(prompts, reward, max_new_tokens=max_new_tokens)
+    return build_env(options, prompts, reward, max_new_tokens=max_new_tokens)
 
 
 make_preference = single_env_factory(make_preference_vector)

@@ -30,7 +30,7 @@ from transformers import AutoModel, AutoTokenizer
 
 from lmgym.envs.options import EnvOptions
 from lmgym.envs.single import single_env_factory
-from lmgym.envs.task_factory import task_factory
+from lmgym.envs.task_factory import build_env, task_factory
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.types import RewardInput
 
@@ -152,7 +152,7 @@ def make_semantic_similarity_vector(
         raise ValueError("pairs: pass at least one (prompt, reference) pair")
     encoder = SentenceEncoder(model_path, device=options.device)
     reward = SemanticSimilarityReward([r for _, r in pairs], encoder)
-    return options.build([p for p, _ in pairs], reward, max_new_tokens=8)
+    return build_env(options, [p for p, _ in pairs], reward, max_new_tokens=8)
 
 
 make_semantic_similarity = single_env_factory(make_semantic_similarity_vector)

@@ -31,7 +31,7 @@ import torch
 
 from lmgym.envs.options import EnvOptions
 from lmgym.envs.single import single_env_factory
-from lmgym.envs.task_factory import task_factory
+from lmgym.envs.task_factory import build_env, task_factory
 from lmgym.envs.tasks._common import (
     PositionMatchReward,
     Split,
@@ -124,7 +124,8 @@ def _string_task_vector(
     ids, lengths = target_table(
         [encode(tokenizer, answer) for _, answer in items], tokenizer.pad_token_id or 0
     )
-    return options.build(
+    return build_env(
+        options,
         [prompt for prompt, _ in items],
         PositionMatchReward(ids, lengths, name=f"{rule}_match"),
         max_new_tokens=ids.shape[1],

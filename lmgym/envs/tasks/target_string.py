@@ -16,7 +16,7 @@ from torch import Tensor
 
 from lmgym.envs.options import EnvOptions
 from lmgym.envs.single import single_env_factory
-from lmgym.envs.task_factory import task_factory
+from lmgym.envs.task_factory import build_env, task_factory
 from lmgym.envs.tasks._common import PositionMatchReward, encode
 from lmgym.envs.token_env import TokenVectorEnv
 
@@ -50,7 +50,9 @@ def make_target_string_vector(
         max_new_tokens: token budget (default ``len(target)`` tokens).
     """
     target_ids = torch.tensor(encode(options.tokenizer, target), dtype=torch.long)
-    return options.build([prompt], TargetMatchReward(target_ids), max_new_tokens=len(target_ids))
+    return build_env(
+        options, [prompt], TargetMatchReward(target_ids), max_new_tokens=len(target_ids)
+    )
 
 
 make_target_string = single_env_factory(make_target_string_vector)

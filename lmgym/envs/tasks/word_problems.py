@@ -31,7 +31,7 @@ from lmgym.envs.options import EnvOptions
 from lmgym.envs.prompts import RecordPrompts
 from lmgym.envs.rewards import FunctionReward
 from lmgym.envs.single import single_env_factory
-from lmgym.envs.task_factory import task_factory
+from lmgym.envs.task_factory import build_env, task_factory
 from lmgym.envs.tasks._common import Split, encode, select_split
 from lmgym.envs.token_env import TokenVectorEnv
 
@@ -110,7 +110,7 @@ def make_word_problem_vector(
     source = RecordPrompts([{"prompt": prompt, "answer": answer} for prompt, answer in items])
     # The budget fits the longest answer of *all* problems: train and eval envs match.
     longest = max(len(encode(options.tokenizer, answer)) for _, answer in every)
-    return options.build(source, FunctionReward(exact_match), max_new_tokens=longest + 1)
+    return build_env(options, source, FunctionReward(exact_match), max_new_tokens=longest + 1)
 
 
 make_word_problem = single_env_factory(make_word_problem_vector)
