@@ -1,24 +1,28 @@
-"""A task's env arguments (``--env KEY=VALUE``, ``env_kwargs``) checked against its factory.
+"""A task's env arguments (``--env KEY=VALUE``, ``env_kwargs``) checked and typed.
 
-``check_env_kwargs(task, kwargs)`` looks up the task's vector factory
-(``gymnasium.make_vec``'s ``vector_entry_point``) and, for each argument, checks
-that the factory takes it and converts the value to the parameter's annotation,
-strictly: a ``bool`` parameter takes a boolean, 1/0, or the strings
+``check_env_kwargs(task, kwargs)`` checks that the task's vector factory
+(``gymnasium.make_vec``'s ``vector_entry_point``) takes each argument and converts
+its value to the argument's type: an env option's type is its ``EnvOptions`` field's
+(``lmgym.envs.options.OPTION_TYPES``), a task's own parameter's the factory's
+annotation. Conversion is strict: a ``bool`` takes a boolean, 1/0, or the strings
 true/false/yes/no/1/0 (any case), and anything else (``"maybe"``) is an error
-naming the argument; an ``int`` takes an integer (not ``2.5``, not ``True``); a
-``Literal`` takes one of its values. A string never becomes ``True`` by being
-non-empty. The arguments the run sets itself (``num_envs``, ``group_size``,
-``tokenizer``, ``device``) are refused. A factory taking ``**kwargs`` accepts any
-name (values unchecked).
+naming the argument and the type; an ``int`` takes an integer (not ``2.5``, not
+``True``); a ``Literal`` one of its values; ``X | None`` also ``None``, ``"none"``
+or ``"null"``; a sequence a list whose items convert. A string never becomes
+``True`` by being non-empty. The arguments the run sets itself (``num_envs``,
+``group_size``, ``tokenizer``, ``device``, ...) are refused. A factory taking
+``**kwargs`` accepts any name (an env option's value still typed).
 """
 
 from __future__ import annotations
 
+import collections.abc
 import inspect
 import types
 import typing
 from typing import Any
 
+from lmgym.envs.options import OPTION_TYPES
 from lmgym.training.evaluation import vector_factory
 
 RESERVED = {
@@ -31,33 +35,83 @@ RESERVED = {
 }
 _TRUE = ("true", "yes", "1")
 _FALSE = ("false", "no", "0")
+_NONE = ("none", "null")
+_SCALARS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
 
 
-def _fail(key: str, value: Any, expected: str) -> ValueError:
-    return ValueError(f"env argument {key}={value!r}: expected {expected}")
+class _NoMatch(Exception):
+    """``value`` does not convert to the type asked for."""
 
 
 def coerce_value(key: str, value: Any, annotation: Any) -> Any:
     """``value`` converted to ``annotation`` (see the module docstring).
 
     Raises:
-        ValueError: it does not convert; the message names ``key``.
+        ValueError: it does not convert; the message names ``key`` and the type.
     """
-    origin = typing.get_origin(annotation)
-    args = typing.get_args(annotation)
+    try:
+        return _convert(value, annotation)
+    except _NoMatch:
+        raise ValueError(f"env argument {key}={value!r}: expected {describe(annotation)}") from None
+
+
+def describe(annotation: Any) -> str:
+    """The type in words, for an error: ``int | None`` -> ``"an integer"``."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Literal:
+        return f"one of {', '.join(map(repr, args))}"
     if origin in (typing.Union, types.UnionType):
-        inner = [a for a in args if a is not type(None)]
-        if len(inner) < len(args) and (
-            value is None or (isinstance(value, str) and value.lower() in ("none", "null"))
-        ):
+        return " or ".join(describe(a) for a in args if a is not type(None))
+    if _item_type(annotation) is not None:
+        return f"a list ({describe(_item_type(annotation))} each)"
+    return _SCALARS.get(annotation, getattr(annotation, "__name__", str(annotation)))
+
+
+def _item_type(annotation: Any) -> Any:
+    """``X`` of ``Sequence[X]``, ``list[X]`` or ``tuple[X, ...]``, else ``None``."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (collections.abc.Sequence, list) and len(args) == 1:
+        return args[0]
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        return args[0]
+    return None
+
+
+def _convert(value: Any, annotation: Any) -> Any:
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if annotation is type(None):
+        if value is None or (isinstance(value, str) and value.lower() in _NONE):
             return None
-        if len(inner) == 1:
-            return coerce_value(key, value, inner[0])
-        return value  # e.g. ``torch.device | str``: left to the factory
+        raise _NoMatch
+    if origin in (typing.Union, types.UnionType):
+        # None first ("none" is not the string "none" where None is allowed), then a
+        # member the value already is (the item "5" of a list of ids or names stays a
+        # name), then the first member it converts to.
+        members = sorted(args, key=lambda a: a is not type(None))
+        exact = [a for a in members if isinstance(a, type) and type(value) is a]
+        for member in exact + members:
+            try:
+                return _convert(value, member)
+            except _NoMatch:
+                pass
+        raise _NoMatch
     if origin is typing.Literal:
         if value not in args:
-            raise _fail(key, value, f"one of {', '.join(map(repr, args))}")
+            raise _NoMatch
         return value
+    item = _item_type(annotation)
+    if item is not None:
+        if not isinstance(value, list | tuple):
+            raise _NoMatch
+        return [_convert(v, item) for v in value]
+    if annotation in _SCALARS:
+        return _convert_scalar(value, annotation)
+    return (
+        value  # a type this module does not convert (a device, a tokenizer): the factory checks it
+    )
+
+
+def _convert_scalar(value: Any, annotation: type) -> Any:
     if annotation is bool:
         if isinstance(value, bool):
             return value
@@ -65,32 +119,32 @@ def coerce_value(key: str, value: Any, annotation: Any) -> Any:
             return bool(value)
         if isinstance(value, str) and value.lower() in _TRUE + _FALSE:
             return value.lower() in _TRUE
-        raise _fail(key, value, "true or false")
+        raise _NoMatch
+    if isinstance(value, bool):
+        raise _NoMatch  # True is not the number 1
     if annotation is int:
-        if isinstance(value, int) and not isinstance(value, bool):
+        if isinstance(value, int):
             return value
         if isinstance(value, str):
             try:
                 return int(value)
             except ValueError:
-                pass
-        raise _fail(key, value, "an integer")
+                raise _NoMatch from None
+        raise _NoMatch
     if annotation is float:
-        if isinstance(value, int | float) and not isinstance(value, bool):
+        if isinstance(value, int | float):
             return float(value)
         if isinstance(value, str):
             try:
                 return float(value)
             except ValueError:
-                pass
-        raise _fail(key, value, "a number")
-    if annotation is str:
-        if isinstance(value, str):
-            return value
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return str(value)
-        raise _fail(key, value, "a string")
-    return value
+                raise _NoMatch from None
+        raise _NoMatch
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int | float):
+        return str(value)
+    raise _NoMatch
 
 
 def check_env_kwargs(task: str, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -109,10 +163,7 @@ def check_env_kwargs(task: str, kwargs: dict[str, Any]) -> dict[str, Any]:
     """
     factory = vector_factory(task)
     params = inspect.signature(factory).parameters
-    try:
-        hints = typing.get_type_hints(factory)
-    except Exception:  # unresolvable annotations: check names only
-        hints = {}
+    types_ = _argument_types(factory)
     variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     valid = sorted(n for n, p in params.items() if p.kind not in variadic and n not in RESERVED)
@@ -124,13 +175,23 @@ def check_env_kwargs(task: str, kwargs: dict[str, Any]) -> dict[str, Any]:
             )
         if key not in params or params[key].kind in variadic:
             if takes_any:
-                out[key] = value
+                out[key] = coerce_value(key, value, OPTION_TYPES.get(key, Any))
                 continue
             raise ValueError(
                 f"env argument {key}: task {task} takes no such argument; valid: {', '.join(valid)}"
             )
-        out[key] = coerce_value(key, value, hints.get(key, Any))
+        out[key] = coerce_value(key, value, types_.get(key, Any))
     return out
+
+
+def _argument_types(factory: Any) -> dict[str, Any]:
+    """The type of each argument ``factory`` takes: an env option's is its ``EnvOptions``
+    field's, a task parameter's the factory's annotation (none where unresolvable)."""
+    try:
+        annotations = typing.get_type_hints(factory)
+    except Exception:  # a user factory's annotation that does not resolve: unchecked
+        annotations = {}
+    return {**annotations, **OPTION_TYPES}
 
 
 def with_policy_stop_ids(task: str, kwargs: dict[str, Any], policy: Any) -> dict[str, Any]:

@@ -1,0 +1,101 @@
+"""``--env KEY=VALUE`` values are typed from ``EnvOptions``'s fields (an env option)
+or the task's own parameter annotations, strictly, with one-line errors that name
+the key and the expected type."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import pytest
+
+import lmgym  # noqa: F401  (registers the tasks)
+from lmgym.envs.options import ENV_OPTION_NAMES, OPTION_TYPES
+from lmgym.training.env_args import check_env_kwargs, coerce_value
+
+TASK = "lmgym/TargetString-v0"
+
+
+def test_every_option_has_a_type_from_the_dataclass():
+    assert tuple(OPTION_TYPES) == ENV_OPTION_NAMES
+    assert OPTION_TYPES["max_new_tokens"] == int | None
+
+
+def test_values_are_converted_to_the_option_types():
+    assert check_env_kwargs(
+        TASK,
+        {
+            "autoreset": "no",
+            "center_potential": 1,
+            "max_new_tokens": "6",
+            "max_prompt_length": "none",
+            "unfinished_penalty": "-2",
+            "stop_token_ids": [1, 2],
+            "allowed_special_tokens": ["<pad>", 5, "7"],
+            "target": "abc",
+        },
+    ) == {
+        "autoreset": False,
+        "center_potential": True,
+        "max_new_tokens": 6,
+        "max_prompt_length": None,
+        "unfinished_penalty": -2.0,
+        "stop_token_ids": [1, 2],
+        "allowed_special_tokens": ["<pad>", 5, "7"],  # a name stays a name
+        "target": "abc",
+    }
+    assert check_env_kwargs(TASK, {"allowed_special_tokens": "all"}) == {
+        "allowed_special_tokens": "all"
+    }
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_new_tokens": True}, "env argument max_new_tokens=True: expected an integer"),
+        ({"center_potential": 2}, "env argument center_potential=2: expected true or false"),
+        ({"unfinished_penalty": "low"}, "env argument unfinished_penalty='low': expected a number"),
+        (
+            {"stop_token_ids": [1, "x"]},
+            "env argument stop_token_ids=[1, 'x']: expected a list (an integer each)",
+        ),
+        (
+            {"allowed_special_tokens": "some"},
+            "env argument allowed_special_tokens='some': expected a list (an integer or a "
+            "string each) or one of 'all'",
+        ),
+        (
+            {"prompt_order": "random"},
+            "env argument prompt_order='random': expected one of 'shuffle', 'sequential'",
+        ),
+    ],
+)
+def test_a_value_of_the_wrong_type_names_the_key_and_the_type(kwargs, message):
+    with pytest.raises(ValueError) as error:
+        check_env_kwargs(TASK, kwargs)
+    assert str(error.value) == message
+
+
+def test_a_factory_taking_kwargs_still_gets_typed_options():
+    def make(num_envs: int = 1, group_size: int = 1, **kwargs: object) -> None:
+        raise AssertionError("not built")
+
+    gym.register("argtest/Any-v0", vector_entry_point=make)
+    try:
+        assert check_env_kwargs("argtest/Any-v0", {"autoreset": "yes", "colour": "red"}) == {
+            "autoreset": True,
+            "colour": "red",
+        }
+        with pytest.raises(ValueError, match="env argument autoreset='maybe': expected true"):
+            check_env_kwargs("argtest/Any-v0", {"autoreset": "maybe"})
+    finally:
+        del gym.registry["argtest/Any-v0"]
+
+
+def test_a_task_parameter_is_typed_by_its_annotation():
+    assert check_env_kwargs("lmgym/LengthControl-v0", {"max_length": "5"}) == {"max_length": 5}
+    with pytest.raises(ValueError, match=r"env argument tolerance='wide': expected a number"):
+        check_env_kwargs("lmgym/LengthControl-v0", {"tolerance": "wide"})
+
+
+def test_an_unknown_type_is_left_to_the_factory():
+    marker = object()
+    assert coerce_value("x", marker, object) is marker
