@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +35,6 @@ from torch import Tensor, nn
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
-    DynamicCache,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
@@ -52,7 +51,7 @@ from lmgym.policy.adapters import (
     transformer_of,
 )
 from lmgym.policy.groups import shared_pass, shared_rows
-from lmgym.policy.kv_engine import PolicyState, RolloutEngine
+from lmgym.policy.kv_engine import PolicyState, RolloutEngine, TrunkPass
 from lmgym.policy.logprobs import token_logprobs
 from lmgym.policy.packaged import local_model_path
 from lmgym.policy.sampling import SamplingSettings
@@ -141,6 +140,29 @@ def resolve_autocast_dtype(value: torch.dtype | str | None) -> torch.dtype | Non
             f"autocast_dtype={value}: must be torch.bfloat16, torch.float16 or None (float32)"
         )
     return value
+
+
+class _EngineAct:
+    """``policy.act``: its engine's ``act``, with the engine's signature and docstring.
+
+    A non-data descriptor, so a caller may still set ``act`` on one policy (a
+    benchmark wraps it to take notes) and delete it again after.
+    """
+
+    def __get__(
+        self, policy: CausalLMPolicy | None, owner: type | None = None
+    ) -> Callable[..., tuple[Tensor, Tensor, PolicyState]] | _EngineAct:
+        return self if policy is None else policy.engine.act
+
+
+def _sampling_field(name: str) -> property:
+    """``policy.<name>``: that field of ``policy.sampling``; setting it replaces the
+    record by a copy with the new value (checked, as every record is)."""
+
+    def set_field(policy: CausalLMPolicy, value: Any) -> None:
+        policy.sampling = dataclasses.replace(policy.sampling, **{name: value})
+
+    return property(lambda policy: getattr(policy.sampling, name), set_field)
 
 
 def _context_length(model: PreTrainedModel) -> int | None:
@@ -383,29 +405,10 @@ class CausalLMPolicy(nn.Module):
     def sampling(self, settings: SamplingSettings) -> None:
         self.engine.sampling = settings
 
-    @property
-    def temperature(self) -> float:
-        return self.sampling.temperature
-
-    @temperature.setter
-    def temperature(self, value: float) -> None:
-        self.sampling = dataclasses.replace(self.sampling, temperature=value)
-
-    @property
-    def top_k(self) -> int | None:
-        return self.sampling.top_k
-
-    @top_k.setter
-    def top_k(self, value: int | None) -> None:
-        self.sampling = dataclasses.replace(self.sampling, top_k=value)
-
-    @property
-    def top_p(self) -> float | None:
-        return self.sampling.top_p
-
-    @top_p.setter
-    def top_p(self, value: float | None) -> None:
-        self.sampling = dataclasses.replace(self.sampling, top_p=value)
+    # Each reads the sampling record; setting one swaps in a new, checked record.
+    temperature = _sampling_field("temperature")
+    top_k = _sampling_field("top_k")
+    top_p = _sampling_field("top_p")
 
     @property
     def refused_mask(self) -> Tensor | None:
@@ -521,29 +524,15 @@ class CausalLMPolicy(nn.Module):
         bias = head.bias[: self.vocab_size] if head.bias is not None else None
         return head.weight[: self.vocab_size], bias
 
-    def hidden_states(
-        self,
-        input_ids: Tensor,
-        attention_mask: Tensor | None,
-        position_ids: Tensor,
-        cache: DynamicCache | None = None,
-        packed: tuple[Tensor, Tensor] | None = None,
-    ) -> Tensor:
-        """Final hidden states of the trunk: ``[N, S, H]`` for ``[N, S]`` inputs
-        (``ModelTrunk.hidden_states`` documents the arguments)."""
-        return self.trunk.hidden_states(input_ids, attention_mask, position_ids, cache, packed)
+    @property
+    def hidden_states(self) -> TrunkPass:
+        """The trunk's pass, ``[N, S]`` inputs -> ``[N, S, H]`` final hidden states
+        (``ModelTrunk.hidden_states`` documents it)."""
+        return self.trunk.hidden_states
 
-    def act(
-        self,
-        obs: dict[str, Tensor],
-        state: PolicyState | None = None,
-        episode_starts: Tensor | None = None,
-        generator: torch.Generator | None = None,
-        group_ids: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor, PolicyState]:
-        """Sample the next token of every row: ``(actions [N] int64, sampler_logprobs
-        [N] float32, new_state)`` (``RolloutEngine.act`` documents the arguments)."""
-        return self.engine.act(obs, state, episode_starts, generator, group_ids)
+    #: ``act(obs, state=None, episode_starts=None, generator=None, group_ids=None)``:
+    #: sample the next token of every row (``RolloutEngine.act`` documents it).
+    act = _EngineAct()
 
     @labelled(LM_HEAD)
     def next_token_logits(self, hidden: Tensor) -> Tensor:

@@ -30,6 +30,7 @@ absorbed the same way, after the row's columns.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -50,46 +51,39 @@ from lmgym.policy.kv_slots import (
 from lmgym.policy.sampling import SamplingSettings, sample_step
 from lmgym.profiling import ACT, DECODE, PREFILL, RESTART, SAMPLE, labelled, phase
 
+#: The trunk's pass: ``(input_ids [N, S] int64, attention_mask [N, C] | None,
+#: position_ids [N, S] int64, cache, packed (rows [T], allowed [T, W]) | None)``
+#: -> ``[N (+ T), S, H]`` (``ModelTrunk.hidden_states``).
+TrunkPass = Callable[
+    [Tensor, Tensor | None, Tensor, DynamicCache | None, tuple[Tensor, Tensor] | None], Tensor
+]
+#: A compiled one-token step: ``(input_ids, cache_mask [N, C] bool, position_ids, cache,
+#: filled, packed)`` -> ``[N (+ T), H]``, or ``None`` to run it eagerly
+#: (``ModelTrunk.compiled_hidden_states``).
+CompiledPass = Callable[
+    [Tensor, Tensor, Tensor, DynamicCache, int, tuple[Tensor, Tensor] | None], Tensor | None
+]
+
 
 class Trunk(Protocol):
-    """What the engine runs: inputs to final hidden states over a KV cache."""
+    """What the engine runs: inputs to final hidden states over a KV cache
+    (``trunk.ModelTrunk``; a stub in tests).
 
-    #: give the attention mask even where every column is real (``ModelTrunk``)
+    Attributes:
+        mask_always: give the attention mask even where every column is real.
+        compiles: one-token steps over slots go through ``compiled_hidden_states``.
+        device: where the trunk's weights are.
+        hidden_states, compiled_hidden_states: its passes.
+    """
+
     mask_always: bool
-
-    @property
-    def compiles(self) -> bool:
-        """Whether one-token steps over slots go through ``compiled_hidden_states``."""
-        ...
-
-    @property
-    def device(self) -> torch.device: ...
+    compiles: bool
+    device: torch.device
+    hidden_states: TrunkPass
+    compiled_hidden_states: CompiledPass
 
     def new_cache(self) -> DynamicCache:
         """An empty cache the trunk's layers fill."""
-        ...
-
-    def hidden_states(
-        self,
-        input_ids: Tensor,
-        attention_mask: Tensor | None,
-        position_ids: Tensor,
-        cache: DynamicCache | None = None,
-        packed: tuple[Tensor, Tensor] | None = None,
-    ) -> Tensor:
-        """``[N, S]`` inputs -> ``[N, S, H]`` (``ModelTrunk.hidden_states``)."""
-        ...
-
-    def compiled_hidden_states(
-        self,
-        input_ids: Tensor,
-        cache_mask: Tensor,
-        position_ids: Tensor,
-        cache: DynamicCache,
-        filled: int,
-        packed: tuple[Tensor, Tensor] | None = None,
-    ) -> Tensor | None:
-        """A one-token step, ``[N (+ T), H]``, or ``None`` to run it eagerly."""
         ...
 
 
@@ -431,6 +425,7 @@ class RolloutEngine:
         self,
         obs: dict[str, Tensor],
         state: PolicyState | None = None,
+        *,
         episode_starts: Tensor | None = None,
         generator: torch.Generator | None = None,
         group_ids: Tensor | None = None,

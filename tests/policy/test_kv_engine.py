@@ -9,6 +9,7 @@ position or a mask shows up as a log-prob that differs from teacher forcing.
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import Tensor, nn
 from transformers import DynamicCache
@@ -16,6 +17,7 @@ from transformers import DynamicCache
 from lmgym.policy.kv_engine import PolicyState, RolloutEngine
 from lmgym.policy.kv_slots import is_slot_cache
 from lmgym.policy.sampling import SamplingSettings
+from lmgym.policy.value import frozen_copy
 
 VOCAB, HIDDEN, PAD = 11, 16, 0
 
@@ -202,3 +204,27 @@ def test_restarted_rows_are_packed_into_the_decode_step_of_the_others():
     assert state.positions.tolist() == [len(t) - 1 for t in rows.texts]
     for step in range(4, 7):
         state = step_and_check(engine, rows, state, [0, 1, 2, 3], seed=step)
+
+
+def test_the_policy_delegates_to_its_engine_and_a_copy_gets_its_own(make_env, policy):
+    """``act`` and the sampling fields go through the policy's engine; a setting is
+    a new checked record; a frozen copy's engine drives the copy, not the original."""
+    assert policy.engine.trunk is policy.trunk and policy.engine.head is policy
+    before = policy.sampling
+    policy.top_k = 3
+    assert policy.sampling == SamplingSettings(before.temperature, 3, before.top_p)
+    assert before.top_k is None  # the old record is untouched
+    with pytest.raises(ValueError, match="temperature=-1: must be a finite number >= 0"):
+        policy.temperature = -1
+    assert policy.sampling.top_k == 3  # a refused value changes nothing
+    policy.top_k = None
+    ref = frozen_copy(policy)
+    assert ref.engine.head is ref and ref.engine.trunk is ref.trunk
+    assert ref.trunk.model is ref.model and ref.model is not policy.model
+    env = make_env(prompts=["ab"], num_prompts=1, group_size=2, max_new_tokens=3)
+    obs, _ = env.reset(seed=0)
+    noted = []
+    policy.act = lambda *a, **k: noted.append(1) or policy.engine.act(*a, **k)
+    policy.act(obs)
+    del policy.act  # a wrapper set on one policy comes off again
+    assert noted == [1] and policy.act(obs)[0].shape == (2,)
