@@ -103,7 +103,14 @@ from lmgym.types import PromptSource, RewardInput, RewardModel
 
 class _Option:
     """A ``TokenVectorEnv`` attribute read from its options record: ``env.reward_mode``
-    is ``env.options.reward_mode``, so the env holds no second copy to drift."""
+    is ``env.options.reward_mode``, so the env holds no second copy to drift.
+
+    A ``live`` option, one the env reads as it steps, may be set (the record is
+    replaced, so the value is checked); the others sized the env when it was built.
+    """
+
+    def __init__(self, live: bool = False) -> None:
+        self.live = live
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
@@ -112,7 +119,11 @@ class _Option:
         return self if env is None else getattr(env.options, self.name)
 
     def __set__(self, env: TokenVectorEnv, value: Any) -> None:
-        raise AttributeError(f"{self.name}: an env option; build a new env to change it")
+        if not self.live:
+            raise AttributeError(
+                f"{self.name}: the env was built with it; build a new env to change it"
+            )
+        env.options = replace(env.options, **{self.name: value})
 
 
 class _Rows(NamedTuple):
@@ -196,21 +207,22 @@ class TokenVectorEnv(VectorEnv):
         "render_fps": 4,
     }
 
-    # The options, read from ``self.options`` (see ``EnvOptions`` for each).
+    # The options, read from ``self.options`` (see ``EnvOptions`` for each); the live
+    # ones, read as the env steps, may be set (SB3's ``set_attr``).
     num_envs = _Option()
     num_prompts = _Option()
     group_size = _Option()
     max_new_tokens = _Option()
-    reward_mode = _Option()
-    per_token_form = _Option()
-    center_potential = _Option()
-    unfinished = _Option()
-    unfinished_penalty = _Option()
+    reward_mode = _Option(live=True)
+    per_token_form = _Option(live=True)
+    center_potential = _Option(live=True)
+    unfinished = _Option(live=True)
+    unfinished_penalty = _Option(live=True)
     allowed_special_tokens = _Option()
     autoreset = _Option()
-    prompt_order = _Option()
+    prompt_order = _Option(live=True)
     shard = _Option()
-    render_mode = _Option()
+    render_mode = _Option(live=True)
     tokenizer = _Option()
     device = _Option()
 
@@ -279,14 +291,18 @@ class TokenVectorEnv(VectorEnv):
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
 
-        self._centred = (
+        self._stream = self._new_stream(int(torch.randint(0, 2**62, (1,)).item()))
+        self._rows: _Rows | None = None
+        self._columns = torch.arange(self.seq_len, device=self.device)
+
+    @property
+    def _centred(self) -> bool:
+        """Whether a row's potential starts at ``R(x, empty)`` (see the module docstring)."""
+        return (
             self.reward_mode == "per_token"
             and self.per_token_form == "potential"
             and self.center_potential
         )
-        self._stream = self._new_stream(int(torch.randint(0, 2**62, (1,)).item()))
-        self._rows: _Rows | None = None
-        self._columns = torch.arange(self.seq_len, device=self.device)
 
     @property
     def _started(self) -> bool:

@@ -245,3 +245,78 @@ def test_env_options_check_the_batch_split():
     assert EnvOptions(num_envs=8, group_size=4).num_prompts == 2
     with pytest.raises(ValueError, match="num_envs=6 is not a multiple of group_size=4"):
         EnvOptions(num_envs=6, group_size=4).num_prompts  # noqa: B018
+
+
+# ------------------------------------------------------------ the env's record
+def test_the_env_takes_its_options_record_or_its_fields_as_keywords():
+    tokenizer = make_char_tokenizer()
+    reward = FunctionReward(count_a)
+    record = EnvOptions(num_envs=8, group_size=4, max_new_tokens=3, reward_mode="per_token")
+    env = TokenVectorEnv(tokenizer, ["ab", "c"], reward, record)
+    keywords = TokenVectorEnv(
+        tokenizer, ["ab", "c"], reward, num_prompts=2, group_size=4, max_new_tokens=3,
+        reward_mode="per_token",
+    )  # fmt: skip
+    assert env.options == keywords.options
+    assert (env.num_envs, env.num_prompts, env.group_size, env.reward_mode) == (
+        8, 2, 4, "per_token",
+    )  # fmt: skip
+    # The env's record is complete: its tokenizer, budget and stop ids resolved.
+    assert env.options.tokenizer is tokenizer and env.options.stop_token_ids == (1,)
+    assert TokenVectorEnv(tokenizer, ["ab"], reward).max_new_tokens == 32
+    # Keywords override the record; num_prompts stays when only group_size changes.
+    assert TokenVectorEnv(tokenizer, ["ab"], reward, record, group_size=2).num_envs == 4
+
+
+def test_the_env_refuses_options_it_cannot_use():
+    tokenizer = make_char_tokenizer()
+    reward = FunctionReward(count_a)
+    with pytest.raises(TypeError, match=r"got unknown option\(s\) \['colour'\]"):
+        TokenVectorEnv(tokenizer, ["ab"], reward, colour="red")
+    with pytest.raises(TypeError, match="pass num_prompts or num_envs, not both"):
+        TokenVectorEnv(tokenizer, ["ab"], reward, num_prompts=2, num_envs=2)
+    with pytest.raises(ValueError, match="num_prompts=0: must be a positive integer"):
+        TokenVectorEnv(tokenizer, ["ab"], reward, num_prompts=0)
+    with pytest.raises(ValueError, match="tokenizer: the options carry a different tokenizer"):
+        TokenVectorEnv(tokenizer, ["ab"], reward, EnvOptions(tokenizer=make_char_tokenizer()))
+
+
+def test_env_options_check_every_value_when_made():
+    for bad, message in (
+        ({"reward_mode": "dense"}, r"reward_mode='dense' is not one of \['bandit', 'per_token'\]"),
+        ({"render_mode": "human"}, r"render_mode='human' is not one of \['ansi'\]"),
+        ({"prompt_order": "random"}, r"prompt_order='random' is not one of"),
+        ({"group_size": 0}, "group_size=0: must be a positive integer"),
+        ({"max_new_tokens": 0}, "max_new_tokens=0: must be a positive integer"),
+        ({"shard": (2, 2)}, r"shard=\(2, 2\): expected \(rank, world_size\)"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            EnvOptions(**bad)
+    record = EnvOptions(shard=[1, 2], device="cpu", unfinished_penalty=0)
+    assert (record.shard, record.device, record.unfinished_penalty) == (
+        (1, 2), torch.device("cpu"), 0.0,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"stop_token_ids=\[99\]: need at least one id"):
+        EnvOptions(stop_token_ids=[99]).stop_ids()
+
+
+def test_a_live_option_may_be_set_and_is_checked_a_built_one_may_not():
+    env = TokenVectorEnv(make_char_tokenizer(), ["ab"], FunctionReward(count_a))
+    env.unfinished_penalty = -2
+    assert env.unfinished_penalty == -2.0 and env.options.unfinished_penalty == -2.0
+    with pytest.raises(ValueError, match="unfinished='drop' is not one of"):
+        env.unfinished = "drop"
+    with pytest.raises(AttributeError, match="group_size: the env was built with it"):
+        env.group_size = 2
+
+
+def test_build_env_takes_the_tasks_budget_unless_the_options_set_one():
+    tokenizer = make_char_tokenizer()
+    reward = FunctionReward(count_a)
+    options = EnvOptions(tokenizer=tokenizer)
+    assert build_env(options, ["ab"], reward, max_new_tokens=5).max_new_tokens == 5
+    assert (
+        build_env(EnvOptions(max_new_tokens=7), ["ab"], reward, max_new_tokens=5).max_new_tokens
+        == 7
+    )
+    assert build_env(options, ["ab"], reward).max_new_tokens == 32
