@@ -113,33 +113,35 @@ def test_a_symlinked_run_directory_is_refused(tmp_path, train, capsys):
     assert len(list((real / "checkpoints").glob("iter_*"))) == 1  # untouched
 
 
+# Leftovers carry the PID of their writer and are cleaned only once it is gone; 4194305
+# is above Linux's largest PID, so no process can have it.
 def test_leftovers_of_crashed_writes_are_cleaned_on_the_next_start(tmp_path, train, capsys):
     run = tmp_path / "run"
     assert train("--iterations", "1", "--run-dir", str(run)) == 0
     checkpoints = run / "checkpoints"
-    (checkpoints / ".iter_000002.tmp-4242").mkdir()
-    (checkpoints / ".iter_000002.tmp-4242" / "trainer_state.pt").write_bytes(b"half")
-    (checkpoints / ".latest.tmp-4242").write_text("iter_0")
-    (run / ".progress.csv.tmp-4242").write_text("reward_mean\n")
+    (checkpoints / ".iter_000002.tmp-4194305").mkdir()
+    (checkpoints / ".iter_000002.tmp-4194305" / "trainer_state.pt").write_bytes(b"half")
+    (checkpoints / ".latest.tmp-4194305").write_text("iter_0")
+    (run / ".progress.csv.tmp-4194305").write_text("reward_mean\n")
     (run / "abandoned").mkdir()
-    (run / "abandoned" / ".001-after-iter_000001.tmp-4242").mkdir()
+    (run / "abandoned" / ".001-after-iter_000001.tmp-4194305").mkdir()
     capsys.readouterr()
     assert train("--resume", str(run), "--iterations", "2") == 0
     out = capsys.readouterr().out
-    assert "cleaned up after a crashed writer: removed .iter_000002.tmp-4242" in out
+    assert "cleaned up after a crashed writer: removed .iter_000002.tmp-4194305" in out
     assert not list(run.rglob("*.tmp-*"))
 
 
 def test_recover_leftovers_puts_back_a_directory_moved_aside(tmp_path):
-    (tmp_path / ".iter_000003.old-11").mkdir()  # crash between the two renames
-    (tmp_path / ".iter_000003.old-11" / "manifest.json").write_text("{}")
+    (tmp_path / ".iter_000003.old-4194305").mkdir()  # crash between the two renames
+    (tmp_path / ".iter_000003.old-4194305" / "manifest.json").write_text("{}")
     (tmp_path / "iter_000004").mkdir()
-    (tmp_path / ".iter_000004.old-11").mkdir()  # crash after both renames
-    (tmp_path / ".iter_000005.tmp-11").mkdir()
+    (tmp_path / ".iter_000004.old-4194305").mkdir()  # crash after both renames
+    (tmp_path / ".iter_000005.tmp-4194305").mkdir()
     assert recover_leftovers(tmp_path) == [
-        "restored iter_000003 from .iter_000003.old-11",
-        "removed .iter_000004.old-11",
-        "removed .iter_000005.tmp-11",
+        "restored iter_000003 from .iter_000003.old-4194305",
+        "removed .iter_000004.old-4194305",
+        "removed .iter_000005.tmp-4194305",
     ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["iter_000003", "iter_000004"]
     assert (tmp_path / "iter_000003" / "manifest.json").read_text() == "{}"
