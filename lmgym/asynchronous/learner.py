@@ -28,15 +28,14 @@ import torch.distributed as dist
 from torch import Tensor
 
 from lmgym.agents.base import Agent, Callback
+from lmgym.agents.callbacks import LearnCallbacks
 from lmgym.agents.records import Counts, MicroBatchLoss, PreparedBatch
 from lmgym.asynchronous.channels import Inbox, Message, Outbox, PeerLostError, get_message
+from lmgym.asynchronous.control import Control, broadcast_control
 from lmgym.asynchronous.hooks import AsyncHooks
 from lmgym.asynchronous.roles import Topology
 from lmgym.asynchronous.staleness import StalenessLedger, UpdateBatch, staleness_stats
 from lmgym.asynchronous.transport import VersionedRollout, flatten_weights, pack, unpack
-
-CONTROL = 11
-"""Control ints broadcast to the learners before each update (see ``_control``)."""
 
 
 class SamplerRatioProbe:
@@ -180,14 +179,6 @@ def _broadcast(tensor: Tensor, topology: Topology) -> Tensor:
     return tensor
 
 
-def _control(values: Sequence[int], topology: Topology) -> list[int]:
-    """Learner 0's control ints to every learner: ``[stop, update, rows, int cols,
-    float cols, prompt width, rows dropped, tokens received, learner idle us, actor
-    idle ppm, actor idle us]``."""
-    tensor = torch.tensor(list(values) + [0] * (CONTROL - len(values)), dtype=torch.int64)
-    return _broadcast(tensor.to(topology.weights_device), topology).tolist()
-
-
 def _share(rollout: VersionedRollout, topology: Topology) -> VersionedRollout:
     """This learner's contiguous share of whole groups (rows ordered by group)."""
     learners, index = topology.config.learners, topology.role.index
@@ -200,10 +191,14 @@ def run_learner(
     topology: Topology,
     ledger: StalenessLedger,
     iterations: int,
-    callbacks: list[Callback],
+    callbacks: Callback | Sequence[Callback] | None,
     hooks: AsyncHooks,
 ) -> list[dict[str, float]]:
-    """Train ``iterations`` updates (fewer if a callback stops); every learner calls it."""
+    """Train ``iterations`` updates (fewer if a callback stops); every learner calls it.
+
+    The callbacks are driven as ``Agent.learn`` drives them (``LearnCallbacks``): learner
+    0's ``False`` stops every learner and actor after that update.
+    """
     hub = Hub(topology, ledger) if topology.role.index == 0 else None
     if hub is not None and topology.config.max_staleness > 0 and agent.config.tis_cap is None:
         warnings.warn(
@@ -213,34 +208,59 @@ def run_learner(
             stacklevel=3,
         )
     probe = SamplerRatioProbe(agent)
-    history: list[dict[str, float]] = []
-    for cb in callbacks:
-        if hasattr(cb, "on_learn_start"):
-            cb.on_learn_start(agent)
     stop = iterations == 0
     try:
-        if hub is not None:
-            hub.publish(agent.policy.model, 0)
-        for update in range(iterations + 1):
-            done = _one_update(agent, topology, hub, probe, update, stop)
-            if done is None:
-                break
-            metrics, group_ids = done
-            history.append(metrics)
-            if hooks.learner_update is not None:
-                hooks.learner_update(update, group_ids)
-            stop = any([cb(agent, metrics) is False for cb in callbacks])
-            stop = stop or update + 1 >= iterations
-            if hub is not None and not stop:
-                hub.publish(agent.policy.model, update + 1)
-        if hub is not None:
-            hub.shutdown()
+        with LearnCallbacks(agent, callbacks, iterations, progress_bar=False) as learn:
+            if hub is not None:
+                hub.publish(agent.policy.model, 0)
+            for update in range(iterations + 1):
+                done = _one_update(agent, topology, hub, probe, update, stop)
+                if done is None:
+                    break
+                metrics, group_ids = done
+                if hooks.learner_update is not None:
+                    hooks.learner_update(update, group_ids)
+                stop = not learn.after(metrics) or update + 1 >= iterations
+                if hub is not None and not stop:
+                    hub.publish(agent.policy.model, update + 1)
+            if hub is not None:
+                hub.shutdown()
     finally:
         probe.close()
-    for cb in callbacks:
-        if hasattr(cb, "on_learn_end"):
-            cb.on_learn_end(agent, history)
-    return history
+    return learn.history
+
+
+def _hub_control(hub: Hub, update: int, topology: Topology) -> tuple[Control, VersionedRollout]:
+    """Learner 0: assemble update ``update``'s batch, broadcast its control record and data."""
+    batch, waited = hub.next_batch(update)
+    ints, floats = pack(batch.rollout)
+    control = broadcast_control(
+        Control(
+            update=update,
+            rows=ints.shape[0],
+            int_cols=ints.shape[1],
+            float_cols=floats.shape[1],
+            prompt_width=batch.rollout.batch.prompt_ids.shape[1],
+            rows_dropped=batch.rows_dropped,
+            tokens_received=batch.tokens_received,
+            learner_idle_us=int(waited * 1e6),
+            actor_idle_ppm=int(hub.actor_idle_fraction() * 1e6),
+            actor_idle_us=int(sum(idle for idle, _ in hub.actor_clock) * 1e6),
+        ),
+        topology,
+    )
+    _broadcast(ints.to(topology.weights_device), topology)
+    _broadcast(floats.to(topology.weights_device), topology)
+    return control, batch.rollout
+
+
+def _received_batch(control: Control, topology: Topology) -> VersionedRollout:
+    """The other learners: the batch ``control`` announced, from learner 0."""
+    device = topology.weights_device
+    ints = torch.empty(control.rows, control.int_cols, dtype=torch.int64, device=device)
+    floats = torch.empty(control.rows, control.float_cols, device=device)
+    ints, floats = _broadcast(ints, topology), _broadcast(floats, topology)
+    return unpack(ints.cpu(), floats.cpu(), control.prompt_width)
 
 
 def _one_update(
@@ -258,53 +278,25 @@ def _one_update(
     """
     if hub is not None:
         if stop:
-            _control([1], topology)
+            broadcast_control(Control(stop=1), topology)
             return None
-        batch, waited = hub.next_batch(update)
-        ints, floats = pack(batch.rollout)
-        width = batch.rollout.batch.prompt_ids.shape[1]
-        control = _control(
-            [
-                0,
-                update,
-                ints.shape[0],
-                ints.shape[1],
-                floats.shape[1],
-                width,
-                batch.rows_dropped,
-                batch.tokens_received,
-                int(waited * 1e6),
-                int(hub.actor_idle_fraction() * 1e6),
-                int(sum(idle for idle, _ in hub.actor_clock) * 1e6),
-            ],
-            topology,
-        )
-        device = topology.weights_device
-        _broadcast(ints.to(device), topology)
-        _broadcast(floats.to(device), topology)
-        rollout = batch.rollout
+        control, rollout = _hub_control(hub, update, topology)
     else:
-        control = _control([], topology)
-        if control[0]:
+        control = broadcast_control(None, topology)
+        if control.stop:
             return None
-        _, _, rows, int_cols, float_cols, width = control[:6]
-        device = topology.weights_device
-        ints = _broadcast(torch.empty(rows, int_cols, dtype=torch.int64, device=device), topology)
-        floats = _broadcast(torch.empty(rows, float_cols, device=device), topology)
-        rollout = unpack(ints.cpu(), floats.cpu(), width)
-    rows_dropped, tokens, waited_us, actor_idle_ppm, actor_idle_us = control[6:11]
+        rollout = _received_batch(control, topology)
     mine = _share(rollout, topology)
     probe.reset()
     start = time.perf_counter()
     metrics = agent.train_on_batch(mine.batch)
-    agent.iteration += 1
-    agent.tokens_generated = tokens
+    agent.count_update(control.tokens_received)
     metrics.update(agent.counters())
     metrics.update(probe.stats())
     metrics.update(staleness_stats(rollout, update))
-    metrics["stale_rows_dropped"] = float(rows_dropped)
-    metrics["learner_idle_s"] = waited_us / 1e6
+    metrics["stale_rows_dropped"] = float(control.rows_dropped)
+    metrics["learner_idle_s"] = control.learner_idle_us / 1e6
     metrics["update_s"] = time.perf_counter() - start
-    metrics["actor_idle_fraction"] = actor_idle_ppm / 1e6
-    metrics["actor_idle_s"] = actor_idle_us / 1e6
+    metrics["actor_idle_fraction"] = control.actor_idle_ppm / 1e6
+    metrics["actor_idle_s"] = control.actor_idle_us / 1e6
     return metrics, mine.batch.group_ids.unique()

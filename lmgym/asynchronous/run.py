@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
 
 import torch
-import torch.distributed as dist
 
 from lmgym.agents.base import Agent, Callback
-from lmgym.asynchronous.actor import run_actor
 from lmgym.asynchronous.config import AsyncConfig
+from lmgym.asynchronous.driver import AsyncDriver
 from lmgym.asynchronous.hooks import AsyncHooks
-from lmgym.asynchronous.learner import run_learner
-from lmgym.asynchronous.roles import Role, build_topology, check_handshake, describe, local_device
-from lmgym.asynchronous.staleness import StalenessLedger
+from lmgym.asynchronous.roles import Role
 
 
 @dataclass
@@ -73,38 +68,6 @@ def run_async(
             run ends (a dead actor is not replaced).
     """
     config = config if config is not None else AsyncConfig()
-    config.check()
-    if iterations < 0:
-        raise ValueError(f"iterations={iterations}: must be >= 0")
-    callbacks = [] if callback is None else [callback] if callable(callback) else list(callback)
-    device = local_device(device)
-    if not dist.is_initialized():
-        if int(os.environ.get("WORLD_SIZE", "1")) < 2:
-            raise RuntimeError(
-                f"run_async needs actors + learners = {config.world_size} processes: launch with "
-                f"torchrun --nproc-per-node {config.world_size} your_script.py"
-            )
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, timeout=timedelta(seconds=config.timeout_s))
-    topology = build_topology(config, device)
-    agent = agent_factory(topology.role)
-    if not isinstance(agent, Agent):
-        raise TypeError(
-            f"agent_factory must return an lmgym Agent (e.g. GRPO(...)), got {type(agent).__name__}"
-        )
-    infos: list = [None] * dist.get_world_size()
-    dist.all_gather_object(infos, describe(agent, topology.role))
-    check_handshake(infos, config)
-    hooks = hooks if hooks is not None else AsyncHooks()
-    if not topology.role.is_learner:
-        run_actor(agent, topology, hooks)
-        return AsyncRun(topology.role, agent)
-    actors = [info for info in infos if info["kind"] == "actor"]
-    ledger = StalenessLedger(
-        [info["num_prompts"] for info in actors],
-        infos[0]["group_size"],
-        config.max_staleness,
-        config.stale_policy,
-    )
-    history = run_learner(agent, topology, ledger, iterations, callbacks, hooks)
-    return AsyncRun(topology.role, agent, history)
+    driver = AsyncDriver.start(agent_factory, config, hooks=hooks, device=device)
+    history = driver.learn(iterations, callback)
+    return AsyncRun(driver.role, driver.agent, history)
