@@ -21,215 +21,13 @@ lmgym train``) trains data-parallel, ``--actors A --learners L`` asynchronously
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from lmgym.training.cli_common import error as _error
-from lmgym.training.cli_common import parse_env_kwarg as _parse_env_kwarg
-from lmgym.training.cli_common import quiet_transformers as _quiet_transformers
-from lmgym.training.run import TrainConfig
 from lmgym.training.sample_text import sample_line
-
-# TrainConfig fields with flags of their own (repeatable KEY=VALUE / MODULE:NAME).
-_SPECIAL_FIELDS = ("env_kwargs", "callbacks")
-
-
-def _train_parser(algo: str) -> tuple[argparse.ArgumentParser, list[str], list[str]]:
-    """The ``lmgym train`` parser for ``algo``: ``(parser, TrainConfig fields, agent fields)``.
-
-    The typed flags of both config classes come from ``HfArgumentParser``
-    (``lmgym.training.flags``); the run's own flags are added here.
-    """
-    from lmgym.agents import ALGORITHMS
-    from lmgym.training.flags import field_names, flag_dataclass, make_parser
-
-    run_flags = flag_dataclass(
-        TrainConfig, skip=_SPECIAL_FIELDS, choices={"algo": sorted(ALGORITHMS)}
-    )
-    agent_flags = flag_dataclass(ALGORITHMS[algo].config_class)
-    parser = make_parser(
-        [run_flags, agent_flags],
-        prog="lmgym train",
-        description="Train an agent on an lmgym task. Every TrainConfig and agent config "
-        "field is a flag; --config FILE sets them from JSON/YAML (flags override).",
-    )
-    parser.add_argument("--config", default=None, help="JSON or YAML file of field values")
-    parser.add_argument(
-        "--resume",
-        default=None,
-        metavar="RUN_DIR",
-        help="continue a run (its latest checkpoint, or the checkpoint directory given); "
-        "--iterations is then the new total",
-    )
-    parser.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace the run directory if it exists (only an lmgym run directory)",
-    )
-    parser.add_argument(
-        "--env",
-        dest="env_kwargs",
-        action="append",
-        type=_parse_env_kwarg,
-        default=None,
-        metavar="KEY=VALUE",
-        help="an argument of the task's env factory, e.g. --env reward_mode=per_token "
-        "(VALUE converted to the parameter's type: booleans from true/false/yes/no/1/0 only); "
-        "repeatable",
-    )
-    parser.add_argument(
-        "--callback",
-        dest="callbacks",
-        action="append",
-        default=None,
-        metavar="MODULE:NAME",
-        help="a custom callback(agent, metrics), imported from 'package.module:name' (a class "
-        "is instantiated); repeatable",
-    )
-    _add_launch_flags(parser)
-    return parser, field_names(run_flags) + list(_SPECIAL_FIELDS), field_names(agent_flags)
-
-
-# Flags of the launch (not TrainConfig fields; not in a config file).
-_LAUNCH_FLAGS = (
-    "nproc_per_node",
-    "actors",
-    "learners",
-    "max_staleness",
-    "stale_policy",
-    "weight_sync",
-    "keep_kv_cache",
-    "async_timeout_s",
-)
-
-
-def _add_launch_flags(parser: argparse.ArgumentParser) -> None:
-    """``--nproc-per-node`` (data parallel) and the asynchronous actor-learner's flags."""
-    from lmgym.agents.config import field_help
-    from lmgym.asynchronous import AsyncConfig
-
-    helps = field_help(AsyncConfig)  # type: ignore[arg-type]
-    group = parser.add_argument_group(
-        "processes", "data parallel (docs/distributed.md) and asynchronous (docs/async.md)"
-    )
-    group.add_argument(
-        "--nproc-per-node",
-        type=int,
-        default=None,
-        metavar="N",
-        help="start N data-parallel processes on this machine through torch's launcher "
-        "(torchrun); --num-prompts is per process. Several machines: run torchrun "
-        "--nnodes ... -m lmgym train yourself (docs/distributed.md)",
-    )
-    for name, kind in (("actors", int), ("learners", int), ("max_staleness", int)):
-        group.add_argument(
-            _flag(name), type=kind, default=None, help=f"async: {helps[name]} (default: 1)"
-        )
-    group.add_argument(
-        "--stale-policy", choices=["wait", "drop"], default=None, help=helps["stale_policy"]
-    )
-    group.add_argument(
-        "--weight-sync",
-        choices=["in_flight", "row_boundary"],
-        default=None,
-        help=helps["weight_sync"],
-    )
-    group.add_argument(
-        "--keep-kv-cache",
-        type=lambda text: text.lower() in ("1", "true", "yes", "y", "t"),
-        default=None,
-        metavar="BOOL",
-        help=helps["keep_kv_cache"],
-    )
-    group.add_argument(
-        "--async-timeout-s",
-        type=float,
-        default=None,
-        help="async: " + helps["timeout_s"],
-    )
-
-
-def _async_config(args: argparse.Namespace) -> Any:
-    """The ``AsyncConfig`` the flags ask for, or ``None`` for a synchronous run."""
-    from lmgym.asynchronous import AsyncConfig
-
-    values = {
-        name: getattr(args, name)
-        for name in _LAUNCH_FLAGS
-        if name != "nproc_per_node" and getattr(args, name) is not None
-    }
-    if not values:
-        return None
-    if "async_timeout_s" in values:
-        values["timeout_s"] = values.pop("async_timeout_s")
-    config = AsyncConfig(**values)
-    config.check()
-    return config
-
-
-def _apply_file_values(
-    parser: argparse.ArgumentParser, values: dict[str, Any], source: str
-) -> None:
-    """Set the parser's defaults from a config file's ``{field: value}`` (flags then
-    override them), each value converted strictly by its flag's type."""
-    from lmgym.training.flags import actions_by_dest, file_value
-
-    where = f"--config {source}"
-    actions = actions_by_dest(parser)
-    fields = sorted(set(actions) - {"help", "config", "resume", "overwrite", *_LAUNCH_FLAGS})
-    unknown = sorted(set(values) - set(fields))
-    if unknown:
-        raise ValueError(
-            f"{where}: unknown field(s) {', '.join(unknown)}; valid fields: {', '.join(fields)}"
-        )
-    defaults = {}
-    for field, value in values.items():
-        if field == "env_kwargs":
-            if not isinstance(value, dict):
-                raise ValueError(f"{where}: env_kwargs: expected a mapping, got {value!r}")
-            defaults[field] = sorted(value.items())
-        elif field == "callbacks":
-            specs = [value] if isinstance(value, str) else value
-            if not isinstance(specs, list) or not all(isinstance(v, str) for v in specs):
-                raise ValueError(f"{where}: callbacks: expected a list of 'module:name' strings")
-            defaults[field] = specs
-        else:
-            defaults[field] = file_value(actions[field], field, value, where)
-    parser.set_defaults(**defaults)
-
-
-def _split_namespace(
-    namespace: argparse.Namespace, run_fields: list[str], agent_fields: list[str]
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(TrainConfig values, agent config values)`` of a parsed command line."""
-    values = vars(namespace)
-    run = {name: values[name] for name in run_fields}
-    agent = {name: values[name] for name in agent_fields}
-    run["env_kwargs"] = dict(run["env_kwargs"] or [])
-    # --env and --callback add to the config file's (or the resumed run's) entries.
-    run["callbacks"] = list(dict.fromkeys(run["callbacks"] or []))
-    for name, value in agent.items():
-        if isinstance(value, list):  # nargs=2: a tuple field (adam_betas)
-            agent[name] = tuple(value)
-    return run, agent
-
-
-def _flag(field: str) -> str:
-    return "--" + field.replace("_", "-")
-
-
-def _pretrained_defaults(run: dict[str, Any], agent: dict[str, Any], given: set[str]) -> None:
-    """Apply ``PRETRAINED_DEFAULTS`` where the user set nothing; print the line (rank 0)."""
-    import os
-
-    from lmgym.training.pretrained import apply_pretrained_defaults
-
-    line = apply_pretrained_defaults(run, agent, given)
-    if line is not None and os.environ.get("RANK", "0") == "0":
-        print(line)
 
 
 def _stopped_hint(run_dir: str | None) -> str:
@@ -248,47 +46,6 @@ def _stopped_hint(run_dir: str | None) -> str:
     return f"; its last complete checkpoint is {latest} (continue: lmgym train --resume {run_dir})"
 
 
-def _pop_nproc(argv: list[str]) -> tuple[int | None, list[str]]:
-    """``(--nproc-per-node N or None, argv without it)``."""
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=None)
-    known, _ = pre.parse_known_args(argv)
-    if known.nproc_per_node is None:
-        return None, argv
-    rest, skip = [], False
-    for i, arg in enumerate(argv):
-        if skip:
-            skip = False
-            continue
-        name = arg.split("=", 1)[0]
-        if name in ("--nproc-per-node", "--nproc_per_node"):
-            skip = "=" not in arg and i + 1 < len(argv)
-            continue
-        rest.append(arg)
-    return known.nproc_per_node, rest
-
-
-def _launch(nproc: int, argv: list[str]) -> int:
-    """Start ``nproc`` processes of ``lmgym train ARGV`` on this machine through torch's own
-    launcher (``torchrun --standalone --nproc-per-node N -m lmgym train ARGV``).
-
-    Returns:
-        0, or the exit status of the first process that failed (2: bad input).
-    """
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import get_args_parser, run
-
-    args = get_args_parser().parse_args(
-        ["--standalone", "--nproc-per-node", str(nproc), "-m", "lmgym", "train", *argv]
-    )
-    try:
-        run(args)
-    except ChildFailedError as exc:
-        codes = [f.exitcode for _, f in sorted(exc.failures.items()) if f.exitcode]
-        return next((c for c in codes if c > 0), 1)
-    return 0
-
-
 def train(argv: Sequence[str]) -> int:
     """``lmgym train``: see the module docstring and docs/cli.md."""
     from lmgym.distributed import shutdown
@@ -299,157 +56,61 @@ def train(argv: Sequence[str]) -> int:
         shutdown()
 
 
-def _train(argv: Sequence[str]) -> int:
-    from lmgym.agents import ALGORITHMS
-    from lmgym.persistence import CheckpointError, DirectoryLockedError
-    from lmgym.training.config_file import ConfigFileError, flatten_config, read_config_file
-    from lmgym.training.flags import given_fields
+def _start(argv: Sequence[str]) -> tuple[Any, Any]:
+    """``(request, trainer)`` of a command line, or ``(None, exit status)``.
+
+    Under torchrun every rank reads its own command line, then the ranks agree before
+    training: when one refuses its flags, every rank exits 2 with one line naming the
+    value (``agree_to_start``), instead of the others failing on a lost peer.
+    """
+    from lmgym.persistence import CheckpointError
+    from lmgym.training.launch import agree_to_start, launch
     from lmgym.training.ranks import launched_ranks
-    from lmgym.training.trainer import FixedOnResumeError, Trainer
+    from lmgym.training.train_args import UsageError, make_trainer, parse_train
 
-    argv = list(argv)
-    nproc, argv = _pop_nproc(argv)
-    if nproc is not None:
-        if launched_ranks() > 1:
-            return _error(
-                "train",
-                "--nproc-per-node: this process was already started by torchrun (WORLD_SIZE="
-                f"{launched_ranks()}); give --nproc-per-node to torchrun or to lmgym train, "
-                "not both",
-            )
-        if nproc < 1:
-            return _error("train", f"--nproc-per-node {nproc}: must be >= 1")
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--algo", default=None)
-    pre.add_argument("--config", default=None)
-    pre.add_argument("--resume", default=None)
-    pre.add_argument("--actors", default=None)
-    pre.add_argument("--learners", default=None)
-    known, _ = pre.parse_known_args(argv)
-    if known.resume is not None and (known.actors or known.learners) is not None:
-        return _error(
-            "train",
-            "--resume cannot be combined with --actors/--learners: asynchronous runs "
-            "cannot be resumed (docs/async.md); start a new run",
-        )
-    if known.algo is not None and known.algo not in ALGORITHMS:
-        return _error(
-            "train", f"unknown --algo {known.algo!r}; valid: {', '.join(sorted(ALGORITHMS))}"
-        )
-    if known.resume is not None and known.config is not None:
-        return _error("train", "--config and --resume cannot be combined (a run keeps its config)")
+    request = trainer = None
+    failure: str | None = None
+    try:
+        request = parse_train(argv)
+        if request.processes is not None:
+            return None, launch(request.processes, request.argv)
+        trainer = make_trainer(request)
+    except (UsageError, CheckpointError, OSError, TypeError, ValueError) as exc:
+        failure = str(exc)
+    except SystemExit as exc:  # argparse: --help (0) or a usage error (2), already printed
+        if exc.code in (0, None) or launched_ranks() <= 1:
+            raise
+        failure = "bad command line on this rank (its usage message is above)"
+    if launched_ranks() > 1:
+        failure = agree_to_start(failure, trainer, argv)
+    if failure is not None:
+        return None, _error("train", failure)
+    return request, trainer
 
-    file_values: dict[str, Any] = {}
-    source = known.config
-    saved: dict[str, Any] | None = None
-    try:
-        if known.resume is not None:
-            run = Trainer.find_run(known.resume)
-            saved = run.read_config()
-            file_values = flatten_config(saved, str(run.config_path))
-            file_values.pop("run_dir", None)
-            source = str(run.config_path)
-        elif known.config is not None:
-            file_values = read_config_file(known.config)
-    except (ConfigFileError, OSError, ValueError) as exc:
-        return _error("train", str(exc))
 
-    algo = known.algo or file_values.get("algo") or "grpo"
-    if algo not in ALGORITHMS:
-        return _error(
-            "train", f"unknown algo {algo!r} in {source}; valid: {', '.join(sorted(ALGORITHMS))}"
-        )
-    if saved is not None and known.algo is not None and known.algo != saved["algo"]:
-        return _error(
-            "train", f"--algo {known.algo} differs from the resumed run's {saved['algo']}"
-        )
-    file_values["algo"] = algo
-    parser, run_fields, agent_fields = _train_parser(algo)
-    try:
-        # A resumed run's saved values are the defaults: a flag that changes one shows.
-        _apply_file_values(parser, file_values, str(source))
-    except ValueError as exc:
-        return _error("train", str(exc))
-    args = parser.parse_args(argv)
-    run_values, agent_values = _split_namespace(args, run_fields, agent_fields)
-    try:
-        async_config = _async_config(args)
-    except (TypeError, ValueError) as exc:
-        return _error("train", str(exc))
-    if async_config is not None:
-        if known.resume is not None:
-            return _error(
-                "train",
-                "--resume cannot be combined with --actors/--learners: asynchronous runs "
-                "cannot be resumed (docs/async.md); start a new run",
-            )
-        world = async_config.world_size
-        if nproc is not None and nproc != world:
-            return _error(
-                "train",
-                f"--nproc-per-node {nproc} differs from --actors {async_config.actors} + "
-                f"--learners {async_config.learners} = {world}; drop --nproc-per-node",
-            )
-        if launched_ranks() <= 1:
-            return _launch(world, argv)
-    elif nproc is not None and nproc > 1:
-        return _launch(nproc, argv)
+def _train(argv: Sequence[str]) -> int:
+    from lmgym.asynchronous import PeerLostError
+    from lmgym.persistence import CheckpointError, DirectoryLockedError
+    from lmgym.training.termination import StoppedError
 
-    if saved is None:  # a fresh run on a pretrained model: its defaults, said in one line
-        _pretrained_defaults(run_values, agent_values, given_fields(parser, argv) | {*file_values})
-    trainer: Trainer | None = None
+    request, trainer = _start(argv)
+    if request is None:
+        return trainer
     try:
-        if saved is not None:
-            for field, value in agent_values.items():
-                old = saved["agent"].get(field)
-                old = tuple(old) if isinstance(old, list) else old
-                if value != old:
-                    return _error(
-                        "train",
-                        f"--resume: {_flag(field)} {value!r} differs from the run's {old!r}; a "
-                        "resumed run keeps its agent config (start a new run to change it)",
-                    )
-            if run_values["run_dir"] is not None:
-                return _error(
-                    "train",
-                    "--run-dir cannot be combined with --resume (a run continues in "
-                    "its own directory)",
-                )
-            changes = {k: v for k, v in run_values.items() if k != "run_dir"}
-            try:
-                _quiet_transformers()
-                trainer = Trainer.resume(known.resume, changes=changes)
-            except FixedOnResumeError as exc:
-                return _error(
-                    "train",
-                    f"--resume: {_flag(exc.field)} {exc.value!r} differs from the run's "
-                    f"{exc.old!r}; {exc.KEPT}",
-                )
-        else:
-            config = TrainConfig(**run_values)
-            try:
-                agent_config = ALGORITHMS[algo].config_class(**agent_values)
-            except TypeError as exc:
-                return _error("train", str(exc))
-            _quiet_transformers()
-            trainer = Trainer(
-                config, agent_config, overwrite=args.overwrite, async_config=async_config
-            )
         result = trainer.run()
     except (CheckpointError, DirectoryLockedError, OSError, ValueError) as exc:
         # OSError includes a full disk (ENOSPC): checkpoints are all-or-nothing, so the
         # last complete one is intact.
-        run_dir = trainer.config.run_dir if trainer is not None else None
         write_error = isinstance(exc, OSError) and not isinstance(
             exc, FileExistsError | FileNotFoundError
         )
-        hint = _stopped_hint(run_dir) if write_error else ""
+        hint = _stopped_hint(trainer.config.run_dir) if write_error else ""
         return _error("train", f"{exc}{hint}")
-    except FloatingPointError as exc:  # a non-finite loss, gradient or statistic
-        run_dir = trainer.config.run_dir if trainer is not None else None
-        return _error("train", f"{exc}{_stopped_hint(run_dir)}")
+    except (FloatingPointError, PeerLostError, StoppedError) as exc:
+        # a non-finite loss, gradient or statistic; a lost process of the run
+        return _error("train", f"{exc}{_stopped_hint(trainer.config.run_dir)}")
     except KeyboardInterrupt:
-        run_dir = trainer.config.run_dir if trainer is not None else None
+        run_dir = trainer.config.run_dir
         hint = _stopped_hint(run_dir) or (
             f"; no checkpoint was written yet (start again with --run-dir {run_dir} --overwrite)"
             if run_dir and Path(run_dir).is_dir()
@@ -479,102 +140,11 @@ def evaluate(argv: Sequence[str]) -> int:
 
 
 # ------------------------------------------------------------------ bench
-def _csv_list(text: str) -> list[str]:
-    return [item.strip() for item in text.split(",") if item.strip()]
-
-
-def _bench_parser() -> argparse.ArgumentParser:
-    from lmgym.training.bench import DEFAULT_AGENTS, DEFAULT_OUT, DEFAULT_SEEDS, DEFAULT_TASKS
-
-    parser = argparse.ArgumentParser(
-        prog="lmgym bench",
-        description="Train agents x tasks x seeds with equal budgets; write a Markdown table "
-        "and PNG learning curves.",
-    )
-    parser.add_argument(
-        "--agents",
-        type=_csv_list,
-        default=None,
-        help=f"comma list, or all (default: {','.join(DEFAULT_AGENTS)})",
-    )
-    parser.add_argument(
-        "--tasks",
-        type=_csv_list,
-        default=None,
-        help="comma list of task ids, your own as module:TaskId-v0 "
-        f"(default: {','.join(DEFAULT_TASKS)})",
-    )
-    parser.add_argument(
-        "--model",
-        default=None,
-        help="local directory or hub name of your causal LM, loaded afresh for every run "
-        "(default: a tiny GPT-2 initialised with the run's seed)",
-    )
-    parser.add_argument(
-        "--learning-rate",
-        type=float,
-        default=None,
-        help="every agent's learning rate (default: the learning tests' rates, tuned for the "
-        "tiny GPT-2; a pretrained model wants far less: docs/cli.md, Pretrained models)",
-    )
-    parser.add_argument(
-        "--seeds",
-        type=lambda t: [int(s) for s in _csv_list(t)],
-        default=None,
-        help=f"comma list (default: {','.join(map(str, DEFAULT_SEEDS))})",
-    )
-    parser.add_argument(
-        "--iterations", type=int, default=None, help="iterations for every task (default: per task)"
-    )
-    parser.add_argument("--num-prompts", type=int, default=4, help="prompts per batch (default: 4)")
-    parser.add_argument(
-        "--group-size", type=int, default=8, help="completions per prompt (default: 8)"
-    )
-    parser.add_argument(
-        "--workers",
-        type=int,
-        default=None,
-        help="runs at once, each in its own process with one torch thread; 0 runs them in "
-        "this process (default: 1; 0 with --quick)",
-    )
-    parser.add_argument(
-        "--out", default=DEFAULT_OUT, help=f"output directory (default: {DEFAULT_OUT})"
-    )
-    parser.add_argument("--overwrite", action="store_true", help="replace results already in --out")
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="smoke run: TargetString, grpo and rloo, one seed, 6 iterations, in this process",
-    )
-    return parser
-
-
 def bench(argv: Sequence[str]) -> int:
-    """``lmgym bench``: the agent benchmark."""
-    from lmgym.agents import ALGORITHMS
-    from lmgym.training.bench import BenchOutputExistsError, BenchSpec, run_bench
+    """``lmgym bench``: the agent benchmark (``lmgym.training.bench_command``)."""
+    from lmgym.training.bench_command import bench as run_bench_command
 
-    args = _bench_parser().parse_args(list(argv))
-    _quiet_transformers()
-    agents = sorted(ALGORITHMS) if args.agents == ["all"] else args.agents
-    try:
-        spec = BenchSpec.quick() if args.quick else BenchSpec()
-        spec = spec.replace(
-            agents=agents,
-            model=args.model,
-            learning_rate=args.learning_rate,
-            tasks=args.tasks,
-            seeds=args.seeds,
-            iterations=args.iterations,
-            num_prompts=args.num_prompts,
-            group_size=args.group_size,
-            workers=args.workers,
-        )
-        summary = run_bench(spec, args.out, overwrite=args.overwrite)
-    except (BenchOutputExistsError, FileNotFoundError, ValueError) as exc:
-        return _error("bench", str(exc))
-    print(summary)
-    return 0
+    return run_bench_command(argv)
 
 
 # ------------------------------------------------------------------ tasks

@@ -241,14 +241,10 @@ FIXED_ON_RESUME = (
 
 
 def default_run_dir(algo: str, task: str, root: str | Path = "runs") -> Path:
-    """``runs/<algo>-<TaskName>-<YYYYmmdd-HHMMSS>``, with a suffix if that exists."""
+    """``runs/<algo>-<TaskName>-<YYYYmmdd-HHMMSS>`` (``RunDirectory.create_unique`` adds a
+    suffix when that is taken)."""
     name = task.rpartition(":")[2].split("/")[-1].removesuffix("-v0")
-    base = Path(root) / f"{algo}-{name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    path, n = base, 1
-    while path.exists():
-        n += 1
-        path = base.with_name(f"{base.name}-{n}")
-    return path
+    return Path(root) / f"{algo}-{name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 class RunDirectoryExistsError(FileExistsError):
@@ -359,6 +355,27 @@ class RunDirectory:
                     entry.unlink()
             return run
         run.path.mkdir(parents=True)
+        run.lock.acquire()
+        return run
+
+    @classmethod
+    def create_unique(cls, base: str | Path) -> RunDirectory:
+        """Make ``base``, or ``base-2``, ``base-3``, ... when taken, and take its lock.
+
+        The name is chosen by creating the directory (``mkdir`` fails when it exists),
+        so two runs started in the same second get two directories.
+        """
+        base = Path(base)
+        base.parent.mkdir(parents=True, exist_ok=True)
+        path, n = base, 1
+        while True:
+            try:
+                path.mkdir()
+                break
+            except FileExistsError:
+                n += 1
+                path = base.with_name(f"{base.name}-{n}")
+        run = cls(path)
         run.lock.acquire()
         return run
 

@@ -11,7 +11,10 @@
 7. the ``--callback`` ones and the ``Trainer``'s ``callbacks``;
 8. ``WallClockLimit`` (``max_time``), last, so its stop line follows the others.
 
-Every rank then adds the checkpoint callback (``Trainer._train``).
+``assemble`` then adds the checkpoint callback on every process that takes part
+in checkpoints, restores the callbacks' saved state on a resume, and (data
+parallel) wraps them so every rank stops together. Every training path (one
+process, data parallel, asynchronous) gets its callbacks from here.
 """
 
 from __future__ import annotations
@@ -23,14 +26,19 @@ from typing import Any
 from lmgym.agents.base import Callback
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.training.callbacks import (
+    CheckpointCallback,
     EarlyStopAtThreshold,
     MetricsLogger,
     PeriodicEval,
     Printer,
+    RankCallbacks,
     SamplePrinter,
 )
+from lmgym.training.checkpoint import CheckpointManager
 from lmgym.training.logger import make_logger, make_stdout_logger
 from lmgym.training.progress import RunProgressBar
+from lmgym.training.ranks import Ranks
+from lmgym.training.resume import fixed_fields
 from lmgym.training.run import RunDirectory, TrainConfig
 from lmgym.training.signal_watch import NoSignalWarning
 from lmgym.training.wall_clock import WallClockLimit, parse_duration
@@ -148,3 +156,55 @@ def main_callbacks(
         session.wall_clock = WallClockLimit(limit, start, f"--max-time {config.max_time}", out)
         add(session.wall_clock)
     return session
+
+
+def assemble(
+    session: Session,
+    run: RunDirectory,
+    config: TrainConfig,
+    state: dict[str, Any],
+    checkpoint_ranks: Ranks | None,
+    *,
+    share_stop: Ranks | None = None,
+) -> tuple[list[Callback], CheckpointCallback | None]:
+    """This process's callbacks for ``learn``, and its checkpoint callback.
+
+    Args:
+        session: rank 0's ``main_callbacks`` (an empty ``Session`` on other processes).
+        run: the run directory (checkpoints go to its ``checkpoints/``).
+        config: the run's settings (``save_every``, ``keep_checkpoints``).
+        state: a resumed checkpoint's trainer state (``{}`` for a fresh run): each
+            callback with a ``state_key`` in it gets its state back.
+        checkpoint_ranks: the processes that write checkpoints together, or ``None``
+            when this process takes no part (an asynchronous actor or learner > 0).
+        share_stop: data parallel: every rank stops when one callback says so.
+
+    Returns:
+        ``(callbacks, checkpoint)``; ``checkpoint`` is ``None`` when this process
+        takes no part in checkpoints.
+    """
+    callbacks = list(session.callbacks)
+    saved = state.get("callbacks", {})
+    for cb in callbacks:
+        key = getattr(cb, "state_key", None)
+        if key is not None and key in saved:
+            cb.load_state_dict(saved[key])  # type: ignore[attr-defined]
+
+    def trainer_state() -> dict[str, Any]:
+        states = {
+            cb.state_key: cb.state_dict()  # type: ignore[attr-defined]
+            for cb in callbacks
+            if hasattr(cb, "state_key") and hasattr(cb, "state_dict")
+        }
+        return {"callbacks": states, "run": fixed_fields(config)}
+
+    checkpoint = None
+    if checkpoint_ranks is not None:
+        manager = CheckpointManager(run.checkpoints, config.keep_checkpoints)
+        checkpoint = CheckpointCallback(
+            manager, config.save_every, trainer_state, ranks=checkpoint_ranks
+        )
+        callbacks.append(checkpoint)
+    if share_stop is not None and share_stop.size > 1:
+        callbacks = [RankCallbacks(callbacks, share_stop)]
+    return callbacks, checkpoint

@@ -27,10 +27,14 @@ def lmgym(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_one_actor_one_learner_runs_and_writes_one_run_directory(tmp_path):
+    """Learner 0 writes what rank 0 of a synchronous run writes: checkpoints every
+    --save-every, periodic evaluations and samples; the run resumes synchronously."""
     run = tmp_path / "run"
     done = lmgym(
         "--actors", "1", "--learners", "1", "--max-staleness", "1", "--tis-cap", "2",
-        "--iterations", "3", "--run-dir", str(run), *FAST,
+        "--iterations", "3", "--save-every", "2", "--keep-checkpoints", "0",
+        "--eval-every", "2", "--sample-every", "2", "--samples", "1",
+        "--run-dir", str(run), *FAST,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert done.stdout.count("reward before:") == 1
@@ -41,14 +45,24 @@ def test_one_actor_one_learner_runs_and_writes_one_run_directory(tmp_path):
     saved = json.loads((run / "config.json").read_text())
     assert saved["launch"]["async"]["actors"] == 1
     assert saved["launch"]["async"]["max_staleness"] == 1
-    assert (run / "checkpoints" / "iter_000003").is_dir()
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
+        "iter_000002",
+        "iter_000003",
+        "latest",
+    ]
+    evals = [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines()]
+    assert [(e["iteration"], e.get("at")) for e in evals] == [(0, "start"), (2, None), (3, "end")]
+    assert "[samples @ 2]" in done.stdout
 
-    refused = lmgym("--resume", str(run), "--iterations", "4", *FAST)
-    assert refused.returncode == 2
-    assert "async runs cannot be resumed" in refused.stderr
+    resumed = lmgym("--resume", str(run), "--iterations", "4", *FAST)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert "it resumes on the synchronous path" in resumed.stdout
+    with open(run / "progress.csv") as file:
+        assert [float(r["iteration"]) for r in csv.DictReader(file)] == [1, 2, 3, 4]
 
 
 def test_resume_with_actors_is_refused(tmp_path):
     done = lmgym("--actors", "1", "--resume", str(tmp_path), *FAST)
     assert done.returncode == 2
-    assert "asynchronous runs cannot be resumed" in done.stderr
+    assert "--resume cannot be combined with --actors/--learners" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1

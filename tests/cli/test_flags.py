@@ -11,9 +11,10 @@ import pytest
 
 from lmgym.agents import ALGORITHMS, GRPOConfig, PPOConfig
 from lmgym.agents.config import field_help
-from lmgym.cli import _train_parser, main
+from lmgym.cli import main
 from lmgym.training.flags import actions_by_dest, file_value, flag_dataclass, make_parser
 from lmgym.training.run import TrainConfig
+from lmgym.training.train_args import _train_parser
 
 
 def parse(*argv: str, config=PPOConfig) -> argparse.Namespace:
@@ -143,7 +144,7 @@ def test_a_config_file_sets_model_settings_and_flags_override_it(tmp_path):
     config = tmp_path / "c.json"
     config.write_text(json.dumps({"lora_target_modules": ["c_attn"], "dtype": "bfloat16"}))
     parser, run_fields, _ = _train_parser("grpo")
-    from lmgym.cli import _apply_file_values
+    from lmgym.training.train_args import _apply_file_values
 
     _apply_file_values(parser, json.loads(config.read_text()), str(config))
     args = parser.parse_args(["--dtype", "float32"])

@@ -1,0 +1,228 @@
+"""What a training run is built from, as functions of its config: the policy, the
+training env, the frozen KL reference, the evaluation env and the ``--callback`` objects.
+
+Nothing here writes to disk or talks to other processes: the ``Trainer`` decides
+where (device, shard) and when (fresh run, resume, rank) each piece is built.
+"""
+
+from __future__ import annotations
+
+import inspect
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from lmgym.agents.base import Callback
+from lmgym.agents.callbacks import CALLBACK_PROTOCOL
+from lmgym.envs.token_env import TokenVectorEnv
+from lmgym.policy.causal_lm import CausalLMPolicy
+from lmgym.training.callbacks import check_callback
+from lmgym.training.evaluation import make_eval_env
+from lmgym.training.model_source import resolve_model
+from lmgym.training.run import TrainConfig
+from lmgym.training.user_code import import_object, resolve_task
+
+
+def check_algo(algo: str) -> None:
+    """Raise ``ValueError`` listing the valid names if ``algo`` is unknown."""
+    from lmgym.agents import ALGORITHMS
+
+    if algo not in ALGORITHMS:
+        raise ValueError(f"unknown algo {algo!r}; valid: {', '.join(sorted(ALGORITHMS))}")
+
+
+def check_task(task: str) -> str:
+    """The Gymnasium id of ``task`` (``"module:Id"`` imports ``module`` first).
+
+    Raises:
+        ValueError: unknown, listing the registered tasks (``user_code.resolve_task``).
+    """
+    return resolve_task(task)
+
+
+def load_policy(
+    model: str | None,
+    temperature: float = 1.0,
+    device: torch.device | str = "cpu",
+    *,
+    peft_config: Any = None,
+    autocast_dtype: str | None = None,
+    gradient_checkpointing: bool = False,
+) -> CausalLMPolicy:
+    """The policy for ``model`` (hub name or directory); ``None``: the tiny GPT-2, built
+    locally and round-tripped through ``save_pretrained`` / ``from_pretrained``.
+
+    Args:
+        peft_config, autocast_dtype, gradient_checkpointing: as
+            ``CausalLMPolicy.from_pretrained`` (``TrainConfig.peft_config()``, ...).
+
+    Raises:
+        ModelNotFoundError: a missing directory, or a hub name while offline and not
+            cached (``resolve_model``); one line saying what to pass instead.
+    """
+    from lmgym.policy import save_tiny
+
+    settings = {
+        "device": device,
+        "temperature": temperature,
+        "peft_config": peft_config,
+        "autocast_dtype": autocast_dtype,
+        "gradient_checkpointing": gradient_checkpointing,
+    }
+    if model is not None:
+        return CausalLMPolicy.from_pretrained(resolve_model(model), **settings)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = save_tiny(f"{tmp}/tiny-gpt2")
+        return CausalLMPolicy.from_pretrained(path, **settings)
+
+
+def policy_for(
+    config: TrainConfig, device: str | None = None, model: str | None = None
+) -> CausalLMPolicy:
+    """The run's initial policy: ``config.model`` with its LoRA, dtype and checkpointing.
+
+    Args:
+        device: where (default ``config.device``; a data-parallel rank's own GPU).
+        model: load this directory instead of ``config.model`` (the tiny GPT-2 saved
+            before the process group started: ``save_pretrained`` writes nothing on
+            ranks other than 0 once one has).
+    """
+    policy = load_policy(
+        model or config.model,
+        config.temperature,
+        device or config.device,
+        peft_config=config.peft_config(),
+        autocast_dtype=config.autocast_dtype,
+        gradient_checkpointing=config.gradient_checkpointing,
+    )
+    config.mark_base_storage(policy)
+    return policy
+
+
+def reference_for(
+    config: TrainConfig,
+    beta: float,
+    *,
+    policy: CausalLMPolicy | None = None,
+    checkpoint: Path | None = None,
+    device: str | None = None,
+    model: str | None = None,
+) -> CausalLMPolicy | None:
+    """The frozen KL reference (``None`` when ``beta`` is 0).
+
+    Args:
+        policy: a fresh run's initial policy: the reference is ``frozen_copy`` of it
+            (a PEFT policy's is the same model with its adapter disabled, no copy).
+        checkpoint: a resume's checkpoint. When its policy is a PEFT adapter
+            ``CheckpointManager.load`` builds the adapter-off view from the loaded
+            policy (``None`` here); otherwise the initial model is loaded again.
+        device, model: as ``policy_for``.
+    """
+    if beta <= 0:
+        return None
+    from lmgym.policy.adapters import is_adapter_dir
+    from lmgym.policy.value import frozen_copy
+
+    if policy is not None:
+        return frozen_copy(policy)
+    if checkpoint is not None and is_adapter_dir(checkpoint / "agent" / "policy"):
+        return None
+    # The reference is the initial model, not the checkpoint's: rebuild it.
+    initial = load_policy(
+        model or config.model,
+        config.temperature,
+        device or config.device,
+        autocast_dtype=config.autocast_dtype,
+    )
+    return frozen_copy(initial)
+
+
+def make_train_env(
+    config: TrainConfig,
+    tokenizer: PreTrainedTokenizerBase,
+    env_id: str | None = None,
+    *,
+    device: str | None = None,
+    shard: tuple[int, int] = (0, 1),
+) -> TokenVectorEnv:
+    """The run's training env: ``gymnasium.make_vec(task, ...)`` with the policy's tokenizer.
+
+    Args:
+        env_id: the task's registered id (``prepare_task``); default ``config.task``.
+        device: where (default ``config.device``).
+        shard: ``(rank, world_size)`` of a data-parallel run: this rank's share of the
+            prompt stream, ``config.num_prompts`` prompts per reset.
+    """
+    kwargs = dict(config.env_kwargs)
+    if shard != (0, 1):
+        kwargs["shard"] = shard
+    env = gym.make_vec(
+        env_id or config.task,
+        num_envs=config.num_prompts * config.group_size,
+        group_size=config.group_size,
+        tokenizer=tokenizer,
+        device=device or config.device,
+        **kwargs,
+    )
+    if not isinstance(env, TokenVectorEnv):
+        raise TypeError(
+            f"task {config.task!r}: make_vec returned {type(env).__name__}, not an lmgym "
+            "TokenVectorEnv"
+        )
+    return env
+
+
+def eval_env_for(
+    config: TrainConfig, env_id: str, tokenizer: PreTrainedTokenizerBase, device: str
+) -> tuple[TokenVectorEnv, str]:
+    """The run's evaluation env and which prompts it holds (``make_eval_env``)."""
+    return make_eval_env(
+        env_id,
+        tokenizer,
+        config.eval_prompts,
+        config.eval_samples,
+        env_kwargs=config.env_kwargs,
+        device=device,
+    )
+
+
+def _takes_agent_and_metrics(target: Any) -> bool:
+    """Whether ``target(agent, metrics)`` binds (``True`` when its signature is unknown)."""
+    try:
+        signature = inspect.signature(target)
+    except (TypeError, ValueError):
+        return True
+    try:
+        signature.bind(None, {})
+    except TypeError:
+        return False
+    return True
+
+
+def load_callback(spec: str) -> Callback:
+    """Import a user callback from ``'package.module:name'``; a class is instantiated.
+
+    Raises:
+        ValueError: it cannot be imported, is not callable, cannot be called as
+            ``callback(agent, metrics)`` (e.g. ``os:system``), or is a Stable-Baselines3
+            ``BaseCallback`` (the message states lmgym's callback protocol).
+    """
+    where = f"callback {spec!r}"
+    target = import_object(spec, "callback")
+    try:
+        check_callback(target, where)
+        if isinstance(target, type):
+            target = target()
+        check_callback(target, where)
+    except TypeError as exc:
+        raise ValueError(str(exc)) from None
+    if not _takes_agent_and_metrics(target):
+        shown = f"{getattr(target, '__name__', type(target).__name__)}{inspect.signature(target)}"
+        raise ValueError(
+            f"{where}: {shown} cannot be called as (agent, metrics); {CALLBACK_PROTOCOL}"
+        )
+    return target

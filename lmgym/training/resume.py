@@ -1,0 +1,400 @@
+"""Resume planning: which run and checkpoint ``--resume PATH`` names, what may change, and
+what the resumed run's configs are. Plain functions; ``plan_resume`` returns a
+``ResumePlan`` the ``Trainer`` executes (under the run's lock it chooses and loads the
+checkpoint, then ``check_checkpoint_agrees`` compares it with ``config.json``).
+
+The rules, each written here once:
+
+- the fields of ``FIXED_ON_RESUME`` and the whole agent config cannot change
+  (``FixedOnResumeError`` names the field);
+- an asynchronous run's checkpoints resume on the synchronous path (one process or
+  data parallel): the actors' prompt streams and rows in flight are not saved;
+- ``config.json`` edited by hand (its ``algo``, agent settings or fixed run
+  settings differ from what the checkpoint was trained with) is refused, naming
+  the edit and the way out, and so is a run directory whose ``config.json`` is
+  missing or a checkpoint set aside in ``abandoned/``;
+- a prompt file must still have the SHA-256 the run recorded;
+- a decaying learning-rate schedule cannot be lengthened (``check_schedule_length``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lmgym.agents.base import Agent
+from lmgym.agents.config import AgentConfig
+from lmgym.persistence.manifest import CheckpointError
+from lmgym.training.checkpoint import CheckpointManager, checkpoint_iteration, is_checkpoint
+from lmgym.training.run import FIXED_ON_RESUME, RunDirectory, RunDirectoryError, TrainConfig
+
+ASYNC_RESUME = (
+    "{run} was trained by asynchronous actors and learners; it resumes on the synchronous "
+    "path (its checkpoint lacks the actors' prompt streams and rows in flight, docs/async.md)"
+)
+"""The line a resumed asynchronous run prints."""
+
+
+class FixedOnResumeError(ValueError):
+    """A resume would change a field of ``FIXED_ON_RESUME`` or of the agent config.
+
+    Attributes:
+        field, value, old: the field, the value asked for and the run's.
+        KEPT: what a resumed run keeps (the end of the message).
+    """
+
+    RUN_KEPT = (
+        "a resumed run keeps its algorithm, task, model and its settings (dtype, LoRA, "
+        "checkpointing), batch shape, temperature and env arguments (start a new run to "
+        "change them)"
+    )
+    AGENT_KEPT = "a resumed run keeps its agent config (start a new run to change it)"
+
+    def __init__(self, field: str, value: Any, old: Any, *, agent: bool = False) -> None:
+        self.field, self.value, self.old = field, value, old
+        self.KEPT = self.AGENT_KEPT if agent else self.RUN_KEPT
+        super().__init__(f"{field}={value!r} differs from the run's {old!r}; {self.KEPT}")
+
+
+class ConfigEditedError(ValueError):
+    """A run's ``config.json`` differs from what its checkpoint was trained with."""
+
+
+def restore_types(config_class: type, values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with each list of a tuple-typed field (``adam_betas``) as a tuple: JSON,
+    YAML and ``nargs`` flags give lists."""
+    tuples = {
+        f.name
+        for f in dataclasses.fields(config_class)
+        if isinstance(f.default, tuple) or str(f.type).startswith("tuple")
+    }
+    return {k: tuple(v) if k in tuples and isinstance(v, list) else v for k, v in values.items()}
+
+
+def agent_config_from_dict(algo: str, values: dict[str, Any]) -> AgentConfig:
+    """``ALGORITHMS[algo]``'s config from a saved or parsed ``{field: value}``."""
+    from lmgym.agents import ALGORITHMS
+
+    config_class = ALGORITHMS[algo].config_class
+    return config_class(**restore_types(config_class, values))
+
+
+def _abandoned_error(path: Path) -> RunDirectoryError | None:
+    """The way forward for a checkpoint a resume set aside (``RUN/abandoned/NNN/...``)."""
+    branch = path.parent.parent
+    if branch.parent.name != RunDirectory.ABANDONED:
+        return None
+    run = branch.parent.parent
+    return RunDirectoryError(
+        f"{path} is a checkpoint that a resume from an earlier one set aside in {branch} "
+        f"(nothing is deleted); lmgym resumes only from {run / RunDirectory.CHECKPOINTS}: to "
+        f"continue that branch, copy it back (cp -r {path} {run / RunDirectory.CHECKPOINTS}/) "
+        f"and pass --resume {run / RunDirectory.CHECKPOINTS / path.name} (its rows are in "
+        f"{branch}), or start a new run from its model with --model {path / 'agent' / 'policy'}"
+    )
+
+
+def _missing_config_error(path: Path) -> FileNotFoundError | None:
+    """The way forward for a directory with checkpoints but no readable ``config.json``."""
+    run = RunDirectory(path)
+    if not run.checkpoints.is_dir() or not CheckpointManager(run.checkpoints).checkpoints():
+        return None
+    what = "is missing" if not run.config_path.exists() else "is not one lmgym wrote (unreadable)"
+    latest = CheckpointManager(run.checkpoints).checkpoints()[-1]
+    return FileNotFoundError(
+        f"{run.config_path} {what}, though {run.checkpoints} holds checkpoints: a resume reads "
+        f"the run's settings from it; restore it (e.g. from a backup or the command that "
+        f"started the run), or start a new run from a checkpoint's model with --model "
+        f"{latest / 'agent' / 'policy'}"
+    )
+
+
+def find_run(path: str | Path) -> RunDirectory:
+    """The run directory ``path`` names: a run directory, or a checkpoint inside one
+    (``RUN/checkpoints/iter_NNNNNN``).
+
+    Raises:
+        RunDirectoryError: a symbolic link, a checkpoint that is not inside a run's
+            ``checkpoints/`` (one set aside in ``abandoned/`` says how to continue it).
+        FileNotFoundError: not an lmgym run directory (one with checkpoints but no
+            ``config.json`` says so).
+    """
+    path = Path(path)
+    if is_checkpoint(path):
+        if path.is_symlink():
+            raise RunDirectoryError(
+                f"checkpoint {path} is a symbolic link; pass the real checkpoint directory"
+            )
+        abandoned = _abandoned_error(path)
+        if abandoned is not None:
+            raise abandoned
+        if path.parent.name != RunDirectory.CHECKPOINTS or checkpoint_iteration(path.name) is None:
+            raise RunDirectoryError(
+                f"{path} is not a checkpoint inside a run directory (expected "
+                "RUN/checkpoints/iter_NNNNNN); evaluate it with lmgym eval --model instead"
+            )
+        path = path.parent.parent
+    try:
+        return RunDirectory.open(path)
+    except FileNotFoundError:
+        missing = _missing_config_error(path) if not path.is_symlink() else None
+        if missing is not None:
+            raise missing from None
+        raise
+
+
+def find_checkpoint(path: str | Path) -> tuple[RunDirectory, Path]:
+    """``(run, checkpoint)`` for a run directory (its latest checkpoint) or a checkpoint.
+
+    Raises:
+        FileNotFoundError: neither, or a run without checkpoints.
+        CheckpointError: the run's ``checkpoints/latest`` names something else than
+            one of its checkpoints.
+    """
+    path = Path(path)
+    run = find_run(path)
+    if is_checkpoint(path):
+        return run, path
+    latest = CheckpointManager(run.checkpoints).latest()
+    if latest is None:
+        raise FileNotFoundError(f"run directory {run.path} has no checkpoint to resume from")
+    return run, latest
+
+
+def saved_values(path: str | Path) -> tuple[RunDirectory, dict[str, Any]]:
+    """``(run, config.json)`` of the run ``path`` names, its ``algo`` checked against the
+    algorithm its checkpoints hold (an edited ``algo`` is named, not reported as unknown
+    agent fields).
+
+    Raises:
+        ConfigEditedError: ``algo`` was edited.
+        RunDirectoryError, FileNotFoundError: as ``find_run``.
+    """
+    run = find_run(path)
+    saved = run.read_config()
+    checkpoint = Path(path) if is_checkpoint(path) else CheckpointManager(run.checkpoints).latest()
+    if checkpoint is not None:
+        try:
+            trained = CheckpointManager.algorithm(checkpoint)
+        except (OSError, ValueError):
+            trained = None  # an unreadable checkpoint: verified, and named, under the lock
+        if trained is not None and trained != saved.get("algo"):
+            raise ConfigEditedError(
+                f"{run.config_path} says algo {saved.get('algo')!r}, but its checkpoint "
+                f"{checkpoint.name} holds a {trained!r} agent: config.json was edited; restore "
+                f'"algo": "{trained}" to resume, or start a new run with --algo '
+                f"{saved.get('algo')}"
+            )
+    return run, saved
+
+
+def fixed_fields(config: TrainConfig) -> dict[str, Any]:
+    """The ``FIXED_ON_RESUME`` fields of ``config`` as JSON values (saved with every
+    checkpoint, so a resume sees edits of ``config.json``)."""
+    values = {name: getattr(config, name) for name in FIXED_ON_RESUME}
+    return json.loads(json.dumps(values))
+
+
+@dataclass
+class ResumePlan:
+    """What a resume will do.
+
+    Attributes:
+        run: the run directory.
+        checkpoint: the checkpoint named, or ``None`` for the latest (chosen under the
+            lock when the run starts).
+        config: the resumed run's ``TrainConfig`` (saved values and the changes).
+        agent_config: the run's agent config.
+        saved_threads: the ``threads`` the run was trained with.
+        notes: lines to print before the run starts (user code imported, async).
+    """
+
+    run: RunDirectory
+    checkpoint: Path | None
+    config: TrainConfig
+    agent_config: AgentConfig
+    saved_threads: int | None
+    notes: list[str]
+
+
+def _check_changes(
+    saved: dict[str, Any], changes: dict[str, Any], agent_changes: dict[str, Any]
+) -> None:
+    """Raise ``FixedOnResumeError`` for a change of a fixed run field or an agent field."""
+    defaults = TrainConfig()  # the values of fields added after the run was written
+    for name in FIXED_ON_RESUME:
+        old = saved["run"].get(name, getattr(defaults, name))
+        if name in changes and changes[name] != old:
+            raise FixedOnResumeError(name, changes[name], old)
+    from lmgym.agents import ALGORITHMS
+
+    agent_class = ALGORITHMS[saved["algo"]].config_class
+    old_agent = restore_types(agent_class, saved["agent"])
+    for name, value in restore_types(agent_class, agent_changes).items():
+        if value != old_agent.get(name):
+            raise FixedOnResumeError(name, value, old_agent.get(name), agent=True)
+
+
+def plan_resume(
+    path: str | Path,
+    changes: dict[str, Any] | None = None,
+    agent_changes: dict[str, Any] | None = None,
+) -> ResumePlan:
+    """Plan continuing the run ``path`` names (a run directory or one of its checkpoints).
+
+    Args:
+        path: the run directory (resume from its latest checkpoint) or a checkpoint.
+        changes: ``TrainConfig`` fields to change, e.g. ``{"iterations": 200}``.
+        agent_changes: agent config values asked for (each must equal the run's).
+
+    Raises:
+        FixedOnResumeError: a change touches a field a resumed run keeps.
+        ConfigEditedError: ``config.json``'s ``algo`` was edited.
+        ValueError: the prompt file changed, or an env argument is wrong.
+    """
+    from lmgym.training.env_args import check_env_kwargs
+    from lmgym.training.user_code import check_prompt_file, prepare_task, user_code_specs
+
+    path = Path(path)
+    run, saved = saved_values(path)
+    changed = check_prompt_file(saved.get("imports"), "resume")
+    if changed is not None:
+        raise ValueError(
+            f"{changed}; a resumed run must train on the same prompts: restore the file, "
+            "or start a new run on the new one"
+        )
+    notes = []
+    specs = user_code_specs(saved["run"])
+    if specs:
+        notes.append(
+            f"importing the code named in {run.config_path}: "
+            + ", ".join(f"{role} {spec}" for role, spec in specs)
+        )
+    if "async" in saved.get("launch", {}):
+        notes.append(ASYNC_RESUME.format(run=run.path))
+    changes = dict(changes or {})
+    changes.pop("run_dir", None)
+    if changes.get("prompts") is not None:
+        changes["prompts"] = str(Path(changes["prompts"]).expanduser().resolve())
+    if "env_kwargs" in changes:
+        env_id = prepare_task(TrainConfig(**saved["run"]))
+        changes["env_kwargs"] = check_env_kwargs(env_id, changes["env_kwargs"])
+    _check_changes(saved, changes, agent_changes or {})
+    return ResumePlan(
+        run=run,
+        checkpoint=path if is_checkpoint(path) else None,
+        config=TrainConfig(**{**saved["run"], **changes, "run_dir": str(run.path)}),
+        agent_config=agent_config_from_dict(saved["algo"], saved["agent"]),
+        saved_threads=saved["run"].get("threads"),
+        notes=notes,
+    )
+
+
+def check_checkpoint_agrees(
+    plan: ResumePlan, checkpoint: Path, agent: Agent, trainer_state: dict[str, Any]
+) -> None:
+    """Refuse a resume whose ``config.json`` was edited after ``checkpoint`` was written.
+
+    The checkpoint holds the agent config it trained with and (since this check)
+    the fixed run fields: a value of ``config.json`` that differs would otherwise be
+    silently ignored (the checkpoint's wins) or contradict the checkpoint.
+
+    Raises:
+        ConfigEditedError: naming the first field that differs and the way out.
+    """
+    written = plan.run.read_config()
+    trained = dataclasses.asdict(agent.config)
+    listed = dataclasses.asdict(plan.agent_config)
+    pairs = [("agent", k, listed.get(k), v) for k, v in trained.items()]
+    pairs += [("run", k, written["run"].get(k), v) for k, v in trainer_state.get("run", {}).items()]
+    for section, name, edited, value in pairs:
+        if json.loads(json.dumps(edited)) != json.loads(json.dumps(value)):
+            raise ConfigEditedError(
+                f"{plan.run.config_path} was edited: {section} field {name} is {edited!r} there, "
+                f"but checkpoint {checkpoint.name} was trained with {value!r}; a resumed run keeps "
+                f"it: restore {value!r} in config.json to resume, or start a new run with the "
+                f"edited settings (lmgym train --config {plan.run.config_path} --run-dir NEW_DIR)"
+            )
+
+
+def check_schedule_length(agent: Agent, iterations: int) -> None:
+    """Refuse to train a resumed agent past the end of its decaying learning-rate schedule.
+
+    A schedule's length is fixed when the run starts (``schedule_iterations``, else the
+    run's first ``iterations``) and a checkpoint restores it as it was: past its end a
+    linear schedule stays at 0 and a cosine one climbs back up.
+
+    Raises:
+        ValueError: ``iterations`` exceeds the schedule; the message gives its length.
+    """
+    from lmgym.agents.optim import NEEDS_LENGTH, steps_per_iteration
+
+    steps = agent.lr_schedule.total_steps
+    kind = agent.config.lr_scheduler_type
+    if agent.lr_schedule.scheduler is None or steps is None or kind not in NEEDS_LENGTH:
+        return
+    span = steps // steps_per_iteration(agent.config)
+    if iterations > span:
+        raise ValueError(
+            f"iterations={iterations}: the run's {kind} learning-rate schedule spans {span} "
+            f"iterations (fixed when the run started) and a resume cannot lengthen it; resume "
+            f"with --iterations {span} or fewer, or start a new run (with --schedule-iterations "
+            "N to plan a longer one)"
+        )
+
+
+def checkpoint_error(run: RunDirectory, checkpoint: Path, exc: Exception) -> CheckpointError:
+    """``exc`` with the run's other checkpoints named as a way out."""
+    others = [p.name for p in CheckpointManager(run.checkpoints).checkpoints()]
+    others = [name for name in others if name != checkpoint.name]
+    hint = (
+        f"; other checkpoints in this run: {', '.join(others)} (pass one to --resume, "
+        f"e.g. --resume {run.checkpoints / others[-1]})"
+        if others
+        else ""
+    )
+    return CheckpointError(f"{exc}{hint}")
+
+
+def choose_checkpoint(run: RunDirectory, named: Path | None, world_size: int) -> Path:
+    """The checkpoint to resume from, verified: ``named``, else the run's latest (with
+    the run's lock held).
+
+    Raises:
+        FileNotFoundError: the run has no checkpoint.
+        CheckpointError: it fails verification (naming the run's other checkpoints),
+            or was written by another number of processes.
+    """
+    checkpoint = named or CheckpointManager(run.checkpoints).latest()
+    if checkpoint is None:
+        raise FileNotFoundError(
+            f"run directory {run.path} has no checkpoint to resume from (it stopped before "
+            f"its first one); start it again with --run-dir {run.path} --overwrite"
+        )
+    try:
+        CheckpointManager.verify(checkpoint)
+    except CheckpointError as exc:
+        raise checkpoint_error(run, checkpoint, exc) from None
+    CheckpointManager.check_world_size(checkpoint, world_size)
+    return checkpoint
+
+
+def rewind_history(
+    run: RunDirectory, checkpoint: Path, iteration: int, out: Callable[[str], None]
+) -> None:
+    """Set the run's history and checkpoints after ``iteration`` aside (``RunDirectory.rewind``)
+    and point ``latest`` at ``checkpoint`` (with the run's lock held)."""
+    manager = CheckpointManager(run.checkpoints)
+    later = [p for p in manager.checkpoints() if (checkpoint_iteration(p.name) or 0) > iteration]
+    branch = run.rewind(iteration, later)
+    if branch is not None:
+        out(
+            f"the history after iteration {iteration} (rows, samples, evaluations"
+            f"{', checkpoints ' + ', '.join(p.name for p in later) if later else ''}) "
+            f"was moved to {branch}; nothing was deleted"
+        )
+    manager.point_latest_at(checkpoint)

@@ -1,0 +1,300 @@
+"""``lmgym train``'s command line, read into a ``TrainRequest``, and the ``Trainer`` it asks for.
+
+Every field of ``TrainConfig`` and of the chosen algorithm's config is a flag
+(``lmgym.training.flags``); ``--config FILE`` (or the resumed run's ``config.json``)
+gives the defaults the flags override. Nothing here starts a process or writes a
+file: ``lmgym.cli`` decides (``launch``) and runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from lmgym.training.cli_common import parse_env_kwarg, quiet_transformers
+from lmgym.training.launch import LAUNCH_FLAGS, add_launch_flags, async_config, flag, pop_nproc
+from lmgym.training.ranks import launched_ranks
+from lmgym.training.run import TrainConfig
+
+
+class UsageError(ValueError):
+    """A command line ``lmgym train`` refuses (the message is the one line it prints)."""
+
+
+ASYNC_RESUME_REFUSED = (
+    "--resume cannot be combined with --actors/--learners: a resumed run continues on the "
+    "synchronous path (asynchronous runs cannot be resumed as such: docs/async.md)"
+)
+
+
+# TrainConfig fields with flags of their own (repeatable KEY=VALUE / MODULE:NAME).
+_SPECIAL_FIELDS = ("env_kwargs", "callbacks")
+
+
+def _train_parser(algo: str) -> tuple[argparse.ArgumentParser, list[str], list[str]]:
+    """The ``lmgym train`` parser for ``algo``: ``(parser, TrainConfig fields, agent fields)``.
+
+    The typed flags of both config classes come from ``HfArgumentParser``
+    (``lmgym.training.flags``); the run's own flags are added here.
+    """
+    from lmgym.agents import ALGORITHMS
+    from lmgym.training.flags import field_names, flag_dataclass, make_parser
+
+    run_flags = flag_dataclass(
+        TrainConfig, skip=_SPECIAL_FIELDS, choices={"algo": sorted(ALGORITHMS)}
+    )
+    agent_flags = flag_dataclass(ALGORITHMS[algo].config_class)
+    parser = make_parser(
+        [run_flags, agent_flags],
+        prog="lmgym train",
+        description="Train an agent on an lmgym task. Every TrainConfig and agent config "
+        "field is a flag; --config FILE sets them from JSON/YAML (flags override).",
+    )
+    parser.add_argument("--config", default=None, help="JSON or YAML file of field values")
+    parser.add_argument(
+        "--resume",
+        default=None,
+        metavar="RUN_DIR",
+        help="continue a run (its latest checkpoint, or the checkpoint directory given); "
+        "--iterations is then the new total",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the run directory if it exists (only an lmgym run directory)",
+    )
+    parser.add_argument(
+        "--env",
+        dest="env_kwargs",
+        action="append",
+        type=parse_env_kwarg,
+        default=None,
+        metavar="KEY=VALUE",
+        help="an argument of the task's env factory, e.g. --env reward_mode=per_token "
+        "(VALUE converted to the parameter's type: booleans from true/false/yes/no/1/0 only); "
+        "repeatable",
+    )
+    parser.add_argument(
+        "--callback",
+        dest="callbacks",
+        action="append",
+        default=None,
+        metavar="MODULE:NAME",
+        help="a custom callback(agent, metrics), imported from 'package.module:name' (a class "
+        "is instantiated); repeatable",
+    )
+    add_launch_flags(parser)
+    return parser, field_names(run_flags) + list(_SPECIAL_FIELDS), field_names(agent_flags)
+
+
+def _apply_file_values(
+    parser: argparse.ArgumentParser, values: dict[str, Any], source: str
+) -> None:
+    """Set the parser's defaults from a config file's ``{field: value}`` (flags then
+    override them), each value converted strictly by its flag's type."""
+    from lmgym.training.flags import actions_by_dest, file_value
+
+    where = f"--config {source}"
+    actions = actions_by_dest(parser)
+    fields = sorted(set(actions) - {"help", "config", "resume", "overwrite", *LAUNCH_FLAGS})
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise ValueError(
+            f"{where}: unknown field(s) {', '.join(unknown)}; valid fields: {', '.join(fields)}"
+        )
+    defaults = {}
+    for field, value in values.items():
+        if field == "env_kwargs":
+            if not isinstance(value, dict):
+                raise ValueError(f"{where}: env_kwargs: expected a mapping, got {value!r}")
+            defaults[field] = sorted(value.items())
+        elif field == "callbacks":
+            specs = [value] if isinstance(value, str) else value
+            if not isinstance(specs, list) or not all(isinstance(v, str) for v in specs):
+                raise ValueError(f"{where}: callbacks: expected a list of 'module:name' strings")
+            defaults[field] = specs
+        else:
+            defaults[field] = file_value(actions[field], field, value, where)
+    parser.set_defaults(**defaults)
+
+
+def _split_namespace(
+    namespace: argparse.Namespace, run_fields: list[str], agent_fields: list[str]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(TrainConfig values, agent config values)`` of a parsed command line."""
+    values = vars(namespace)
+    run = {name: values[name] for name in run_fields}
+    agent = {name: values[name] for name in agent_fields}
+    run["env_kwargs"] = dict(run["env_kwargs"] or [])
+    # --env and --callback add to the config file's (or the resumed run's) entries.
+    run["callbacks"] = list(dict.fromkeys(run["callbacks"] or []))
+    return run, agent
+
+
+def _pretrained_defaults(run: dict[str, Any], agent: dict[str, Any], given: set[str]) -> None:
+    """Apply ``PRETRAINED_DEFAULTS`` where the user set nothing; print the line (rank 0)."""
+    from lmgym.training.pretrained import apply_pretrained_defaults
+
+    line = apply_pretrained_defaults(run, agent, given)
+    if line is not None and os.environ.get("RANK", "0") == "0":
+        print(line)
+
+
+@dataclass
+class TrainRequest:
+    """What an ``lmgym train`` command line asks for.
+
+    Attributes:
+        argv: the command line without ``--nproc-per-node``.
+        processes: start this many processes of ``argv`` here through torch's launcher
+            (``None``: train in this process).
+        resume: ``--resume``'s path, or ``None``.
+        overwrite: ``--overwrite``.
+        algo: the algorithm.
+        run_values, agent_values: ``TrainConfig`` and agent config values.
+        async_config: the ``AsyncConfig`` of an asynchronous run, else ``None``.
+    """
+
+    argv: list[str]
+    processes: int | None
+    resume: str | None
+    overwrite: bool
+    algo: str
+    run_values: dict[str, Any]
+    agent_values: dict[str, Any]
+    async_config: Any
+
+
+def _known(argv: list[str]) -> argparse.Namespace:
+    pre = argparse.ArgumentParser(add_help=False)
+    for name in ("--algo", "--config", "--resume", "--actors", "--learners"):
+        pre.add_argument(name, default=None)
+    return pre.parse_known_args(argv)[0]
+
+
+def _file_values(known: argparse.Namespace) -> tuple[dict[str, Any], str | None]:
+    """``(values, source)`` of ``--config`` or of the resumed run's ``config.json``."""
+    from lmgym.training.config_file import flatten_config, read_config_file
+    from lmgym.training.resume import saved_values
+
+    if known.resume is not None:
+        run, saved = saved_values(known.resume)
+        values = flatten_config(saved, str(run.config_path))
+        values.pop("run_dir", None)
+        return values, str(run.config_path)
+    if known.config is not None:
+        return read_config_file(known.config), known.config
+    return {}, None
+
+
+def _processes(nproc: int | None, config: Any, resume: str | None) -> int | None:
+    """How many processes to start from here (``None``: train in this one)."""
+    if config is not None:
+        if resume is not None:
+            raise UsageError(ASYNC_RESUME_REFUSED)
+        world = config.world_size
+        if nproc is not None and nproc != world:
+            raise UsageError(
+                f"--nproc-per-node {nproc} differs from --actors {config.actors} + "
+                f"--learners {config.learners} = {world}; drop --nproc-per-node"
+            )
+        return world if launched_ranks() <= 1 else None
+    return nproc if nproc is not None and nproc > 1 else None
+
+
+def parse_train(argv: Sequence[str]) -> TrainRequest:
+    """Read an ``lmgym train`` command line.
+
+    Raises:
+        UsageError: a refused combination or value (one line).
+        SystemExit: argparse's ``--help`` (0) or usage error (2).
+    """
+    from lmgym.agents import ALGORITHMS
+    from lmgym.training.flags import given_fields
+
+    nproc, argv = pop_nproc(list(argv))
+    if nproc is not None:
+        if launched_ranks() > 1:
+            raise UsageError(
+                "--nproc-per-node: this process was already started by torchrun (WORLD_SIZE="
+                f"{launched_ranks()}); give --nproc-per-node to torchrun or to lmgym train, "
+                "not both"
+            )
+        if nproc < 1:
+            raise UsageError(f"--nproc-per-node {nproc}: must be >= 1")
+    known = _known(argv)
+    if known.resume is not None and (known.actors or known.learners) is not None:
+        raise UsageError(ASYNC_RESUME_REFUSED)
+    valid = ", ".join(sorted(ALGORITHMS))
+    if known.algo is not None and known.algo not in ALGORITHMS:
+        raise UsageError(f"unknown --algo {known.algo!r}; valid: {valid}")
+    if known.resume is not None and known.config is not None:
+        raise UsageError("--config and --resume cannot be combined (a run keeps its config)")
+    values, source = _file_values(known)
+    algo = known.algo or values.get("algo") or "grpo"
+    if algo not in ALGORITHMS:
+        raise UsageError(f"unknown algo {algo!r} in {source}; valid: {valid}")
+    if known.resume is not None and known.algo is not None and known.algo != values["algo"]:
+        raise UsageError(f"--algo {known.algo} differs from the resumed run's {values['algo']}")
+    values["algo"] = algo
+    parser, run_fields, agent_fields = _train_parser(algo)
+    # A resumed run's saved values are the defaults: a flag that changes one shows.
+    _apply_file_values(parser, values, str(source))
+    args = parser.parse_args(argv)
+    run_values, agent_values = _split_namespace(args, run_fields, agent_fields)
+    try:
+        config = async_config(args)
+    except TypeError as exc:
+        raise UsageError(str(exc)) from None
+    if known.resume is None:  # a fresh run on a pretrained model: its defaults, said in one line
+        _pretrained_defaults(run_values, agent_values, given_fields(parser, argv) | {*values})
+    elif run_values["run_dir"] is not None:
+        raise UsageError(
+            "--run-dir cannot be combined with --resume (a run continues in its own directory)"
+        )
+    return TrainRequest(
+        argv=argv,
+        processes=_processes(nproc, config, known.resume),
+        resume=known.resume,
+        overwrite=args.overwrite,
+        algo=algo,
+        run_values=run_values,
+        agent_values=agent_values,
+        async_config=config,
+    )
+
+
+def make_trainer(request: TrainRequest) -> Any:
+    """The ``Trainer`` a request asks for (a resume's rules: ``lmgym.training.resume``).
+
+    Raises:
+        UsageError: a resume would change what a resumed run keeps (naming the flag).
+        ValueError, TypeError: a value no run can use.
+    """
+    from lmgym.training.resume import FixedOnResumeError, agent_config_from_dict
+    from lmgym.training.trainer import Trainer
+
+    quiet_transformers()
+    if request.resume is not None:
+        try:
+            return Trainer.resume(
+                request.resume, changes=request.run_values, agent_changes=request.agent_values
+            )
+        except FixedOnResumeError as exc:
+            raise UsageError(
+                f"--resume: {flag(exc.field)} {exc.value!r} differs from the run's {exc.old!r}; "
+                f"{exc.KEPT}"
+            ) from None
+    try:
+        agent_config = agent_config_from_dict(request.algo, request.agent_values)
+    except TypeError as exc:
+        raise UsageError(str(exc)) from None
+    return Trainer(
+        TrainConfig(**request.run_values),
+        agent_config,
+        overwrite=request.overwrite,
+        async_config=request.async_config,
+    )
