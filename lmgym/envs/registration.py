@@ -430,7 +430,7 @@ def register_reward_env(
         description,
         reward_range,
         random_baseline,
-        (defaults.get("reward_mode", "bandit"),),
+        (defaults.get("reward_mode", EnvOptions.reward_mode),),
     )
     return env_id
 
