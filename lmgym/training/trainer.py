@@ -54,6 +54,7 @@ from lmgym.training.callbacks import Printer, check_callback, tqdm_print
 from lmgym.training.checkpoint import CheckpointManager
 from lmgym.training.env_args import check_env_kwargs, with_policy_stop_ids
 from lmgym.training.evaluation import correct_threshold_for
+from lmgym.training.opening import opening_lines
 from lmgym.training.ranks import Ranks, launched_ranks, local_device
 from lmgym.training.result import TrainResult
 from lmgym.training.resume import (  # noqa: F401 (FixedOnResumeError, check_schedule_length: re-exported)
@@ -387,38 +388,12 @@ class Trainer:
     # --------------------------------------------------------------- train
     def _announce(self, agent: Agent, run: RunDirectory) -> None:
         """The lines that open a session: what trains, where, and on how many processes."""
-        cfg, acfg, ranks = self.config, self.async_config, self.ranks
-        rows = cfg.num_prompts * cfg.group_size
+        resumed = None
         if self.plan is not None:
-            self.out(
-                f"resuming {cfg.algo} on {cfg.task} from {self.resume_from} at iteration "
-                f"{agent.iteration}; training to {cfg.iterations}"
-            )
-            saved = self.plan.saved_threads
-            if saved is not None and cfg.threads != saved:
-                self.out(
-                    f"note: threads={cfg.threads} differs from the run's {saved}; the metrics "
-                    "may then differ in the last digits from a run that kept its thread count "
-                    "(float sums in another order)"
-                )
-        elif acfg is not None:
-            self.out(
-                f"{cfg.algo} on {cfg.task}, asynchronous: {acfg.actors} actor(s) x "
-                f"{cfg.num_prompts} prompts x {cfg.group_size}, {acfg.learners} learner(s), "
-                f"max_staleness={acfg.max_staleness}, {cfg.iterations} updates"
-            )
-        else:
-            self.out(
-                f"{cfg.algo} on {cfg.task}: {rows} rows ({cfg.num_prompts} prompts x "
-                f"{cfg.group_size}), {cfg.iterations} iterations, model "
-                f"{cfg.model or 'tiny GPT-2 (built locally)'}"
-            )
-        if acfg is None and ranks.size > 1:
-            self.out(
-                f"data parallel: {ranks.size} processes x {cfg.num_prompts} prompts = "
-                f"{ranks.size * cfg.num_prompts} prompts per iteration"
-            )
-        self.out(f"run directory: {run.path}")
+            resumed = (self.resume_from, agent.iteration, self.plan.saved_threads)
+        lines = opening_lines(self.config, self.async_config, self.ranks.size, resumed)
+        for line in [*lines, f"run directory: {run.path}"]:
+            self.out(line)
 
     def _callbacks(
         self,
