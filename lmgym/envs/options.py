@@ -97,7 +97,9 @@ class EnvOptions:
         for name, choices in _LITERAL_CHOICES.items():
             value = getattr(self, name)
             if value not in choices:
-                raise ValueError(f"{name}={value!r} is not one of {[c for c in choices if c]}")
+                raise ValueError(
+                    f"{name}={value!r} is not one of {[c for c in choices if c is not None]}"
+                )
         num_prompts_of(self.num_envs, self.group_size)
         if self.max_new_tokens is not None:
             _check_positive("max_new_tokens", self.max_new_tokens)
