@@ -56,6 +56,7 @@ from lmgym.policy.logprobs import token_logprobs
 from lmgym.policy.packaged import local_model_path
 from lmgym.policy.sampling import SamplingSettings
 from lmgym.policy.trunk import ModelTrunk
+from lmgym.policy.weights import check_finite_weights
 from lmgym.profiling import LM_HEAD, LOGPROBS, TEACHER_FORCED, labelled
 from lmgym.special_tokens import (
     AllowedSpecialTokens,
@@ -241,6 +242,7 @@ class CausalLMPolicy(nn.Module):
         if peft_config is not None:
             model = add_adapter(model, peft_config)
         check_adapter_model(model)
+        check_finite_weights(model)
         lm = transformer_of(model)
         head = lm.get_output_embeddings()
         if not isinstance(head, nn.Linear):

@@ -507,3 +507,17 @@ def test_slot_caches_refuse_the_row_edits_of_generate(make_env, policy):
         state.cache.reorder_cache(torch.arange(obs["input_ids"].shape[0]))
     with pytest.raises(NotImplementedError, match="use a DynamicCache"):
         state.cache.crop(1)
+
+
+def test_a_nan_weight_in_a_row_no_token_uses_is_refused_as_a_damaged_model(tokenizer):
+    """Not as diverged training: the NaN came with the model, before any update."""
+    model = make_tiny_model(len(tokenizer) + 3, seed=0)  # 3 padded rows no id reaches
+    with torch.no_grad():
+        model.get_input_embeddings().weight[len(tokenizer) + 1, 2] = float("nan")
+    name = next(n for n, p in model.named_parameters() if p is model.get_input_embeddings().weight)
+    message = (
+        f"model: {name} holds 1 NaN/inf value(s) (first at row {len(tokenizer) + 1}) before "
+        "any training; the model's weight file is damaged or was badly converted"
+    )
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        CausalLMPolicy(model, tokenizer)
