@@ -48,6 +48,14 @@ class PeerLostError(RuntimeError):
     """The rank on the other end of a channel stopped (died, or its link failed)."""
 
 
+def _why(error: BaseException) -> str:
+    """What a failed transfer says about the peer, in a few words."""
+    text = str(error)
+    if "Connection closed by peer" in text or "Connection reset by peer" in text:
+        return "its connection closed: the process ended"
+    return text
+
+
 @dataclass
 class Message:
     """What a channel carries.
@@ -145,8 +153,8 @@ class Inbox:
                     return
         except Exception as error:  # handed to the consumer, who raises it
             lost = PeerLostError(
-                f"{self.name} stopped ({error}); the run ends: a lost process is not replaced "
-                "(docs/async.md#failures)"
+                f"{self.name} stopped ({_why(error)}); the run ends: a lost process is not "
+                "replaced (docs/async.md#failures)"
             )
             self.queue.put((self.tag, lost))
 
@@ -234,7 +242,7 @@ class Outbox:
     def raise_if_failed(self) -> None:
         if self._error is not None:
             raise PeerLostError(
-                f"{self.name} stopped ({self._error}); the run ends: a lost process is not "
+                f"{self.name} stopped ({_why(self._error)}); the run ends: a lost process is not "
                 "replaced (docs/async.md#failures)"
             ) from self._error
 

@@ -34,7 +34,7 @@ import torch
 from transformers import AutoTokenizer
 
 from lmgym.agents.base import Agent, Callback
-from lmgym.agents.config import AgentConfig
+from lmgym.agents.config import AgentConfig, check_common
 from lmgym.distributed import DEFAULT_TIMEOUT_S
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.persistence.atomic import atomic_directory
@@ -127,6 +127,9 @@ class Trainer:
                 f"agent_config: {config.algo} takes {agent_class.config_class.__name__}, "
                 f"got {type(agent_config).__name__}"
             )
+        # Before any process group: a value one rank alone refuses then ends every rank
+        # in one line (lmgym.training.launch.agree_to_start), not inside a collective.
+        check_common(agent_config)
         if async_config is not None:
             async_config.check()
         self.config = config

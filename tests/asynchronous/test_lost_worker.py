@@ -1,0 +1,46 @@
+"""An asynchronous run whose actor dies: learner 0 ends with one line naming the last
+checkpoint, which --save-every wrote as on the synchronous path, and the run resumes from it
+(issue 27 §6)."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+FAST = ["--no-progress", "--eval-prompts", "2", "--eval-samples", "2", "--log-interval", "0"]
+
+
+def environment() -> dict[str, str]:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    return env
+
+
+def test_a_killed_actor_ends_the_run_in_one_line_and_what_was_saved_resumes(tmp_path):
+    run = tmp_path / "run"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += ["--nproc-per-node", "2", str(HERE / "cli_lost_actor.py"), str(tmp_path), str(run)]
+    command += ["--iterations", "40", "--save-every", "2", "--sample-every", "0", *FAST]
+    done = subprocess.run(command, env=environment(), capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0  # the launcher reports the killed actor
+    errors = [line for line in done.stderr.splitlines() if line.startswith("lmgym train: error:")]
+    assert len(errors) == 1, done.stderr[-3000:]
+    assert "actor 0 (rank 1) stopped (its connection closed" in errors[0] or (
+        "stopped by SIGTERM" in errors[0]
+    )
+    assert f"(continue: lmgym train --resume {run})" in errors[0]
+    assert "[rank0]:" not in done.stderr  # learner 0 printed no traceback
+    assert (run / "checkpoints" / "iter_000002").is_dir()
+
+    resumed = subprocess.run(
+        [sys.executable, "-m", "lmgym", "train", "--resume", str(run), "--iterations", "3", *FAST],
+        env=environment(), capture_output=True, text=True, timeout=240, cwd=ROOT,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    with open(run / "progress.csv") as file:
+        assert [float(r["iteration"]) for r in csv.DictReader(file)][-1] == 3
