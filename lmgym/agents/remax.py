@@ -38,6 +38,7 @@ logged components (``reward/<name>``) are those of the sampled batch only.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -68,23 +69,16 @@ def greedy_env_like(env: TokenVectorEnv) -> TokenVectorEnv:
     columns), so ``prompt_index`` and any per-prompt data a reward reads mean the same
     in both.
     """
-    return TokenVectorEnv(
-        env.tokenizer,
-        env.prompt_source,
-        env.reward_model,
-        num_prompts=env.num_prompts,
+    options = dataclasses.replace(
+        env.options,
+        num_envs=env.num_prompts,
         group_size=1,
-        max_new_tokens=env.max_new_tokens,
         max_prompt_length=env.prompt_width,
-        reward_mode=env.reward_mode,
-        per_token_form=env.per_token_form,
-        center_potential=env.center_potential,
-        unfinished=env.unfinished,
-        unfinished_penalty=env.unfinished_penalty,
-        stop_token_ids=env.stop_token_ids.tolist(),
-        allowed_special_tokens=env.allowed_special_tokens,
-        device=env.device,
+        autoreset=False,
+        shard=(0, 1),  # queue_prompts names the prompts itself
+        render_mode=None,
     )
+    return TokenVectorEnv(env.tokenizer, env.prompt_source, env.reward_model, options)
 
 
 def queue_prompts(env: TokenVectorEnv, prompt_index: Tensor) -> None:
