@@ -16,8 +16,9 @@ import gymnasium as gym
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from lmgym.agents.base import Callback
+from lmgym.agents.base import Agent, Callback
 from lmgym.agents.callbacks import CALLBACK_PROTOCOL
+from lmgym.agents.config import AgentConfig
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.policy.causal_lm import CausalLMPolicy
 from lmgym.training.callbacks import check_callback
@@ -174,6 +175,38 @@ def make_train_env(
             "TokenVectorEnv"
         )
     return env
+
+
+def build_agent(
+    config: TrainConfig,
+    agent_config: AgentConfig,
+    env_id: str,
+    device: str,
+    shard: tuple[int, int] = (0, 1),
+    process_group: Any = None,
+    model: str | None = None,
+) -> Agent:
+    """A fresh run's agent: its policy, training env (this rank's ``shard``) and reference.
+
+    The global torch RNG is seeded with the agent's seed before the policy (a LoRA
+    adapter's initial weights) and again before the agent (a critic head's).
+
+    Args:
+        process_group: the learners' group of an asynchronous run (``Role``).
+        model: as ``policy_for``.
+    """
+    from lmgym.agents import ALGORITHMS
+    from lmgym.training.env_args import with_policy_stop_ids
+
+    torch.manual_seed(agent_config.seed)
+    policy = policy_for(config, device, model)
+    config.env_kwargs = with_policy_stop_ids(env_id, config.env_kwargs, policy)
+    env = make_train_env(config, policy.tokenizer, env_id, device=device, shard=shard)
+    torch.manual_seed(agent_config.seed)
+    reference = reference_for(config, agent_config.beta, policy=policy)
+    return ALGORITHMS[config.algo](
+        policy, env, reference, config=agent_config, process_group=process_group
+    )
 
 
 def eval_env_for(

@@ -41,6 +41,7 @@ from lmgym.persistence.atomic import atomic_directory
 from lmgym.persistence.manifest import CheckpointError
 from lmgym.training.boundary_eval import BoundaryEval
 from lmgym.training.build import (  # noqa: F401 (re-exported: their home before build.py)
+    build_agent,
     check_algo,
     check_task,
     eval_env_for,
@@ -52,7 +53,7 @@ from lmgym.training.build import (  # noqa: F401 (re-exported: their home before
 )
 from lmgym.training.callbacks import Printer, check_callback, tqdm_print
 from lmgym.training.checkpoint import CheckpointManager
-from lmgym.training.env_args import check_env_kwargs, with_policy_stop_ids
+from lmgym.training.env_args import check_env_kwargs
 from lmgym.training.evaluation import correct_threshold_for
 from lmgym.training.opening import opening_lines
 from lmgym.training.ranks import Ranks, launched_ranks, local_device
@@ -283,19 +284,10 @@ class Trainer:
     def _build_fresh(
         self, device: str, shard: tuple[int, int] = (0, 1), process_group: Any = None
     ) -> Agent:
-        """A new agent on ``device`` (this rank's ``shard`` of the prompts); nothing is
-        written yet."""
-        from lmgym.agents import ALGORITHMS
-
-        cfg, seed = self.config, self.agent_config.seed
-        torch.manual_seed(seed)  # a new adapter's initial weights
-        policy = policy_for(cfg, device, self._model)
-        cfg.env_kwargs = with_policy_stop_ids(self.env_id, cfg.env_kwargs, policy)
-        env = make_train_env(cfg, policy.tokenizer, self.env_id, device=device, shard=shard)
-        torch.manual_seed(seed)  # a critic head's initial weights
-        reference = reference_for(cfg, self.agent_config.beta, policy=policy)
-        return ALGORITHMS[cfg.algo](
-            policy, env, reference, config=self.agent_config, process_group=process_group
+        """A new agent (``build_agent``); nothing is written yet."""
+        cfg = self.config
+        return build_agent(
+            cfg, self.agent_config, self.env_id, device, shard, process_group, self._model
         )
 
     def _lock_and_choose(self, run: RunDirectory) -> str:
