@@ -189,13 +189,13 @@ def _target(args: argparse.Namespace) -> tuple[Path | str, str, dict[str, Any] |
     from lmgym.persistence import check_agent_dir
     from lmgym.training.checkpoint import CheckpointManager, is_checkpoint
     from lmgym.training.model_source import resolve_model
+    from lmgym.training.resume import find_checkpoint
     from lmgym.training.run import RunDirectory
-    from lmgym.training.trainer import Trainer
 
     target = args.run or args.model
     path = Path(target)
     if args.run is not None or is_checkpoint(path) or RunDirectory(path).is_run():
-        run, checkpoint = Trainer.find_checkpoint(path)
+        run, checkpoint = find_checkpoint(path)
         CheckpointManager.verify(checkpoint)
         return checkpoint / "agent" / "policy", str(checkpoint), run.read_config()
     if (path / "policy").is_dir() and (path / "agent_config.json").is_file():
