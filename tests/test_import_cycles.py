@@ -22,12 +22,7 @@ import lmgym
 
 PACKAGE_DIR = Path(lmgym.__file__).parent
 
-KNOWN_CYCLES: list[frozenset[str]] = [
-    # training/run.py imports wall_clock inside a function; wall_clock imports
-    # training/callbacks, which imports run. Owned by the run-layer rework of issue 27:
-    # empty this list once it is gone (the test then guards every module).
-    frozenset({"lmgym.training.callbacks", "lmgym.training.run", "lmgym.training.wall_clock"}),
-]
+KNOWN_CYCLES: list[frozenset[str]] = []
 """Cycles tolerated for now; the test fails on any other, and on an entry that no longer
 occurs (so the list only shrinks)."""
 

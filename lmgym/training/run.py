@@ -48,6 +48,7 @@ from lmgym.persistence.atomic import (
     recover_leftovers,
 )
 from lmgym.persistence.lock import LOCK_FILES, DirectoryLock
+from lmgym.training.durations import parse_duration
 
 DEFAULT_TASK = "lmgym/TargetString-v0"
 RUN_MARKER = "lmgym_run"
@@ -148,8 +149,6 @@ class TrainConfig:
         if self.temperature <= 0:
             raise ValueError(f"temperature={self.temperature}: must be > 0")
         if self.max_time is not None:
-            from lmgym.training.wall_clock import parse_duration
-
             parse_duration(self.max_time)
         if self.lora_r < 0:
             raise ValueError(f"lora_r={self.lora_r}: must be >= 0 (0: full fine-tuning)")

@@ -1,6 +1,6 @@
 """``--max-time``: bound a training session by wall time and still end it cleanly.
 
-``parse_duration("10m")`` reads the flag (``90``, ``90s``, ``10m``, ``1.5h``); the
+``durations.parse_duration("10m")`` reads the flag (``90``, ``90s``, ``10m``, ``1.5h``); the
 callback ``WallClockLimit`` stops ``learn`` at the first iteration boundary where
 the next iteration would end past the limit (estimated from the longest iteration
 so far), so the run stops *before* the bound rather than after it. Stopping is
@@ -10,36 +10,14 @@ written as at a planned end.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
 from typing import Any
 
 from lmgym.training.callbacks import Printer, TrainingCallback
+from lmgym.training.durations import format_duration, parse_duration
 
-_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
-_DURATION = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([smh]?)\s*")
-
-
-def parse_duration(text: str | float | int, field: str = "max_time") -> float:
-    """Seconds of ``text``: a number of seconds, or one with a unit ``s``, ``m`` or ``h``.
-
-    Raises:
-        ValueError: anything else, or a duration that is not positive; names ``field``.
-    """
-    match = _DURATION.fullmatch(str(text).lower())
-    seconds = float(match.group(1)) * _UNITS[match.group(2)] if match else 0.0
-    if seconds <= 0:
-        raise ValueError(
-            f"{field}={text!r}: expected a positive duration: seconds (600) or with a unit "
-            "(90s, 10m, 1.5h)"
-        )
-    return seconds
-
-
-def format_duration(seconds: float) -> str:
-    """``"9m52s"``, ``"45.0s"``."""
-    return f"{int(seconds // 60)}m{int(seconds % 60):02d}s" if seconds >= 60 else f"{seconds:.1f}s"
+__all__ = ["WallClockLimit", "format_duration", "parse_duration"]
 
 
 class WallClockLimit(TrainingCallback):
