@@ -99,6 +99,23 @@ class AgentConfig:
 ConfigT = TypeVar("ConfigT", bound=AgentConfig)
 
 
+def restore_types(config_class: type, values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with each list given for a tuple-typed field of ``config_class``
+    (``adam_betas``) as a tuple: JSON, YAML and ``nargs`` flags give lists."""
+    tuples = {
+        f.name
+        for f in fields(config_class)
+        if isinstance(f.default, tuple) or str(f.type).startswith("tuple")
+    }
+    return {k: tuple(v) if k in tuples and isinstance(v, list) else v for k, v in values.items()}
+
+
+def config_from_dict(config_class: type[ConfigT], values: dict[str, Any]) -> ConfigT:
+    """``config_class`` from a saved or parsed ``{field: value}`` (JSON's lists back to
+    tuples): the one way a stored agent config is read back."""
+    return config_class(**restore_types(config_class, values))
+
+
 def field_help(config_class: type[AgentConfig]) -> dict[str, str]:
     """Field name -> help text, read from the docstrings under each field."""
     helps: dict[str, str] = {}

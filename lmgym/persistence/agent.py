@@ -214,6 +214,7 @@ def load_agent(
             (checked against ``manifest.json`` before anything is read).
         ValueError: the directory holds another algorithm.
     """
+    from lmgym.agents.config import config_from_dict
     from lmgym.policy.causal_lm import CausalLMPolicy
     from lmgym.policy.value import frozen_copy
 
@@ -224,8 +225,6 @@ def load_agent(
     algorithm = saved.pop("algorithm")
     if algorithm != cls.name:
         raise ValueError(f"{path} holds a {algorithm!r} agent; load it with that class")
-    if "adam_betas" in saved:
-        saved["adam_betas"] = tuple(saved["adam_betas"])
     state = load_state(path / STATE_FILE, map_location=device)
     if rank_state is not None:
         own = ("generator", "shuffle", "env", "tokens_generated", "optimizer")
@@ -233,6 +232,6 @@ def load_agent(
     policy = CausalLMPolicy.from_pretrained(path / POLICY_DIR, device=device, **state["sampling"])
     if ref_policy is None and policy.is_peft and saved.get("beta", 0) > 0:
         ref_policy = frozen_copy(policy)  # the base under the adapter: exact, no copy
-    agent = cls(policy, env, ref_policy, config=cls.config_class(**saved))  # type: ignore[call-arg]
+    agent = cls(policy, env, ref_policy, config=config_from_dict(cls.config_class, saved))  # type: ignore[call-arg]
     agent.load_state_dict(state)
     return agent

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from lmgym.agents.base import Agent
-from lmgym.agents.config import AgentConfig
+from lmgym.agents.config import AgentConfig, config_from_dict, restore_types
 from lmgym.persistence.manifest import CheckpointError
 from lmgym.training.checkpoint import CheckpointManager, checkpoint_iteration, is_checkpoint
 from lmgym.training.run import FIXED_ON_RESUME, RunDirectory, RunDirectoryError, TrainConfig
@@ -64,23 +64,11 @@ class ConfigEditedError(ValueError):
     """A run's ``config.json`` differs from what its checkpoint was trained with."""
 
 
-def restore_types(config_class: type, values: dict[str, Any]) -> dict[str, Any]:
-    """``values`` with each list of a tuple-typed field (``adam_betas``) as a tuple: JSON,
-    YAML and ``nargs`` flags give lists."""
-    tuples = {
-        f.name
-        for f in dataclasses.fields(config_class)
-        if isinstance(f.default, tuple) or str(f.type).startswith("tuple")
-    }
-    return {k: tuple(v) if k in tuples and isinstance(v, list) else v for k, v in values.items()}
-
-
 def agent_config_from_dict(algo: str, values: dict[str, Any]) -> AgentConfig:
     """``ALGORITHMS[algo]``'s config from a saved or parsed ``{field: value}``."""
     from lmgym.agents import ALGORITHMS
 
-    config_class = ALGORITHMS[algo].config_class
-    return config_class(**restore_types(config_class, values))
+    return config_from_dict(ALGORITHMS[algo].config_class, values)
 
 
 def _abandoned_error(path: Path) -> RunDirectoryError | None:
