@@ -59,7 +59,7 @@ class TrainConfig:
     """Settings of one training run (everything that is not the agent's own config)."""
 
     algo: str = "grpo"
-    """Algorithm: reinforce, reinforce_pp, rloo, remax, ppo, dual_clip_ppo, vapo, grpo, drgrpo, gspo, gspo_token or cispo (lmgym.agents.ALGORITHMS)."""
+    """Algorithm: a name in the registry lmgym.agents.ALGORITHMS (the flag's choices list them)."""
     task: str = DEFAULT_TASK
     """Registered task id (lmgym tasks lists them), or 'your_module:YourTask-v0' to import your_module first (which registers it)."""
     prompts: str | None = None
