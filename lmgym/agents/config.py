@@ -178,35 +178,48 @@ def check_value(name: str, value: Any, annotation: Any, choices: bool = True) ->
     """
     origin = typing.get_origin(annotation)
     if origin in (typing.Union, types.UnionType):
-        options = typing.get_args(annotation)
-        if value is None and type(None) in options:
-            return
-        concrete = [a for a in options if a is not type(None)]
-        if len(concrete) == 1:
-            check_value(name, value, concrete[0], choices)
-            return
-        for option in concrete:
-            try:
-                check_value(name, value, option, choices)
-                return
-            except (TypeError, ValueError):
-                continue
-        raise _type_error(name, value, " or ".join(map(str, options)))
-    if origin is Literal:
-        listed = typing.get_args(annotation)
-        if not choices and all(isinstance(c, str) for c in listed):
-            if not isinstance(value, str):
-                raise _type_error(name, value, f"one of {list(listed)}")
-        elif value not in listed or isinstance(value, bool) != isinstance(listed[0], bool):
-            raise ValueError(f"{name}={value!r} is not one of {list(listed)}")
-        return
-    if origin is tuple:
+        _check_union(name, value, typing.get_args(annotation), choices)
+    elif origin is Literal:
+        _check_literal(name, value, typing.get_args(annotation), choices)
+    elif origin is tuple:
         items = typing.get_args(annotation)
         if not isinstance(value, tuple | list) or len(value) != len(items):
             raise _type_error(name, value, f"a tuple of {len(items)}")
         for i, (item, item_type) in enumerate(zip(value, items, strict=True)):
             check_value(f"{name}[{i}]", item, item_type, choices)
+    else:
+        _check_scalar(name, value, annotation)
+
+
+def _check_union(name: str, value: Any, options: tuple[Any, ...], choices: bool) -> None:
+    """``check_value`` for ``A | B | None``: ``None`` where listed, else the first
+    option that takes the value (one option: its own error)."""
+    if value is None and type(None) in options:
         return
+    concrete = [a for a in options if a is not type(None)]
+    if len(concrete) == 1:
+        check_value(name, value, concrete[0], choices)
+        return
+    for option in concrete:
+        try:
+            check_value(name, value, option, choices)
+            return
+        except (TypeError, ValueError):
+            continue
+    raise _type_error(name, value, " or ".join(map(str, options)))
+
+
+def _check_literal(name: str, value: Any, listed: tuple[Any, ...], choices: bool) -> None:
+    """``check_value`` for ``Literal[...]`` (``choices`` False: any string passes)."""
+    if not choices and all(isinstance(c, str) for c in listed):
+        if not isinstance(value, str):
+            raise _type_error(name, value, f"one of {list(listed)}")
+    elif value not in listed or isinstance(value, bool) != isinstance(listed[0], bool):
+        raise ValueError(f"{name}={value!r} is not one of {list(listed)}")
+
+
+def _check_scalar(name: str, value: Any, annotation: Any) -> None:
+    """``check_value`` for ``bool``, ``int``, ``float`` and ``str`` (others pass)."""
     if annotation is bool:
         if not isinstance(value, bool):
             raise _type_error(name, value, "True or False")
@@ -256,10 +269,30 @@ def check_common(config: AgentConfig) -> None:
     positive("schedule_iterations", allow_none=True)
     if config.weight_decay < 0:
         raise ValueError(f"weight_decay={config.weight_decay}: must be >= 0")
-    if config.lr_scheduler_type not in LR_SCHEDULER_TYPES:
+    _check_schedule(config)
+    if not 0.0 <= config.gamma <= 1.0:
+        raise ValueError(f"gamma={config.gamma}: must be in [0, 1]")
+    if config.beta < 0:
+        raise ValueError(f"beta={config.beta}: must be >= 0 (0 disables the KL term)")
+    _one_of("loss_aggregation", config.loss_aggregation, AGGREGATION_MODES)
+    _one_of("kl_estimator", config.kl_estimator, typing.get_args(KLEstimator))
+    _one_of("kl_placement", config.kl_placement, typing.get_args(KLPlacement))
+    if config.max_resample < 0:
+        raise ValueError(f"max_resample={config.max_resample}: must be >= 0")
+    if config.whiten_min_std < 0:
         raise ValueError(
-            f"lr_scheduler_type={config.lr_scheduler_type!r} is not one of {list(LR_SCHEDULER_TYPES)}"
+            f"whiten_min_std={config.whiten_min_std}: must be >= 0 (0 always rescales)"
         )
+
+
+def _one_of(name: str, value: Any, choices: tuple[Any, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is not one of {list(choices)}")
+
+
+def _check_schedule(config: AgentConfig) -> None:
+    """The learning-rate schedule's fields: a known type, one warmup setting at most."""
+    _one_of("lr_scheduler_type", config.lr_scheduler_type, LR_SCHEDULER_TYPES)
     if config.warmup_steps < 0:
         raise ValueError(f"warmup_steps={config.warmup_steps}: must be >= 0")
     if not 0.0 <= config.warmup_ratio < 1.0:
@@ -273,24 +306,6 @@ def check_common(config: AgentConfig) -> None:
         raise ValueError(
             "lr_scheduler_type='constant' has no warmup; use 'constant_with_warmup' "
             "(or set warmup_steps=0 and warmup_ratio=0)"
-        )
-    if not 0.0 <= config.gamma <= 1.0:
-        raise ValueError(f"gamma={config.gamma}: must be in [0, 1]")
-    if config.beta < 0:
-        raise ValueError(f"beta={config.beta}: must be >= 0 (0 disables the KL term)")
-    if config.loss_aggregation not in AGGREGATION_MODES:
-        raise ValueError(
-            f"loss_aggregation={config.loss_aggregation!r} is not one of {list(AGGREGATION_MODES)}"
-        )
-    if config.kl_estimator not in ("k1", "k2", "k3"):
-        raise ValueError(f"kl_estimator={config.kl_estimator!r} is not one of ['k1', 'k2', 'k3']")
-    if config.kl_placement not in ("reward", "loss"):
-        raise ValueError(f"kl_placement={config.kl_placement!r} is not one of ['reward', 'loss']")
-    if config.max_resample < 0:
-        raise ValueError(f"max_resample={config.max_resample}: must be >= 0")
-    if config.whiten_min_std < 0:
-        raise ValueError(
-            f"whiten_min_std={config.whiten_min_std}: must be >= 0 (0 always rescales)"
         )
 
 

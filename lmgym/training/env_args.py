@@ -122,28 +122,25 @@ def _convert_scalar(value: Any, annotation: type) -> Any:
         raise _NoMatch
     if isinstance(value, bool):
         raise _NoMatch  # True is not the number 1
-    if annotation is int:
-        if isinstance(value, int):
-            return value
-        if isinstance(value, str):
-            try:
-                return int(value)
-            except ValueError:
-                raise _NoMatch from None
-        raise _NoMatch
-    if annotation is float:
-        if isinstance(value, int | float):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                raise _NoMatch from None
-        raise _NoMatch
+    if annotation is int or annotation is float:
+        return _convert_number(value, annotation)
     if isinstance(value, str):
         return value
     if isinstance(value, int | float):
         return str(value)
+    raise _NoMatch
+
+
+def _convert_number(value: Any, annotation: type[int] | type[float]) -> int | float:
+    """An ``int`` (from an int or its text) or a ``float`` (from a number or its text)."""
+    accepted = int if annotation is int else int | float
+    if isinstance(value, accepted):
+        return annotation(value)
+    if isinstance(value, str):
+        try:
+            return annotation(value)
+        except ValueError:
+            raise _NoMatch from None
     raise _NoMatch
 
 
