@@ -288,7 +288,7 @@ class CausalLMPolicy(nn.Module):
         self.register_buffer(
             "_refused", refused if self.masked_token_ids else None, persistent=False
         )
-        self.trunk = ModelTrunk(model, self._trunk_pass_context, compile_decode)
+        self.trunk = ModelTrunk(self, self._trunk_pass_context, compile_decode)
         self.engine = RolloutEngine(self.trunk, self, sampling)
 
     # -------------------------------------------------------------- loading
