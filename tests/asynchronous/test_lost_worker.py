@@ -10,6 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.heavy  # multi-process or end-to-end runs: make test-fast skips them
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 FAST = ["--no-progress", "--eval-prompts", "2", "--eval-samples", "2", "--log-interval", "0"]

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.heavy  # multi-process or end-to-end runs: make test-fast skips them
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

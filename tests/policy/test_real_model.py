@@ -62,7 +62,10 @@ def _missing_reason() -> str | None:
 
 
 _REASON = _missing_reason()
-pytestmark = pytest.mark.skipif(_REASON is not None, reason=str(_REASON))
+pytestmark = [
+    pytest.mark.skipif(_REASON is not None, reason=str(_REASON)),
+    pytest.mark.heavy,  # loads a 135M-parameter model: make test-fast skips it
+]
 
 IM_START, IM_END, ENDOFTEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 

@@ -8,7 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from lmgym.training import CheckpointManager
+
+pytestmark = pytest.mark.heavy  # multi-process or end-to-end runs: make test-fast skips them
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]

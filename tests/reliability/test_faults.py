@@ -35,6 +35,7 @@ def fresh_env():
     return make_target_string_vector(num_envs=8, group_size=4, tokenizer=make_char_tokenizer())
 
 
+@pytest.mark.heavy
 def test_a_kill_at_any_write_point_then_resume_equals_an_uninterrupted_run(
     tmp_path, train, same_history, killed_at, write_points
 ):

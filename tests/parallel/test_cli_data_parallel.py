@@ -15,6 +15,8 @@ import torch
 from lmgym.persistence.state import load_state
 from lmgym.policy import CausalLMPolicy
 
+pytestmark = pytest.mark.heavy  # multi-process or end-to-end runs: make test-fast skips them
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 FAST = ["--no-progress", "--eval-prompts", "2", "--eval-samples", "2", "--samples", "1"]

@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.heavy  # multi-process or end-to-end runs: make test-fast skips them
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 
