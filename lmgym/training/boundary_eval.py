@@ -22,10 +22,9 @@ import time
 from typing import Literal
 
 from lmgym.agents.base import Agent
-from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.persistence.atomic import complete_lines
-from lmgym.training.callbacks import Printer, derived_seed
-from lmgym.training.evaluation import EvalResult, evaluate_policy
+from lmgym.training.callbacks import Printer
+from lmgym.training.evaluation import EvalResult, HeldOut
 from lmgym.training.run import RunDirectory
 
 Boundary = Literal["start", "end"]
@@ -35,27 +34,13 @@ class BoundaryEval:
     """Evaluate a session's policy at its start or end, saying so and recording it.
 
     Args:
-        env: the evaluation env (``make_eval_env``).
-        num_prompts: prompts per evaluation.
-        seed: the run's seed.
-        correct_threshold: reward counted as correct (``None``: no pass@k).
-        split: which prompts, for the record.
+        held_out: what to evaluate on (``evaluation.HeldOut``).
         run: where to append ``eval.jsonl`` (``None``: nowhere).
         out: where the lines go.
     """
 
-    def __init__(
-        self,
-        env: TokenVectorEnv,
-        num_prompts: int,
-        seed: int,
-        correct_threshold: float | None,
-        split: str,
-        run: RunDirectory | None,
-        out: Printer,
-    ) -> None:
-        self.env, self.num_prompts, self.seed = env, num_prompts, seed
-        self.correct_threshold, self.split, self.run, self.out = correct_threshold, split, run, out
+    def __init__(self, held_out: HeldOut, run: RunDirectory | None, out: Printer) -> None:
+        self.held_out, self.run, self.out = held_out, run, out
 
     def _recorded_end(self, iteration: int) -> EvalResult | None:
         """The end evaluation ``eval.jsonl`` holds at ``iteration`` with these settings."""
@@ -72,10 +57,11 @@ class BoundaryEval:
             data = {k: v for k, v in record.items() if k in fields}
             data["samples"] = [tuple(sample) for sample in data.get("samples", [])]
             result = EvalResult(**data)
+            held_out = self.held_out
             same = (result.num_prompts, result.samples_per_prompt, result.split) == (
-                self.num_prompts,
-                self.env.group_size,
-                self.split,
+                held_out.num_prompts,
+                held_out.env.group_size,
+                held_out.split,
             )
             return result if same else None
         return None
@@ -92,18 +78,12 @@ class BoundaryEval:
             self._append(agent, at, recorded)
             return recorded
         self.out(
-            f"evaluating {which} training (iteration {agent.iteration}): {self.num_prompts} "
-            f"prompts x {self.env.group_size} samples, split {self.split} ..."
+            f"evaluating {which} training (iteration {agent.iteration}): "
+            f"{self.held_out.num_prompts} prompts x {self.held_out.env.group_size} samples, "
+            f"split {self.held_out.split} ..."
         )
         start = time.perf_counter()
-        result = evaluate_policy(
-            agent.policy,
-            self.env,
-            self.num_prompts,
-            seed=derived_seed(self.seed, agent.iteration, 0),
-            correct_threshold=self.correct_threshold,
-            split=self.split,
-        )
+        result = self.held_out.evaluate(agent.policy, agent.iteration, stream=0)
         self.out(f"eval {which}: {result.summary()} in {time.perf_counter() - start:.1f} s")
         self._append(agent, at, result)
         return result

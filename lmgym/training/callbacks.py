@@ -30,7 +30,7 @@ from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.persistence.agent import rank_state
 from lmgym.rollout import collect
 from lmgym.training.checkpoint import CheckpointManager
-from lmgym.training.evaluation import EvalResult, evaluate_policy
+from lmgym.training.evaluation import EvalResult, HeldOut, derived_seed
 from lmgym.training.logger import record_metrics
 from lmgym.training.ranks import Ranks
 from lmgym.training.run import RunDirectory
@@ -44,12 +44,6 @@ def tqdm_print(text: str) -> None:
     from tqdm.auto import tqdm
 
     tqdm.write(text)
-
-
-def derived_seed(seed: int, iteration: int, stream: int) -> int:
-    """A seed for side stream ``stream`` (eval, samples, ...) at ``iteration``: a fixed
-    function of the run's seed, so a resumed run draws the same evaluations."""
-    return (seed * 1_000_003 + iteration * 7_919 + stream * 104_729) % (2**62)
 
 
 class TrainingCallback:
@@ -133,12 +127,9 @@ class PeriodicEval(TrainingCallback):
     """Every ``every`` iterations, evaluate the policy and add ``eval/*`` to the metrics.
 
     Args:
-        env: an evaluation env (``make_eval_env``).
+        held_out: what to evaluate on (env, prompts, the run's seed, pass@k threshold,
+            split); each evaluation derives its seed from the run's and the iteration.
         every: iterations between evaluations.
-        num_prompts: prompts per evaluation.
-        seed: the run's seed (each evaluation derives its own from it).
-        correct_threshold: reward counted as correct for pass@k (``None``: no pass@k).
-        split: recorded with the results.
         run: where to append ``eval.jsonl`` (``None``: nowhere).
         out: where to print the one-line summary (``None``: silent).
 
@@ -150,31 +141,19 @@ class PeriodicEval(TrainingCallback):
 
     def __init__(
         self,
-        env: TokenVectorEnv,
+        held_out: HeldOut,
         every: int,
-        num_prompts: int,
-        seed: int = 0,
-        correct_threshold: float | None = None,
-        split: str = "",
         run: RunDirectory | None = None,
         out: Printer | None = tqdm_print,
     ) -> None:
         if every < 1:
             raise ValueError(f"every={every}: must be >= 1")
-        self.env, self.every, self.num_prompts, self.seed = env, every, num_prompts, seed
-        self.correct_threshold, self.split, self.run, self.out = correct_threshold, split, run, out
+        self.held_out, self.every, self.run, self.out = held_out, every, run, out
         self.results: list[tuple[int, EvalResult]] = []
 
     def evaluate(self, agent: Agent) -> EvalResult:
         """Evaluate now (seeded by the iteration), without touching the training streams."""
-        return evaluate_policy(
-            agent.policy,
-            self.env,
-            self.num_prompts,
-            seed=derived_seed(self.seed, agent.iteration, 1),
-            correct_threshold=self.correct_threshold,
-            split=self.split,
-        )
+        return self.held_out.evaluate(agent.policy, agent.iteration, stream=1)
 
     def __call__(self, agent: Agent, metrics: dict[str, float]) -> bool | None:
         if agent.iteration % self.every != 0:

@@ -266,3 +266,39 @@ def evaluate_policy(
         correct_threshold=correct_threshold,
         samples=samples,
     )
+
+
+def derived_seed(seed: int, iteration: int, stream: int) -> int:
+    """A seed for side stream ``stream`` (eval, samples, ...) at ``iteration``: a fixed
+    function of the run's seed, so a resumed run draws the same evaluations."""
+    return (seed * 1_000_003 + iteration * 7_919 + stream * 104_729) % (2**62)
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """What a run evaluates on, the one record its evaluations share.
+
+    Attributes:
+        env: the evaluation env (``make_eval_env``).
+        num_prompts: prompts per evaluation.
+        seed: the run's seed; each evaluation derives its own (``derived_seed``).
+        correct_threshold: reward counted as correct for pass@k (``None``: no pass@k).
+        split: which prompts, for the record.
+    """
+
+    env: TokenVectorEnv
+    num_prompts: int
+    seed: int = 0
+    correct_threshold: float | None = None
+    split: str = ""
+
+    def evaluate(self, policy: CausalLMPolicy, iteration: int, stream: int) -> EvalResult:
+        """Evaluate ``policy`` with the seed of side stream ``stream`` at ``iteration``."""
+        return evaluate_policy(
+            policy,
+            self.env,
+            self.num_prompts,
+            seed=derived_seed(self.seed, iteration, stream),
+            correct_threshold=self.correct_threshold,
+            split=self.split,
+        )

@@ -246,6 +246,11 @@ def default_run_dir(algo: str, task: str, root: str | Path = "runs") -> Path:
     return Path(root) / f"{algo}-{name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+def _entry(name: str) -> property:
+    """A ``RunDirectory`` property: the path of the entry named by the class constant ``name``."""
+    return property(lambda run: run.path / getattr(run, name), doc=f"``path / {name}``")
+
+
 class RunDirectoryExistsError(FileExistsError):
     """The run directory exists and ``overwrite`` was not given (or cannot apply)."""
 
@@ -286,25 +291,11 @@ class RunDirectory:
     def __repr__(self) -> str:
         return f"RunDirectory({str(self.path)!r})"
 
-    @property
-    def config_path(self) -> Path:
-        return self.path / self.CONFIG
-
-    @property
-    def progress_path(self) -> Path:
-        return self.path / self.PROGRESS
-
-    @property
-    def samples_path(self) -> Path:
-        return self.path / self.SAMPLES
-
-    @property
-    def eval_path(self) -> Path:
-        return self.path / self.EVAL
-
-    @property
-    def checkpoints(self) -> Path:
-        return self.path / self.CHECKPOINTS
+    config_path = _entry("CONFIG")
+    progress_path = _entry("PROGRESS")
+    samples_path = _entry("SAMPLES")
+    eval_path = _entry("EVAL")
+    checkpoints = _entry("CHECKPOINTS")
 
     def is_run(self) -> bool:
         """Whether the directory holds an lmgym run's ``config.json``."""

@@ -35,6 +35,7 @@ from lmgym.training.callbacks import (
     SamplePrinter,
 )
 from lmgym.training.checkpoint import CheckpointManager
+from lmgym.training.evaluation import HeldOut
 from lmgym.training.logger import make_logger, make_stdout_logger
 from lmgym.training.progress import RunProgressBar
 from lmgym.training.ranks import Ranks
@@ -125,12 +126,8 @@ def main_callbacks(
     if config.eval_every:
         add(
             PeriodicEval(
-                eval_env,
+                HeldOut(eval_env, config.eval_prompts, seed, correct_threshold, split),
                 config.eval_every,
-                config.eval_prompts,
-                seed,
-                correct_threshold,
-                split,
                 run,
                 out,
             )

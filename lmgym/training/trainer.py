@@ -54,7 +54,7 @@ from lmgym.training.build import (  # noqa: F401 (re-exported: their home before
 from lmgym.training.callbacks import Printer, check_callback, tqdm_print
 from lmgym.training.checkpoint import CheckpointManager
 from lmgym.training.env_args import check_env_kwargs
-from lmgym.training.evaluation import correct_threshold_for
+from lmgym.training.evaluation import HeldOut, correct_threshold_for
 from lmgym.training.opening import opening_lines
 from lmgym.training.ranks import Ranks, launched_ranks, local_device
 from lmgym.training.result import TrainResult
@@ -418,9 +418,8 @@ class Trainer:
                 resumed_at=agent.iteration if self.plan is not None else None,
                 start=time.perf_counter(), extra=[*extra, *self.user_callbacks], out=self.out,
             )  # fmt: skip
-            boundary = BoundaryEval(
-                eval_env, cfg.eval_prompts, seed, threshold, split, run, self.out
-            )
+            held_out = HeldOut(eval_env, cfg.eval_prompts, seed, threshold, split)
+            boundary = BoundaryEval(held_out, run, self.out)
         if self.async_config is None:
             callbacks, checkpoint = assemble(session, run, cfg, state, ranks, share_stop=ranks)
         else:
