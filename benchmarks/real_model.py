@@ -12,7 +12,9 @@ Settings, equal for every part unless its overrides say otherwise: the packaged
 ``smollm2-135m-instruct`` (float32, CPU), LoRA r=16, alpha=32 on the q/k/v/o
 projections, 4 prompts x 8 completions per iteration, temperature 1, one optimizer
 step per iteration, learning rate 1e-4, the agent's documented defaults otherwise,
-the task's default difficulty, at most 10 minutes of training. Evaluation: 64
+the task's default difficulty, training for ``--iterations`` (the *iterations* column)
+or at most ``--max-minutes`` (default 10), whichever ends first: on a shared machine
+an iteration budget keeps what is learned independent of the load. Evaluation: 64
 held-out prompts (the task's ``split="eval"``), one greedy completion each and 2
 sampled completions each at temperature 1, with a fixed seed, so base and trained
 models see the same prompts.
