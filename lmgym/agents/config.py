@@ -97,6 +97,7 @@ class AgentConfig:
 
 
 ConfigT = TypeVar("ConfigT", bound=AgentConfig)
+DataclassT = TypeVar("DataclassT")
 
 
 def restore_types(config_class: type, values: dict[str, Any]) -> dict[str, Any]:
@@ -110,9 +111,10 @@ def restore_types(config_class: type, values: dict[str, Any]) -> dict[str, Any]:
     return {k: tuple(v) if k in tuples and isinstance(v, list) else v for k, v in values.items()}
 
 
-def config_from_dict(config_class: type[ConfigT], values: dict[str, Any]) -> ConfigT:
-    """``config_class`` from a saved or parsed ``{field: value}`` (JSON's lists back to
-    tuples): the one way a stored agent config is read back."""
+def config_from_dict(config_class: type[DataclassT], values: dict[str, Any]) -> DataclassT:
+    """``config_class`` (an agent's config, ``TrainConfig``, ...) from a saved or parsed
+    ``{field: value}`` (JSON's lists back to tuples): the one way a stored config is
+    read back."""
     return config_class(**restore_types(config_class, values))
 
 

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from lmgym.agents.config import config_from_dict
 from lmgym.training.cli_common import error, parse_env_kwarg, quiet_transformers
 from lmgym.training.run import DEFAULT_TASK, TrainConfig
 from lmgym.training.sample_text import sample_line
@@ -180,7 +181,8 @@ def _run_task(saved: dict[str, Any]) -> tuple[str, str]:
     if changed is not None:
         print(f"lmgym eval: note: {changed}; evaluating on it as it is now", file=sys.stderr)
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    env_id = prepare_task(TrainConfig(**{k: v for k, v in run_config.items() if k in fields}))
+    known = {k: v for k, v in run_config.items() if k in fields}
+    env_id = prepare_task(config_from_dict(TrainConfig, known))
     return (env_id if run_config.get("prompts") is not None else run_config["task"]), env_id
 
 

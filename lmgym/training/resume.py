@@ -269,13 +269,13 @@ def plan_resume(
     if changes.get("prompts") is not None:
         changes["prompts"] = str(Path(changes["prompts"]).expanduser().resolve())
     if "env_kwargs" in changes:
-        env_id = prepare_task(TrainConfig(**saved["run"]))
+        env_id = prepare_task(config_from_dict(TrainConfig, saved["run"]))
         changes["env_kwargs"] = check_env_kwargs(env_id, changes["env_kwargs"])
     _check_changes(saved, changes, agent_changes or {})
     return ResumePlan(
         run=run,
         checkpoint=path if is_checkpoint(path) else None,
-        config=TrainConfig(**{**saved["run"], **changes, "run_dir": str(run.path)}),
+        config=config_from_dict(TrainConfig, {**saved["run"], **changes, "run_dir": str(run.path)}),
         agent_config=agent_config_from_dict(saved["algo"], saved["agent"]),
         saved_threads=saved["run"].get("threads"),
         notes=notes,
