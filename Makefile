@@ -30,9 +30,11 @@ test: setup
 	$(BIN)/python -m pytest -n auto
 
 # The maintainers' inner loop: every module's unit tests, without learning runs,
-# torch.compile, multi-process runs or the real model (under 2 minutes on 2 cores).
+# torch.compile, multi-process runs or the real model (about 2 minutes on 2 cores).
+# loadscope keeps a module on one worker, so a module-scoped fixture (the data-parallel
+# torchrun) runs once.
 test-fast: setup
-	$(BIN)/python -m pytest -n auto -m "not learning and not slow and not heavy"
+	$(BIN)/python -m pytest -n auto --dist loadscope -m "not learning and not slow and not heavy"
 
 lint: setup
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
