@@ -1,0 +1,115 @@
+"""Multi-turn episodes: what a *responder* is, and the records it reads and returns.
+
+In a multi-turn env a row's buffer holds the prompt, the policy's turn 1, the
+environment's observation 1, the policy's turn 2, ... A policy turn ends at an
+end-of-turn id (the env's stop ids; ``<|im_end|>`` for a chat model). The env then
+calls its responder once, batched, on every row that just ended a turn: the
+responder answers each with an observation (text, or token ids), a reward for the
+turn, and whether the episode is over. The env renders a text observation into ids
+once and appends it; the history is never re-tokenized. Observation tokens are
+state, not actions: they are never sampled and never trained on.
+
+Responders are functional over an opaque per-episode ``state``: ``start`` gives the
+state of new episodes, ``respond`` gets the states of the rows it answers and
+returns their next states. The env keeps the states and commits the new ones only
+after the whole step has succeeded, so a responder that raises (or answers the
+wrong number of rows) leaves the env exactly as it was, the same promise a reward
+model gets. A responder must therefore not mutate the states it is given (return
+new ones; an immutable tuple or a frozen record is the safe choice).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from torch import Tensor
+
+from lmgym.types import Prompt
+
+#: Who speaks an observation: the chat template's role for its turn.
+ObservationRole = Literal["user", "tool"]
+
+
+@dataclass(frozen=True)
+class EpisodeStart:
+    """The ``k`` episodes a responder is asked to ``start``.
+
+    Attributes:
+        prompts: the prompt of each episode (a string or chat messages), as the
+            prompt source holds it.
+        prompt_index: ``[k] int64`` index of each prompt in the prompt source.
+        columns: per-row values of the prompt source's columns (``columns[name][j]``
+            for row ``j``; e.g. a game seed or a secret), ``{}`` if it has none.
+    """
+
+    prompts: Sequence[Prompt]
+    prompt_index: Tensor
+    columns: dict[str, Sequence[Any]]
+
+
+@dataclass(frozen=True)
+class TurnInput:
+    """The ``k`` rows that just ended a policy turn, for ``Responder.respond``.
+
+    Attributes:
+        rows: ``[k] int64`` the env rows (for error messages only).
+        prompts: each row's prompt (string or chat messages).
+        prompt_index: ``[k] int64``.
+        columns: as in ``EpisodeStart``.
+        turn_texts: the policy's turn that just ended, decoded as a reward sees a
+            completion (a final special stop token left out).
+        turn_ids: ``k`` 1-D ``int64`` tensors, the ids of that turn (stop id included).
+        turn_index: ``[k] int64``, 1 for the episode's first policy turn.
+        states: each row's responder state (from ``start`` or the last ``respond``).
+    """
+
+    rows: Tensor
+    prompts: Sequence[Prompt]
+    prompt_index: Tensor
+    columns: dict[str, Sequence[Any]]
+    turn_texts: Sequence[str]
+    turn_ids: Sequence[Tensor]
+    turn_index: Tensor
+    states: Sequence[Any]
+
+
+@dataclass(frozen=True)
+class TurnOutput:
+    """A responder's answer to ``k`` rows, row ``j`` answering ``TurnInput`` row ``j``.
+
+    Attributes:
+        observations: per row, the text the environment says next (rendered by the
+            env: through the chat template as a ``role`` turn plus the next assistant
+            header for a chat tokenizer, plain text otherwise), a sequence of token
+            ids appended as they are, or ``None`` for a row whose episode is over.
+        rewards: ``k`` floats, the reward of the turn that just ended.
+        done: ``k`` bools, the episode is over (the env reports ``terminated``).
+        states: ``k`` new states (ignored for rows that are done).
+    """
+
+    observations: Sequence[str | Sequence[int] | None]
+    rewards: Sequence[float]
+    done: Sequence[bool]
+    states: Sequence[Any]
+
+
+@runtime_checkable
+class Responder(Protocol):
+    """The environment's side of a multi-turn episode.
+
+    Attributes:
+        role: the chat role its text observations are rendered as (``"user"`` for a
+            game or feedback, ``"tool"`` for a tool result).
+    """
+
+    role: ObservationRole
+
+    def start(self, episodes: EpisodeStart) -> list[Any]:
+        """The initial state of each of ``k`` new episodes (``k`` values)."""
+        ...
+
+    def respond(self, turns: TurnInput) -> TurnOutput:
+        """Answer the ``k`` rows that just ended a policy turn."""
+        ...
