@@ -4,7 +4,9 @@ Two comparisons, each with both sides in one process, alternated:
 
 1. **Rollout**: completion tokens/s of ``lmgym.rollout.collect`` against transformers'
    ``model.generate(do_sample=True)`` (``workloads.RolloutVsGenerate``), batch 32 and
-   64, exactly 64 new tokens per row on both sides (the model's stop ids get a ``-1e9``
+   64, each as distinct prompts and as prompts sampled 8 times (the RL workload: one
+   shared prefill per group in lmgym, ``num_return_sequences=8`` in ``generate``),
+   exactly 64 new tokens per row on both sides (the model's stop ids get a ``-1e9``
    output bias, so no row stops early; asserted), chat prompts of equal length
    (``chat_prompts``: "What is 47 + 38? ..." through the chat template, the system
    prompt included, 37 tokens), temperature 1, float32. Target (issue 25): >= 1.3x.
@@ -34,6 +36,7 @@ import workloads as w
 
 MODEL = "smollm2-135m-instruct"
 BATCHES, NEW_TOKENS = (32, 64), 64
+GROUPS = (1, 8)  # completions per prompt: distinct prompts, and GRPO's groups
 TARGET_ROLLOUT = 1.3
 TARGET_GRPO = 1.5
 TASK = "lmgym/ChatArithmetic-v0"
@@ -83,34 +86,45 @@ def load_model() -> tuple[torch.nn.Module, object]:
 def rollout(args: object) -> list[str]:
     model, tok = load_model()
     rows, targets = [], []
-    batches, new_tokens = ((4,), 8) if args.quick else (BATCHES, NEW_TOKENS)  # type: ignore[attr-defined]
+    batches, new_tokens = ((8,), 8) if args.quick else (BATCHES, NEW_TOKENS)  # type: ignore[attr-defined]
     for batch in batches:
-        prompts, length = chat_prompts(tok, batch)
-        sides = w.RolloutVsGenerate(model, tok, batch, length, new_tokens, prompts=prompts)
-        meter = h.CpuMeter()
-        lm, gen = h.alternate(sides.lmgym, sides.generate, args.warmup, args.repeats)  # type: ignore[attr-defined]
-        load = meter.other_load()
-        tokens = batch * new_tokens
-        ratio = statistics.median(gen) / statistics.median(lm)
-        rows.append(
-            f"{batch} | {length} | {new_tokens} | {h.spread(lm)} | {h.spread(gen)} "
-            f"| {tokens / statistics.median(lm):,.0f} | {tokens / statistics.median(gen):,.0f} "
-            f"| {ratio:.2f}x | {h.load_cell(load)}"
-        )
-        targets.append(
-            h.target_line(f"batch {batch}", ratio, TARGET_ROLLOUT, "collect vs generate")
-        )
-        print(rows[-1], flush=True)
+        for group in GROUPS:
+            prompts, length = chat_prompts(tok, batch // group)
+            sides = w.RolloutVsGenerate(
+                model, tok, batch, length, new_tokens, prompts=prompts, group_size=group
+            )
+            meter = h.CpuMeter()
+            lm, gen = h.alternate(sides.lmgym, sides.generate, args.warmup, args.repeats)  # type: ignore[attr-defined]
+            load = meter.other_load()
+            tokens = batch * new_tokens
+            ratio = statistics.median(gen) / statistics.median(lm)
+            rows.append(
+                f"{batch} | {batch // group} x {group} | {length} | {new_tokens} | "
+                f"{h.spread(lm)} | {h.spread(gen)} | {tokens / statistics.median(lm):,.0f} "
+                f"| {tokens / statistics.median(gen):,.0f} | {ratio:.2f}x | {h.load_cell(load)}"
+            )
+            targets.append(
+                h.target_line(
+                    f"batch {batch}, {batch // group} prompts x {group}",
+                    ratio,
+                    TARGET_ROLLOUT,
+                    "collect vs generate",
+                )
+            )
+            print(rows[-1], flush=True)
     return [
         f"- work: {MODEL} (float32, stop ids forbidden), chat prompts through the chat "
         f"template, exactly {new_tokens} new tokens per row on both sides, temperature 1, "
-        "no top-k/top-p",
+        "no top-k/top-p. Prompts x completions: `N x 1` is N distinct prompts; `P x 8` "
+        "is the RL workload, P prompts sampled 8 times each (GRPO's groups): lmgym's env "
+        "groups share one prefill per prompt, `generate` gets the P prompts with "
+        "`num_return_sequences=8` (it expands them before its prefill)",
         f"- method: alternated (ABBA), {args.warmup} warm-up calls per side, then "  # type: ignore[attr-defined]
         f"{args.repeats} timed calls per side; seconds median [IQR] (min-max); ratio = "  # type: ignore[attr-defined]
         "generate median / collect median (> 1: lmgym faster)",
         "",
         *h.table(
-            "batch | prompt tokens | new tokens | collect s | generate s | collect tok/s "
+            "batch | prompts x completions | prompt tokens | new tokens | collect s | generate s | collect tok/s "
             "| generate tok/s | ratio | other CPU load",
             rows,
         ),

@@ -116,16 +116,19 @@ def fixed_length_env(
     device: str | torch.device = "cpu",
     prompts: list[str] | None = None,
     stop_token_ids: list[int] | None = None,
+    group_size: int = 1,
 ) -> Any:
-    """``n`` rows, one exact-length prompt each (served in order; random characters
-    unless ``prompts`` are given), EOS the only stop id unless ``stop_token_ids`` are
-    given, a zero reward: the env side of rollout-vs-generate."""
+    """``n`` rows, ``n / group_size`` exact-length prompts each repeated ``group_size``
+    times (served in order; random characters unless ``prompts`` are given), EOS the
+    only stop id unless ``stop_token_ids`` are given, a zero reward: the env side of
+    rollout-vs-generate."""
+    distinct = n // group_size
     env = TokenVectorEnv(
         tokenizer,
-        prompts if prompts is not None else make_prompts(tokenizer, n, prompt_tokens),
+        prompts if prompts is not None else make_prompts(tokenizer, distinct, prompt_tokens),
         ZeroReward(),
-        num_prompts=n,
-        group_size=1,
+        num_prompts=distinct,
+        group_size=group_size,
         max_new_tokens=new_tokens,
         stop_token_ids=stop_token_ids or [tokenizer.eos_token_id],
         prompt_order="sequential",
@@ -265,6 +268,9 @@ class RolloutVsGenerate:
     the env's stop ids and ``generate``'s ``eos_token_id``; EOS alone unless the model's
     generation config lists more), full-vocabulary sampling at temperature 1. ``prompts``:
     text prompts of exactly ``prompt_tokens`` tokens (default: random characters).
+    ``group_size`` G: ``batch / G`` distinct prompts, each sampled G times (the RL
+    workload): the env's groups on lmgym's side (one shared prefill per group),
+    ``num_return_sequences=G`` on ``generate``'s (which expands the prompts first).
 
     ``lmgym()`` and ``generate()`` each run once with a fresh seed and return seconds
     (the device synchronised around the call).
@@ -280,18 +286,20 @@ class RolloutVsGenerate:
         device: torch.device | str = "cpu",
         compile_decode: bool = False,
         prompts: list[str] | None = None,
+        group_size: int = 1,
     ) -> None:
         from lmgym import CausalLMPolicy
 
         self.model, self.tok, self.device = model, tok, device
+        self.group_size = group_size
         self.batch, self.prompt_tokens, self.new_tokens = batch, prompt_tokens, new_tokens
         self.policy = CausalLMPolicy(model, tok, compile_decode=compile_decode)
         self.compile_decode = compile_decode
         self.stop_ids = list(self.policy.stop_token_ids)
         self.env = fixed_length_env(
-            tok, batch, prompt_tokens, new_tokens, device, prompts, self.stop_ids
+            tok, batch, prompt_tokens, new_tokens, device, prompts, self.stop_ids, group_size
         )
-        self.ids = self.env.prompt_table.ids.clone()  # [B, Lp] the prompts served, unpadded
+        self.ids = self.env.prompt_table.ids.clone()  # [B / G, Lp] the prompts, unpadded
         self.mask = self.env.prompt_table.mask.long()
         assert bool(self.mask.all())
         self.seeds = iter(range(1_000_000))
@@ -304,7 +312,7 @@ class RolloutVsGenerate:
         assert out.completion_ids.shape == (self.batch, self.new_tokens)
         assert bool((out.lengths == self.new_tokens).all()), "lmgym: a row stopped early"
         assert bool(out.truncated.all()) and not bool(out.terminated.any())
-        assert torch.equal(out.prompt_ids, self.ids)
+        assert torch.equal(out.prompt_ids, self.ids.repeat_interleave(self.group_size, 0))
         check_compiled(self.policy, self.compile_decode)
         return seconds
 
@@ -332,6 +340,7 @@ class RolloutVsGenerate:
                 top_p=1.0,
                 eos_token_id=self.stop_ids,
                 pad_token_id=self.tok.pad_token_id,
+                num_return_sequences=self.group_size,
             )
 
 
