@@ -75,16 +75,20 @@ SETTINGS = {
 
 @dataclass(frozen=True)
 class Part:
-    """One run of the set: a task setting, an agent, a seed and the agent's overrides."""
+    """One run of the set: a task setting, an agent, a seed, the agent's overrides and
+    whether it trains a LoRA adapter (``lora=False``: a full fine-tune, every weight)."""
 
     setting: str
     agent: str
     seed: int
     overrides: dict[str, Any] = field(default_factory=dict)
+    lora: bool = True
 
     @property
     def name(self) -> str:
-        return f"{self.setting}-{self.agent}-s{self.seed}"
+        if self.lora:
+            return f"{self.setting}-{self.agent}-s{self.seed}"
+        return f"{self.setting}-{self.agent}-full{self.overrides['learning_rate']:g}-s{self.seed}"
 
 
 def _parts() -> dict[str, Part]:
@@ -95,6 +99,10 @@ def _parts() -> dict[str, Part]:
     parts.append(Part("instructions", "ppo", 0))  # value head on the LM (the agent's critic)
     parts += [Part("arithmetic", "grpo", s) for s in (0, 1)]
     parts.append(Part("continuation", "grpo", 0, {"beta": 0.05}))
+    # The full fine-tune's learning rate (lmgym.training.pretrained), measured at two values.
+    parts += [
+        Part("instructions", "grpo", 0, {"learning_rate": lr}, lora=False) for lr in (2e-6, 1e-5)
+    ]
     return {p.name: p for p in parts}
 
 
@@ -147,7 +155,9 @@ def base_evaluation(policy: CausalLMPolicy, setting: str, out: Path) -> dict[str
     if path.exists():
         return json.loads(path.read_text())
     print(f"[{setting}] base evaluation", flush=True)
-    with policy.model.disable_adapter():  # a fresh LoRA is the identity; say so anyway
+    # A fresh LoRA is the identity; say so anyway.
+    plain = contextlib.nullcontext()
+    with policy.model.disable_adapter() if policy.is_peft else plain:
         result = evaluate(policy, SETTINGS[setting])
     write_atomic(path, result)
     return result
@@ -159,7 +169,8 @@ def run_part(part: Part, out: Path, max_minutes: float, iterations: int) -> dict
 
     setting = SETTINGS[part.setting]
     torch.manual_seed(part.seed)
-    policy = CausalLMPolicy.from_pretrained(MODEL, peft_config=LoraConfig(**LORA))
+    peft = LoraConfig(**LORA) if part.lora else None
+    policy = CausalLMPolicy.from_pretrained(MODEL, peft_config=peft)
     env = gym.make_vec(
         setting.task,
         num_envs=setting.prompts * setting.group_size,
@@ -197,7 +208,7 @@ def run_part(part: Part, out: Path, max_minutes: float, iterations: int) -> dict
         "part": asdict(part),
         "setting": asdict(setting),
         "model": MODEL,
-        "lora": LORA,
+        "lora": LORA if part.lora else None,
         "overrides": overrides,
         "threads": torch.get_num_threads(),
         "load_average_end": os.getloadavg()[0],  # the machine's other load inflates s/it
@@ -242,7 +253,7 @@ def plot(records: list[dict[str, Any]], out: Path) -> list[str]:
         fig, ax = plt.subplots(figsize=(7, 4))
         for r in (r for r in records if r["part"]["setting"] == setting):
             rewards = [h["reward_mean"] for h in r["history"]]
-            label = f"{r['part']['agent']} s{r['part']['seed']}"
+            label = Part(**r["part"]).name.removeprefix(f"{setting}-")
             ax.plot(range(1, len(rewards) + 1), _rolling(rewards), label=label)
         ax.set_xlabel("iteration")
         ax.set_ylabel("train reward (rolling mean of 10)")
@@ -276,7 +287,7 @@ def report(out: Path) -> str:
         b, a = r["before"], r["after"]
         extra = {k: v for k, v in r["overrides"].items() if k not in ("seed",)}
         lines.append(
-            f"| {r['part']['setting']}-{r['part']['agent']}-s{r['part']['seed']} "
+            f"| {Part(**r['part']).name} "
             f"| {r['setting']['task']} | {r['part']['agent']} | {extra} | {r['iterations']} "
             f"| {r['seconds_per_iteration']:.1f} ({r.get('load_average_end', float('nan')):.1f}) "
             f"| {b['greedy']['reward']:.3f} / {b['sampled']['reward']:.3f} "
@@ -293,7 +304,7 @@ def report(out: Path) -> str:
         lines += [f"- {r['date']}: `{r['command']}`" for r in records]
         lines += ["", "## Samples (held-out, greedy, after training)", ""]
         for r in records:
-            lines.append(f"- **{r['part']['setting']}-{r['part']['agent']}-s{r['part']['seed']}**:")
+            lines.append(f"- **{Part(**r['part']).name}**:")
             for prompt, completion, reward in r["after"]["greedy"]["samples"][:2]:
                 lines.append(f"  - `{prompt[-80:]!r}` -> `{completion!r}` ({reward:.2f})")
         lines.append("")
