@@ -101,20 +101,26 @@ class EpisodeRecorder:
     ) -> RolloutBatch:
         """A ``RolloutBatch`` of the finished episodes in ``rows`` (``[k] int64``),
         read from the step's final ``obs``/``info`` and flags and these records
-        (a record past an episode's end is ignored: it reads as 0)."""
+        (a record past an episode's end is ignored: it reads as 0). A multi-turn
+        env's observation says which tokens are the policy's (``policy_mask``); the
+        others were never sampled: their log-prob and reward are 0."""
         env = self.env
         lp = env.prompt_width
         ids, mask = obs["input_ids"][rows], obs["attention_mask"][rows]
         completion_mask = mask[:, lp:]
+        policy_mask = completion_mask
+        if "policy_mask" in obs:
+            policy_mask = obs["policy_mask"][rows, lp:] & completion_mask
         lengths = completion_mask.sum(dim=1)
-        special_mass = torch.where(completion_mask, self.special_mass[rows], 0.0).sum(dim=1)
+        policy_lengths = policy_mask.sum(dim=1)
+        special_mass = torch.where(policy_mask, self.special_mass[rows], 0.0).sum(dim=1)
         return RolloutBatch(
             prompt_ids=ids[:, :lp],
             prompt_mask=mask[:, :lp],
             completion_ids=ids[:, lp:],
             completion_mask=completion_mask,
-            sampler_logprobs=torch.where(completion_mask, self.logprobs[rows], 0.0),
-            rewards=torch.where(completion_mask, self.rewards[rows], 0.0),
+            sampler_logprobs=torch.where(policy_mask, self.logprobs[rows], 0.0),
+            rewards=torch.where(policy_mask, self.rewards[rows], 0.0),
             dones=self._columns[None, :] == (lengths - 1)[:, None],
             group_ids=info["group_id"][rows],
             prompt_index=info["prompt_index"][rows],
@@ -122,22 +128,35 @@ class EpisodeRecorder:
             terminated=terminated[rows],
             truncated=truncated[rows],
             valid=info["valid"][rows],
-            special_mass=special_mass / lengths.clamp(min=1),
+            special_mass=special_mass / policy_lengths.clamp(min=1),
+            policy_mask=policy_mask,
         )
 
     def record_steps(
-        self, logprobs: list[Tensor], rewards: list[Tensor], special_mass: list[Tensor] | None
+        self,
+        columns: list[Tensor],
+        live: list[Tensor],
+        logprobs: list[Tensor],
+        rewards: list[Tensor],
+        special_mass: list[Tensor] | None,
     ) -> None:
-        """Write steps ``0 .. T-1`` of episodes that all started together at once:
-        step ``t`` of every row at column ``t``, each list holding ``T`` tensors of
-        ``[N] float32`` (as ``record``'s). Columns past a row's end hold what the
-        step returned for it, ignored by ``finished``."""
-        steps = len(logprobs)
+        """Write the steps of episodes that all started together at once, each list
+        holding one ``[N]`` tensor per step: step ``s`` of row ``i`` at column
+        ``columns[s][i]`` (``info["length"]`` before the step: ``s`` in a single-turn
+        episode, later once observations have been appended) where ``live[s][i]``.
+        Steps past a row's end are dropped."""
         device = self.env.device
-        self.logprobs[:, :steps] = torch.stack(logprobs, dim=1).to(device)
-        self.rewards[:, :steps] = torch.stack(rewards, dim=1)
+        length = self.env.max_new_tokens
+        # Steps past a row's end write a spare column, cut off below: every real
+        # column is written at most once.
+        cols = torch.where(torch.stack(live, dim=1), torch.stack(columns, dim=1), length)
+        records = [("logprobs", logprobs), ("rewards", rewards)]
         if special_mass is not None:
-            self.special_mass[:, :steps] = torch.stack(special_mass, dim=1).to(device)
+            records.append(("special_mass", special_mass))
+        for name, steps in records:
+            values = torch.stack(steps, dim=1).to(device=device, dtype=torch.float32)
+            wide = torch.zeros(values.shape[0], length + 1, device=device)
+            setattr(self, name, wide.scatter(1, cols, values)[:, :length])
 
     def clear(self, rows: Tensor) -> None:
         """Zero the records of ``rows`` (``[N] bool``), which start new episodes."""
@@ -178,16 +197,23 @@ def collect(
     obs, info = env.reset(seed=seed)
     groups = info["group_id"]
     state: PolicyState | None = None
-    # Every row's step t lands in column t: the records are kept per step and written
-    # once at the end (EpisodeRecorder.record_steps), not merged into [N, L] each step.
+    # The records are kept per step with the column each step writes and written once at
+    # the end (EpisodeRecorder.record_steps), not merged into [N, L] each step.
+    columns: list[Tensor] = []
+    live: list[Tensor] = []
     logprobs: list[Tensor] = []
     rewards: list[Tensor] = []
     masses: list[Tensor] | None = []
+    running = torch.ones(env.num_envs, dtype=torch.bool, device=env.device)
+    # Every step takes at least one column of each running row's budget (a turn's end
+    # also its observation's), so max_new_tokens steps end every episode.
     for _ in range(env.max_new_tokens):
         # Every row starts at its group's prompt: a group's rows share one prefill.
         actions, step_logprobs, state = policy.act(
             obs, state, generator=generator, group_ids=groups
         )
+        columns.append(info["length"])
+        live.append(running)
         obs, reward, terminated, truncated, info = env.step(actions.to(env.device))
         logprobs.append(step_logprobs)
         rewards.append(reward)
@@ -196,10 +222,11 @@ def collect(
         elif masses is not None:
             masses.append(state.special_mass)
         # The env's flags are cumulative here (autoreset=False): all set, all done.
-        if bool((terminated | truncated).all()):
+        running = ~(terminated | truncated)
+        if not bool(running.any()):
             break
     recorder = EpisodeRecorder(env)
-    recorder.record_steps(logprobs, rewards, masses)
+    recorder.record_steps(columns, live, logprobs, rewards, masses)
     rows = torch.arange(env.num_envs, device=env.device)
     return recorder.finished(obs, info, rows, terminated, truncated)
 

@@ -32,22 +32,33 @@ class RolloutBatch:
     ``i`` sits at ``completion_ids[i, t]``; position ``t`` is real iff
     ``completion_mask[i, t]``.
 
+    Multi-turn episodes (``EnvOptions.max_turns``): the completion region holds the
+    policy's turn 1, the environment's observation 1, the policy's turn 2, ...
+    interleaved, as the env's buffer held them; ``policy_mask`` marks the tokens the
+    policy sampled. Environment tokens are state, not actions: their sampler log-prob
+    and reward are 0, and the loss, its normalisers and the metrics count policy
+    tokens only. The last token of an episode is always a policy token.
+
     Attributes:
         prompt_ids: ``[B, Lp] int64`` left-padded prompt ids.
         prompt_mask: ``[B, Lp] bool`` True on real prompt tokens.
         completion_ids: ``[B, L] int64`` sampled ids, pad id after the last token.
         completion_mask: ``[B, L] bool`` True on real completion tokens, the
-            terminating EOS included.
+            terminating EOS included (in a multi-turn episode, the environment's
+            observation tokens too).
         sampler_logprobs: ``[B, L] float32`` log-prob of each sampled token under
             the sampling distribution (``lp_s``, docs/algorithms.md#notation); 0 on
-            padding.
+            padding and on environment tokens.
         rewards: ``[B, L] float32`` reward of each step as returned by ``env.step``
-            (bandit mode: nonzero only at the last token); 0 on padding.
+            (bandit mode: nonzero only at the last token; multi-turn: a turn's
+            reward at its last token); 0 on padding and on environment tokens.
         dones: ``[B, L] bool`` True at each row's last completion token.
         group_ids: ``[B] int64`` one id per drawn prompt instance, shared by its
             ``G`` completions (never inferred from prompt text or row order).
         prompt_index: ``[B] int64`` index of the prompt in the prompt source.
-        lengths: ``[B] int64`` number of completion tokens (``T_i``).
+        lengths: ``[B] int64`` number of completion tokens (``T_i``; in a multi-turn
+            episode the observation tokens too, as the env's ``info["length"]``:
+            the columns the row spans; ``policy_lengths`` counts the policy's).
         terminated: ``[B] bool`` ended on a stop id.
         truncated: ``[B] bool`` cut at ``max_new_tokens`` without a stop id.
         valid: ``[B] bool`` False for rows the env's unfinished-completion policy
@@ -56,6 +67,9 @@ class RolloutBatch:
             removed, averaged over the row's steps (0 when nothing is masked); how
             much the model wanted ``<pad>``, ``<unk>``, ... (``CausalLMPolicy``,
             ``allowed_special_tokens``).
+        policy_mask: ``[B, L] bool`` True on the tokens the policy sampled, a subset
+            of ``completion_mask``. Defaults to ``completion_mask`` (a single-turn
+            batch, every completion token is the policy's).
     """
 
     prompt_ids: Tensor
@@ -72,6 +86,11 @@ class RolloutBatch:
     truncated: Tensor
     valid: Tensor
     special_mass: Tensor
+    policy_mask: Tensor = None  # type: ignore[assignment]  # set in __post_init__
+
+    def __post_init__(self) -> None:
+        if self.policy_mask is None:
+            object.__setattr__(self, "policy_mask", self.completion_mask)
 
     @property
     def batch_size(self) -> int:
@@ -82,8 +101,15 @@ class RolloutBatch:
         return self.completion_ids.shape[1]
 
     @property
+    def policy_lengths(self) -> Tensor:
+        """``[B] int64`` tokens the policy sampled in each row (``lengths`` less the
+        environment's observation tokens)."""
+        return self.policy_mask.sum(dim=1)
+
+    @property
     def scores(self) -> Tensor:
-        """``[B] float32`` episode return without discount: the sum of step rewards."""
+        """``[B] float32`` episode return without discount: the sum of step rewards
+        (multi-turn: of the turn rewards)."""
         return self.rewards.sum(dim=1)
 
     def input_ids(self) -> tuple[Tensor, Tensor]:

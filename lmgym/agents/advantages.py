@@ -216,7 +216,7 @@ def group_mean_std(values: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, T
     return mean[inverse], std[inverse], counts[inverse]
 
 
-def rloo_advantages(scores: Tensor, group_ids: Tensor) -> Tensor:
+def rloo_advantages(scores: Tensor, group_ids: Tensor, single_is_zero: bool = False) -> Tensor:
     """REINFORCE leave-one-out (docs/algorithms.md#rloo): A_i = R_i − mean_{j ∈ g(i), j ≠ i} R_j.
 
     Computed as the equal form G/(G − 1)·(R_i − mean_{g(i)} R).
@@ -224,16 +224,22 @@ def rloo_advantages(scores: Tensor, group_ids: Tensor) -> Tensor:
     Args:
         scores: `[B]` float, one reward per completion.
         group_ids: `[B]` int64 group labels.
+        single_is_zero: a group of one row has no other row to compare with and gets
+            A = 0 (per-turn credit: a turn only one episode of its group reached,
+            docs/algorithms.md#turn-credit) instead of an error.
 
     Returns:
         `[B]` float, detached.
 
     Raises:
-        ValueError: some group has fewer than 2 completions.
+        ValueError: some group has fewer than 2 completions (and not `single_is_zero`).
     """
     dtype = scores.dtype
     scores = scores.detach().double()
     mean, _, group_size = group_mean_std(scores, group_ids)
+    if single_is_zero:
+        others = (group_size - 1).clamp(min=1).to(scores.dtype)
+        return torch.where(group_size > 1, group_size / others * (scores - mean), 0.0).to(dtype)
     if group_size.min().item() < 2:
         raise ValueError(
             "RLOO needs at least 2 completions per prompt for its leave-one-out baseline, "

@@ -15,6 +15,10 @@ DAPO's knobs: ``clip_high=0.28`` (clip-higher), ``dynamic_sampling=True``,
 Process supervision (``advantage="process"``, per-token env mode): every token's
 reward is a step reward, normalised across the group's steps; token t gets the sum
 of the normalised rewards at or after t.
+
+Multi-turn episodes: ``R_i`` is the episode return (the sum of its turn rewards);
+``turn_credit="turn"`` gives turn ``k``'s tokens the discounted turn return ``G_k``,
+normalised against turn ``k`` of the group's other episodes (docs/algorithms.md#turn-credit).
 """
 
 from __future__ import annotations
@@ -29,11 +33,12 @@ from lmgym.agents.aggregation import Aggregation
 from lmgym.agents.base import Agent
 from lmgym.agents.config import AgentConfig, check_group_size
 from lmgym.agents.token_clip import TokenClip, check_clip
+from lmgym.agents.turn_credit import TurnCreditConfig, check_turn_credit, turn_group_advantages
 from lmgym.types import RolloutBatch
 
 
 @dataclass
-class GRPOConfig(AgentConfig):
+class GRPOConfig(TurnCreditConfig, AgentConfig):
     loss_aggregation: Aggregation = "seq-mean-token-mean"
     """How per-token losses become a scalar (GRPO's paper: per-sequence mean)."""
     scale: Literal["group", "batch", "none"] = "group"
@@ -66,6 +71,12 @@ class GRPO(TokenClip, Agent[GRPOConfig]):
             raise ValueError(
                 "advantage='process' needs step rewards: build the env with reward_mode='per_token'"
             )
+        check_turn_credit(self.config)
+        if self.config.advantage == "process" and self.config.turn_credit == "turn":
+            raise ValueError(
+                "turn_credit='turn' is outcome supervision by turns; advantage='process' "
+                "already credits each step: use one of them (turn_credit='episode')"
+            )
         check_group_size(
             self.env.group_size, f"{self.name} compares completions of the same prompt"
         )
@@ -75,6 +86,16 @@ class GRPO(TokenClip, Agent[GRPOConfig]):
     ) -> tuple[Tensor, None]:
         if self.config.advantage == "process":
             return process_grpo_advantages(rewards, mask, batch.group_ids, mask), None
+        if self.config.turn_credit == "turn":
+            scale = self.config.scale
+            advantages = turn_group_advantages(
+                rewards,
+                mask,
+                batch.group_ids,
+                self.config.turn_gamma,
+                lambda scores, cells: grpo_advantages(scores, cells, scale),
+            )
+            return advantages, None
         scores = (rewards * mask).sum(dim=1)
         advantages = grpo_advantages(scores, batch.group_ids, self.config.scale)
         return broadcast_to_tokens(advantages, mask), None

@@ -46,6 +46,11 @@ class GSPO(GRPO):
             )
         if self.config.advantage != "outcome":
             raise ValueError("advantage='process' gives per-token advantages; GSPO needs 'outcome'")
+        if self.config.turn_credit != "episode":
+            raise ValueError(
+                "turn_credit='turn' gives each turn its own advantage; GSPO's sequence ratio "
+                "takes one per sequence: use turn_credit='episode', or GSPOToken"
+            )
 
     def policy_loss(
         self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor

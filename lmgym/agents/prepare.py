@@ -7,6 +7,11 @@ algorithm's advantages (whitened if asked). Advantages are computed on the union
 batch of every data-parallel rank, so batch-wide statistics are global; each rank
 keeps its own rows. Masked rows keep their real score in every statistic and leave
 the loss only (docs/algorithms.md#conventions).
+
+Multi-turn batches: the teacher-forced passes run over the whole interleaved
+sequence once (the attention mask of every real token), but the loss mask, the KL
+in the reward, the advantages and the whitening see the policy's tokens only
+(``RolloutBatch.policy_mask``); an observation token is state, never an action.
 """
 
 from __future__ import annotations
@@ -66,9 +71,7 @@ def shaped_rewards(
         shaping = overlong_penalty(batch.lengths, batch.max_new_tokens, config.overlong_cache)
         rewards = rewards + shaping[:, None] * batch.dones
     if config.beta > 0 and config.kl_placement == "reward":
-        rewards = kl_in_reward(
-            rewards, old_logprobs, ref_logprobs, batch.completion_mask, config.beta
-        )
+        rewards = kl_in_reward(rewards, old_logprobs, ref_logprobs, batch.policy_mask, config.beta)
     return rewards
 
 
@@ -94,7 +97,7 @@ def prepare_batch(agent: Learner, batch: RolloutBatch) -> PreparedBatch:
     ids, attn = batch.input_ids()
     groups = batch.group_ids  # a group's prompt runs once in each teacher-forced pass
     length = batch.max_new_tokens
-    mask = batch.completion_mask & batch.valid[:, None]
+    mask = batch.policy_mask & batch.valid[:, None]
     old_logprobs: Tensor | None = batch.sampler_logprobs
     if cfg.recompute_old_logprobs:
         # One pass over one minibatch: lp_old = sg(lp) of the update's own forward.
@@ -120,9 +123,9 @@ def prepare_batch(agent: Learner, batch: RolloutBatch) -> PreparedBatch:
         kl_inputs = group.gather_rows(old), group.gather_rows(ref_logprobs)
     rewards = shaped_rewards(union, cfg, *kl_inputs)
     union_values = group.gather_rows(values) if values is not None else None
-    advantages, returns = agent.advantages(union, rewards, union.completion_mask, union_values)
+    advantages, returns = agent.advantages(union, rewards, union.policy_mask, union_values)
     if cfg.whiten_advantages:
-        advantages = whiten(advantages, union.completion_mask, min_std=cfg.whiten_min_std)
+        advantages = whiten(advantages, union.policy_mask, min_std=cfg.whiten_min_std)
     advantages = advantages[mine]
     returns = returns[mine] if returns is not None else None
     where = f"iteration {agent.iteration + 1}"

@@ -24,7 +24,8 @@ class PreparedBatch:
     Attributes:
         ids: ``[B, S] int64`` prompt and completion joined (``S = Lp + L``).
         attn: ``[B, S] bool`` attention mask of ``ids``.
-        mask: ``[B, L] bool`` the loss's tokens: real completion tokens of valid rows.
+        mask: ``[B, L] bool`` the loss's tokens: the policy's tokens of valid rows (a
+            multi-turn env's observation tokens are never in it).
         group_ids: ``[B] int64`` the env's group of each row (set at reset).
         sampler_logprobs: ``[B, L] float32`` ``lp_s``.
         old_logprobs: ``[B, L] float32`` ``lp_old``, or ``None`` when the update's own
@@ -33,7 +34,8 @@ class PreparedBatch:
         advantages: ``[B, L] float32`` detached.
         returns: ``[B, L] float32`` value targets, or ``None`` without a critic.
         values: ``[B, L] float32`` ``V_old``, or ``None`` without a critic.
-        lengths: ``[B] int64`` real completion tokens of each row.
+        lengths: ``[B] int64`` real completion tokens of each row (the columns it
+            spans, observation tokens included: ``trimmed`` cuts after them).
     """
 
     ids: Tensor

@@ -133,7 +133,7 @@ class ReMax(Agent[ReMaxConfig]):
                 for chunk in prompts.split(env.num_envs):
                     queue_prompts(env, chunk)
                     greedy = collect(env, self.policy, generator=self._greedy_generator)
-                    self.tokens_generated += int(greedy.lengths.sum())
+                    self.tokens_generated += int(greedy.policy_lengths.sum())
                     score = greedy.scores
                     if self.config.overlong_cache is not None:
                         shaping = overlong_penalty(

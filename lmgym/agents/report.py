@@ -52,7 +52,7 @@ def update_metrics(
     metrics: dict[str, float] = {
         "reward_mean": scores.mean().item(),
         "reward_std": scores.std().item() if scores.numel() > 1 else 0.0,
-        "completion_length": union.lengths.float().mean().item(),
+        "completion_length": union.policy_lengths.float().mean().item(),
         "truncated_fraction": union.truncated.float().mean().item(),
         "special_token_mass": union.special_mass.mean().item(),
         "frac_reward_zero_std": frac_reward_zero_std(scores, union.group_ids),

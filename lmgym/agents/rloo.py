@@ -7,6 +7,11 @@
 The advantage is sequence-level: every token of a completion gets the same A_i.
 Like classic RLHF, the KL penalty sits in the reward (``kl_placement="reward"``).
 Needs ``group_size >= 2``.
+
+Multi-turn episodes: ``R_i`` is the episode return; ``turn_credit="turn"`` gives turn
+``k``'s tokens the discounted turn return ``G_k`` minus the mean ``G_k`` of the other
+episodes of the group that reached turn ``k`` (0 if none did;
+docs/algorithms.md#turn-credit).
 """
 
 from __future__ import annotations
@@ -19,11 +24,12 @@ from lmgym.agents.advantages import broadcast_to_tokens, rloo_advantages
 from lmgym.agents.base import Agent
 from lmgym.agents.config import AgentConfig, KLPlacement, check_group_size
 from lmgym.agents.ratios import policy_gradient_loss
+from lmgym.agents.turn_credit import TurnCreditConfig, check_turn_credit, turn_group_advantages
 from lmgym.types import RolloutBatch
 
 
 @dataclass
-class RLOOConfig(AgentConfig):
+class RLOOConfig(TurnCreditConfig, AgentConfig):
     kl_placement: KLPlacement = "reward"
     """Where the KL term goes: subtracted from the rewards (RLOO's default) or added to the loss."""
 
@@ -37,10 +43,20 @@ class RLOO(Agent[RLOOConfig]):
     def check_config(self) -> None:
         why = "RLOO needs at least 2 completions per prompt for its leave-one-out baseline"
         check_group_size(self.env.group_size, why)
+        check_turn_credit(self.config)
 
     def advantages(
         self, batch: RolloutBatch, rewards: Tensor, mask: Tensor, values: Tensor | None
     ) -> tuple[Tensor, None]:
+        if self.config.turn_credit == "turn":
+            advantages = turn_group_advantages(
+                rewards,
+                mask,
+                batch.group_ids,
+                self.config.turn_gamma,
+                lambda scores, cells: rloo_advantages(scores, cells, single_is_zero=True),
+            )
+            return advantages, None
         scores = (rewards * mask).sum(dim=1)
         return broadcast_to_tokens(rloo_advantages(scores, batch.group_ids), mask), None
 

@@ -114,7 +114,7 @@ def collect_batch(
                 f"{config.learning_rate}). Resume from the last checkpoint with a lower "
                 "learning_rate"
             ) from error
-        tokens += int(batch.lengths.sum())
+        tokens += int(batch.policy_lengths.sum())
         return batch
 
     if not config.dynamic_sampling:

@@ -195,7 +195,7 @@ class VAPO(PPO):
         _, returns = gae(rewards, values, batch.dones, mask, cfg.gamma, critic_lambda)
         lam: float | Tensor = cfg.gae_lambda
         if cfg.length_alpha is not None:
-            lam = length_adaptive_lambda(batch.lengths, cfg.length_alpha)
+            lam = length_adaptive_lambda(mask.sum(dim=1), cfg.length_alpha)  # policy tokens
         advantages, _ = gae(rewards, values, batch.dones, mask, cfg.gamma, lam)
         return advantages, returns
 

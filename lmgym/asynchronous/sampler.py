@@ -150,7 +150,7 @@ class AdmissionCollector:
         if bool(finished.any()):
             rows = finished.nonzero().squeeze(1)
             batch = self._recorder.finished(obs, info, rows, terminated, truncated)
-            versions = self._versions[rows].masked_fill(~batch.completion_mask, -1)
+            versions = self._versions[rows].masked_fill(~batch.policy_mask, -1)
             self._pool.append(VersionedRollout(batch, versions, self.slots[rows]))
             self.live = self.live & ~finished
         self._obs, self._info = obs, info

@@ -85,7 +85,7 @@ class StalenessLedger:
         ids = self.global_ids(rollout.batch.group_ids, actor)
         batch = rollout.batch
         rollout = VersionedRollout(replace(batch, group_ids=ids), rollout.versions, rollout.slots)
-        self.tokens_received += int(batch.lengths.sum())
+        self.tokens_received += int(batch.policy_lengths.sum())
         groups, counts = torch.unique(ids, return_counts=True)
         if bool((counts != self.group_size).any()):
             raise RuntimeError(
@@ -141,14 +141,14 @@ class StalenessLedger:
 
 
 def staleness_stats(rollout: VersionedRollout, update: int) -> dict[str, float]:
-    """Version lag of the real completion tokens trained by update ``update``.
+    """Version lag of the sampled (policy) tokens trained by update ``update``.
 
     Returns:
         ``staleness_mean`` and ``staleness_max`` (0 for an on-policy batch), and
         ``mixed_version_fraction``: the share of rows whose tokens were sampled by
         more than one version (weights changed mid-row: in-flight updates).
     """
-    mask = rollout.batch.completion_mask
+    mask = rollout.batch.policy_mask
     lag = (update - rollout.versions)[mask].double()
     if lag.numel() == 0:
         return {"staleness_mean": 0.0, "staleness_max": 0.0, "mixed_version_fraction": 0.0}

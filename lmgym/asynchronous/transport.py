@@ -34,6 +34,7 @@ BATCH_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("truncated", "bool", "1"),
     ("valid", "bool", "1"),
     ("special_mass", "float", "1"),
+    ("policy_mask", "bool", "L"),
 )
 
 
@@ -43,7 +44,8 @@ class VersionedRollout:
 
     Attributes:
         batch: the rows (``B`` of them, ``L`` completion tokens).
-        versions: ``[B, L] int64`` policy version that sampled each token; -1 on padding.
+        versions: ``[B, L] int64`` policy version that sampled each token; -1 on padding
+            and on a multi-turn env's observation tokens (never sampled).
         slots: ``[B] int64`` the env's prompt slot of each row (``group_id * G + j``
             within one actor's stream): orders a group's rows as a synchronous
             batch orders them.
@@ -57,9 +59,9 @@ class VersionedRollout:
         return VersionedRollout(self.batch.select(rows), self.versions[rows], self.slots[rows])
 
     def oldest_versions(self) -> Tensor:
-        """``[B] int64`` the oldest version among each row's real tokens."""
+        """``[B] int64`` the oldest version among each row's sampled tokens."""
         big = torch.iinfo(torch.int64).max
-        return self.versions.masked_fill(~self.batch.completion_mask, big).min(dim=1).values
+        return self.versions.masked_fill(~self.batch.policy_mask, big).min(dim=1).values
 
 
 def concat_rollouts(parts: list[VersionedRollout]) -> VersionedRollout:
@@ -85,7 +87,7 @@ def concat_rollouts(parts: list[VersionedRollout]) -> VersionedRollout:
 
 
 def pack(rollout: VersionedRollout) -> tuple[Tensor, Tensor]:
-    """``(ints [B, 2 Lp + 4 L + 7] int64, floats [B, 2 L + 1] float32)`` on the batch's device."""
+    """``(ints [B, 2 Lp + 5 L + 7] int64, floats [B, 2 L + 1] float32)`` on the batch's device."""
     batch = rollout.batch
     ints, floats = [], []
     for name, kind, _ in BATCH_FIELDS:
