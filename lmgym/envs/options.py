@@ -1,7 +1,8 @@
 """The env options every task takes, declared once.
 
 ``EnvOptions`` is the record of a ``TokenVectorEnv``'s options that a task does not
-fix itself: batching (``num_envs``, ``group_size``), the token budget, the reward
+fix itself: batching (``num_envs``, ``group_size``), the token budget, the turn
+limit of a multi-turn env, the reward
 mode and its forms, the unfinished-completion policy, stop ids, special tokens,
 reset mode, prompt order, sharding, rendering, tokenizer and device. Each option's
 default, check and conversion is written here and nowhere else: the env takes the
@@ -53,6 +54,10 @@ class EnvOptions:
         max_new_tokens: ``L``, the token budget of a completion; ``None``: the task's
             default (``DEFAULT_MAX_NEW_TOKENS`` for a bare ``TokenVectorEnv``).
         max_prompt_length: Width of the prompt region; ``None``: the longest prompt.
+        max_turns: Multi-turn envs (built with a responder) only: the most policy
+            turns an episode may have; an episode whose responder has not ended it
+            by then is truncated. ``None``: no turn limit (the token budget still
+            bounds it).
         reward_mode: ``"bandit"`` (one score at the end) or ``"per_token"``.
         per_token_form: ``"potential"`` (differences of prefix scores) or ``"dense"``
             (the prefix score itself); per-token mode only.
@@ -79,6 +84,7 @@ class EnvOptions:
     group_size: int = 1
     max_new_tokens: int | None = None
     max_prompt_length: int | None = None
+    max_turns: int | None = None
     reward_mode: RewardMode = "bandit"
     per_token_form: PerTokenForm = "potential"
     center_potential: bool = False
@@ -103,6 +109,8 @@ class EnvOptions:
         num_prompts_of(self.num_envs, self.group_size)
         if self.max_new_tokens is not None:
             _check_positive("max_new_tokens", self.max_new_tokens)
+        if self.max_turns is not None:
+            _check_positive("max_turns", self.max_turns)
         # Frozen: the normalised values are written once, here.
         object.__setattr__(self, "shard", check_shard(self.shard))
         object.__setattr__(self, "device", torch.device(self.device))

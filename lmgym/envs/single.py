@@ -24,7 +24,9 @@ from lmgym.envs.token_env import TokenVectorEnv
 
 class TokenEnv(gym.Env):
     """One completion at a time: observation ``{"input_ids": [Lp+L] int64,
-    "attention_mask": [Lp+L] int8}``, action a token id.
+    "attention_mask": [Lp+L] int8}`` (a multi-turn env adds ``"policy_mask": [Lp+L]
+    int8``), action a token id. ``info`` holds the vector env's ``info`` of the row:
+    Python scalars, and ``policy_mask`` as a ``[Lp+L] int8`` array (multi-turn).
 
     Args:
         vector_env: A ``TokenVectorEnv`` with ``num_envs == 1`` and ``autoreset=False``
@@ -46,14 +48,18 @@ class TokenEnv(gym.Env):
         self.action_space = vector_env.single_action_space
 
     def _obs(self, obs: dict[str, Any]) -> dict[str, np.ndarray]:
-        return {
-            "input_ids": obs["input_ids"][0].cpu().numpy().astype(np.int64),
-            "attention_mask": obs["attention_mask"][0].cpu().numpy().astype(np.int8),
-        }
+        out = {"input_ids": obs["input_ids"][0].cpu().numpy().astype(np.int64)}
+        for key in ("attention_mask", "policy_mask"):
+            if key in obs:
+                out[key] = obs[key][0].cpu().numpy().astype(np.int8)
+        return out
 
     @staticmethod
     def _info(info: dict[str, Any]) -> dict[str, Any]:
-        return {key: value[0].item() for key, value in info.items()}
+        return {
+            key: value[0].item() if value.dim() == 1 else value[0].cpu().numpy().astype(np.int8)
+            for key, value in info.items()
+        }
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None

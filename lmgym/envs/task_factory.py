@@ -26,6 +26,7 @@ from typing import Any
 from lmgym.char_tokenizer import make_char_tokenizer
 from lmgym.envs.options import ENV_OPTION_NAMES, OPTION_TYPES, EnvOptions
 from lmgym.envs.token_env import TokenVectorEnv
+from lmgym.envs.turns import Responder
 from lmgym.types import PromptSource, RewardModel
 
 VectorFactory = Callable[..., TokenVectorEnv]
@@ -34,8 +35,9 @@ VectorFactory = Callable[..., TokenVectorEnv]
 def build_env(
     options: EnvOptions,
     prompts: PromptSource,
-    reward: RewardModel,
+    reward: RewardModel | None,
     *,
+    responder: Responder | None = None,
     max_new_tokens: int | None = None,
 ) -> TokenVectorEnv:
     """The ``TokenVectorEnv`` over ``prompts`` and ``reward`` with ``options``: what a
@@ -44,13 +46,18 @@ def build_env(
     Args:
         options: The options the body was given.
         prompts: The task's prompt source.
-        reward: The task's reward model.
+        reward: The task's reward model; ``None`` for a multi-turn task whose turn
+            rewards are its only rewards.
+        responder: Makes the task multi-turn (``lmgym.envs.turns``); ``None``:
+            single-turn.
         max_new_tokens: The task's default budget, used when the options leave
             ``max_new_tokens`` at ``None``.
     """
     if options.max_new_tokens is None:
         options = replace(options, max_new_tokens=max_new_tokens)
-    return TokenVectorEnv(options.tokenizer or make_char_tokenizer(), prompts, reward, options)
+    return TokenVectorEnv(
+        options.tokenizer or make_char_tokenizer(), prompts, reward, options, responder=responder
+    )
 
 
 def check_option_defaults(defaults: dict[str, Any], where: str) -> None:

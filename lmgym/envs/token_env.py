@@ -62,13 +62,34 @@ prompts per reset would draw, and rank ``r`` takes groups ``[r * P, (r + 1) * P)
 of each global draw (``P = num_prompts``), in both reset modes. ``group_id`` is the
 global group index, so ids are unique across ranks (``lmgym.envs.stream``).
 
+Multi-turn episodes (docs/tasks.md#multi-turn-episodes). Built with a
+``responder`` (``lmgym.envs.turns``), the env alternates policy turns and the
+environment's answers. The completion region ``[Lp, Lp + L)`` then holds policy
+turn 1, observation 1, policy turn 2, ... back to back; ``max_new_tokens`` is the
+budget of the whole region and ``info["length"]`` counts every token in it. A policy
+turn ends at a stop id; the env then calls ``responder.respond`` once for all rows
+that just ended a turn and, per row: ``done`` -> ``terminated``; else the
+observation, rendered to ids once (``lmgym.envs.turn_render``: a chat turn plus the
+next assistant header for a chat prompt, the text as it is for a plain prompt, token
+ids as given), is written right after the stop token and the row goes on. The
+episode is ``truncated``, with nothing written, after ``max_turns`` policy turns or
+when the remaining budget cannot hold the observation plus one policy token. The
+turn's reward is the reward of the step that ended the turn; a reward model, if
+given too, scores the whole region (policy and environment tokens) once at the
+episode's end (``reward_mode="bandit"`` only), added to that step's reward. The
+observation gains ``policy_mask`` (``[N, Lp + L] bool``, True exactly on the tokens
+the policy sampled), also in ``info`` with ``turn`` (``[N] int64``, policy turns
+ended so far). Responder states come from ``start`` at every (re)fill and from
+``respond``, and are committed with the rest of the step (see Failures).
+
 Rendering. ``render_mode="ansi"``: ``render()`` returns each row's current text,
 prompt and completion so far (Gymnasium's vector render API: one frame per row).
 
 Failures. ``step`` and ``reset`` build every new value (row buffers, prompt stream,
-potentials) with one reward-model call and commit them together only after it
-succeeded: after a ``RewardError`` the env is exactly as it was, in every mode, and
-the same call can be retried.
+potentials, responder states) with one reward-model call (and one call of each
+responder method they need) and commit them together only after it succeeded: after
+a ``RewardError`` or ``ResponderError`` the env is exactly as it was, in every mode,
+and the same call can be retried.
 """
 
 from __future__ import annotations
@@ -92,6 +113,8 @@ from lmgym.envs.prompts import RowColumns, build_prompt_table
 from lmgym.envs.rewards import call_reward
 from lmgym.envs.stream import PromptStream
 from lmgym.envs.text import completion_texts, infer_completion_mask
+from lmgym.envs.turn_step import TurnStepper
+from lmgym.envs.turns import Responder
 from lmgym.profiling import ENV_RESET, ENV_STEP, REWARD, labelled, phase
 from lmgym.special_tokens import (
     refused_special_ids,
@@ -130,10 +153,12 @@ class _Rows(NamedTuple):
     """The env's per-row state. ``step`` and ``reset`` build a new one and commit it
     only once everything (the reward model included) has succeeded.
 
-    Attributes: ``[N, Lp + L]`` ``ids`` (int64) and ``mask`` (bool); ``[N]``
-    ``length``, ``group_ids``, ``prompt_index``, ``prompt_length`` (int64),
-    ``done``, ``terminated``, ``truncated``, ``needs_reset``, ``valid`` (bool),
-    ``returns`` (the episode's reward so far) and ``potential`` (float32).
+    Attributes: ``[N, Lp + L]`` ``ids`` (int64), ``mask`` and ``policy`` (bool: the
+    tokens the policy sampled); ``[N]`` ``length``, ``group_ids``, ``prompt_index``,
+    ``prompt_length``, ``turn`` (policy turns ended) and ``turn_start`` (where the
+    current policy turn starts in the completion region) (int64), ``done``,
+    ``terminated``, ``truncated``, ``needs_reset``, ``valid`` (bool), ``returns``
+    (the episode's reward so far) and ``potential`` (float32).
     """
 
     ids: Tensor
@@ -149,6 +174,9 @@ class _Rows(NamedTuple):
     group_ids: Tensor
     prompt_index: Tensor
     prompt_length: Tensor
+    policy: Tensor
+    turn: Tensor
+    turn_start: Tensor
 
     @classmethod
     def empty(cls, n: int, width: int, pad_token_id: int, device: torch.device) -> _Rows:
@@ -156,9 +184,10 @@ class _Rows(NamedTuple):
         false = torch.zeros(n, dtype=torch.bool, device=device)
         zero = torch.zeros(n, dtype=torch.long, device=device)
         zeros = torch.zeros(n, device=device)
+        no = torch.zeros_like(ids, dtype=torch.bool)
         return cls(
-            ids, torch.zeros_like(ids, dtype=torch.bool), zero, false, false, false, false,
-            ~false, zeros, zeros, zero, zero, zero,
+            ids, no, zero, false, false, false, false,
+            ~false, zeros, zeros, zero, zero, zero, no, zero, zero,
         )  # fmt: skip
 
     def put(self, rows: Tensor, **values: Tensor) -> _Rows:
@@ -185,7 +214,10 @@ class TokenVectorEnv(VectorEnv):
         prompts: A ``PromptSource``: any indexable of prompts, each a string or a
             list of chat messages (``lmgym.envs.prompts``); its ``columns``, if any,
             reach the reward model (``RewardInput.columns``).
-        reward: A ``RewardModel``: ``RewardInput -> [N]`` floats.
+        reward: A ``RewardModel``: ``RewardInput -> [N]`` floats. With a
+            ``responder`` it may be ``None`` (the turn rewards are the only rewards);
+            if given, it scores each episode's whole completion region once, at the
+            episode's end, added to the last step's reward.
         options: The env options; default ``EnvOptions()``. Its ``tokenizer``, if
             set, must be ``tokenizer``.
         **keywords: ``EnvOptions`` fields, or ``num_prompts`` (``P``, prompts drawn per
@@ -196,9 +228,13 @@ class TokenVectorEnv(VectorEnv):
             chosen token lets a policy game a string reward); ``refused_token_ids``
             and ``legal_token_ids`` list the outcome, and the action space leaves
             refused ids out (``TokenActionSpace``).
+        responder: A ``Responder`` (``lmgym.envs.turns``) makes the env multi-turn
+            (see the module doc); ``None``: single-turn.
 
     Attributes:
-        stop_token_ids: ``[S] int64`` on ``device``, the ids that end an episode.
+        stop_token_ids: ``[S] int64`` on ``device``, the ids that end an episode
+            (a policy turn, in a multi-turn env).
+        responder: The env's responder, or ``None``.
     """
 
     metadata: dict[str, Any] = {
@@ -225,21 +261,27 @@ class TokenVectorEnv(VectorEnv):
     render_mode = _Option(live=True)
     tokenizer = _Option()
     device = _Option()
+    max_turns = _Option()
 
     def __init__(
         self,
         tokenizer: PreTrainedTokenizerBase,
         prompts: PromptSource,
-        reward: RewardModel,
+        reward: RewardModel | None,
         options: EnvOptions | None = None,
+        *,
+        responder: Responder | None = None,
         **keywords: Any,
     ) -> None:
-        if not callable(reward):
+        if not callable(reward) and not (reward is None and responder is not None):
             raise TypeError(
                 f"reward: expected a RewardModel (a callable RewardInput -> floats), "
                 f"got {type(reward).__name__}; wrap a plain function with FunctionReward"
+                + ("" if responder is None else " (or pass None: the turn rewards only)")
             )
         self.options = (options or EnvOptions()).for_env(tokenizer, keywords)
+        self.responder = responder
+        self._check_turn_options()
         self.prompt_source = prompts
         self.reward_model = reward
         self.metadata = {
@@ -281,19 +323,48 @@ class TokenVectorEnv(VectorEnv):
         self.prompt_width = self.prompt_table.width
         self.seq_len = self.prompt_width + self.max_new_tokens
 
-        self.single_observation_space = spaces.Dict(
-            {
-                "input_ids": spaces.MultiDiscrete(np.full((self.seq_len,), self.vocab_size)),
-                "attention_mask": spaces.MultiBinary(self.seq_len),
-            }
-        )
+        observation = {
+            "input_ids": spaces.MultiDiscrete(np.full((self.seq_len,), self.vocab_size)),
+            "attention_mask": spaces.MultiBinary(self.seq_len),
+        }
+        self._turns: TurnStepper | None = None
+        if responder is not None:
+            observation["policy_mask"] = spaces.MultiBinary(self.seq_len)
+            self._turns = TurnStepper(
+                responder,
+                tokenizer,
+                self.prompt_table,
+                max_turns=self.max_turns,
+                max_new_tokens=self.max_new_tokens,
+                prompt_width=self.prompt_width,
+                pad_token_id=self.pad_token_id,
+                hidden_stop_ids=self._hidden_stop_ids.to(self.device),
+            )
+        self.single_observation_space = spaces.Dict(observation)
         self.single_action_space = TokenActionSpace(self.vocab_size, self.refused_token_ids)
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
 
         self._stream = self._new_stream(int(torch.randint(0, 2**62, (1,)).item()))
         self._rows: _Rows | None = None
+        # The responder's state of each row's episode (multi-turn only), committed with _rows.
+        self._turn_states: tuple[Any, ...] = ()
         self._columns = torch.arange(self.seq_len, device=self.device)
+
+    def _check_turn_options(self) -> None:
+        if self.responder is None:
+            if self.max_turns is not None:
+                raise ValueError(
+                    f"max_turns={self.max_turns}: only a multi-turn env has turns; pass a "
+                    "responder, or leave max_turns None"
+                )
+            return
+        if self.reward_mode != "bandit":
+            raise ValueError(
+                f"reward_mode={self.reward_mode!r}: a multi-turn env rewards each turn "
+                "(the responder) and scores the whole episode once with the reward model, "
+                "if any; use reward_mode='bandit'"
+            )
 
     @property
     def _centred(self) -> bool:
@@ -388,10 +459,11 @@ class TokenVectorEnv(VectorEnv):
         )
 
     def _refilled(
-        self, state: _Rows, rows: Tensor, stream: PromptStream
-    ) -> tuple[_Rows, PromptStream]:
-        """``state`` with a new episode on ``rows`` (``[k] int64`` on device), and the
-        stream after handing out their prompt slots. Pure: nothing is committed.
+        self, state: _Rows, rows: Tensor, stream: PromptStream, turn_states: tuple[Any, ...]
+    ) -> tuple[_Rows, PromptStream, tuple[Any, ...]]:
+        """``state`` with a new episode on ``rows`` (``[k] int64`` on device), the
+        stream after handing out their prompt slots, and the responder states with the
+        new episodes' (multi-turn). Pure: nothing is committed.
 
         The new rows' potential is 0; the caller sets ``R(x, empty)`` when centring.
         """
@@ -422,8 +494,13 @@ class TokenVectorEnv(VectorEnv):
             group_ids=group_ids,
             prompt_index=prompt_index,
             prompt_length=table.lengths[prompt_index],
+            policy=torch.zeros((k, self.seq_len), dtype=torch.bool, device=self.device),
+            turn=torch.zeros(k, dtype=torch.long, device=self.device),
+            turn_start=torch.zeros(k, dtype=torch.long, device=self.device),
         )
-        return state, stream
+        if self._turns is not None:
+            turn_states = self._turns.start(turn_states, rows, prompt_index)
+        return state, stream, turn_states
 
     # ------------------------------------------------------------------- reset
     @labelled(ENV_RESET)
@@ -442,18 +519,23 @@ class TokenVectorEnv(VectorEnv):
             ``(obs, info)``; ``obs = {"input_ids": [N, Lp+L] int64,
             "attention_mask": [N, Lp+L] bool}``, ``info`` holds ``[N]`` tensors
             ``group_id``, ``prompt_index``, ``prompt_length``, ``length``, ``valid``.
+            A multi-turn env adds ``policy_mask`` (``[N, Lp+L] bool``) to both and
+            ``turn`` (``[N] int64``) to ``info``.
 
         Raises:
             RewardError: the reward model failed while scoring the new prompts (centred
                 potential); the env, prompt stream included, is left as it was.
+            ResponderError: the responder's ``start`` failed; likewise.
         """
         if seed is not None and not isinstance(seed, int | np.integer):
             raise TypeError(f"seed: expected one int for the whole batch, got {seed!r}")
         stream = self._stream if seed is None else self._new_stream(int(seed))
         reset_mask = (options or {}).get("reset_mask")
+        turn_states = self._turn_states
         if reset_mask is None or self._rows is None:
             state = _Rows.empty(self.num_envs, self.seq_len, self.pad_token_id, self.device)
             rows = torch.arange(self.num_envs, device=self.device)
+            turn_states = (None,) * self.num_envs if self._turns is not None else ()
         else:
             mask = torch.as_tensor(reset_mask, dtype=torch.bool, device=self.device)
             if mask.shape != (self.num_envs,):
@@ -463,12 +545,12 @@ class TokenVectorEnv(VectorEnv):
             state = self._rows
             rows = mask.nonzero().squeeze(1)
         if rows.numel() > 0:
-            state, stream = self._refilled(state, rows, stream)
+            state, stream, turn_states = self._refilled(state, rows, stream, turn_states)
             if self._centred:
                 finished = torch.zeros(rows.numel(), dtype=torch.bool, device=self.device)
                 state = state.put(rows, potential=self._score(state, rows, finished))
         # Everything above only built new values: commit them together.
-        self._rows, self._stream = state, stream
+        self._rows, self._stream, self._turn_states = state, stream, turn_states
         return self._obs(), self._info()
 
     # -------------------------------------------------------------------- step
@@ -491,6 +573,8 @@ class TokenVectorEnv(VectorEnv):
             RewardError: the reward model's output is unusable; the env state (prompt
                 stream included) is left as it was before this call, so the same
                 step can be retried.
+            ResponderError: the responder failed or answered unusably (multi-turn);
+                likewise.
         """
         if self._rows is None:
             raise RuntimeError("step() called before reset(); call env.reset(seed=...) first")
@@ -506,22 +590,37 @@ class TokenVectorEnv(VectorEnv):
             stop = active & torch.isin(actions, self.stop_token_ids)
         length = old.length + active
         truncated = active & ~stop & (length >= self.max_new_tokens)
-        finished = stop | truncated
         state = old._replace(
-            ids=torch.where(write, actions[:, None], old.ids), mask=old.mask | write, length=length
+            ids=torch.where(write, actions[:, None], old.ids),
+            mask=old.mask | write,
+            policy=old.policy | write,
+            length=length,
         )
         # Next-step autoreset: rows that finished last step start their next episode.
         # They are not active, so appending did not touch them.
-        stream, refill = self._stream, None
+        stream, refill, turn_states = self._stream, None, self._turn_states
         if self.autoreset:
             refill = old.needs_reset
             rows = refill.nonzero().squeeze(1)
             if rows.numel() > 0:
-                state, stream = self._refilled(state, rows, stream)
+                state, stream, turn_states = self._refilled(state, rows, stream, turn_states)
             else:
                 refill = None
+        turn_rewards = None
+        if self._turns is not None:
+            # A stop id ends the policy's turn; the responder says whether it ends the episode.
+            turn = self._turns.respond(state, turn_states, stop)
+            state, turn_states = state._replace(**turn.changes), turn.states
+            stop, truncated, turn_rewards = (
+                turn.terminated,
+                truncated | turn.truncated,
+                turn.rewards,
+            )
+        finished = stop | truncated
 
-        rewards, potential, valid = self._rewards(state, old, active, finished, truncated, refill)
+        rewards, potential, valid = self._rewards(
+            state, old, active, finished, truncated, refill, turn_rewards
+        )
 
         if self.autoreset:
             flags = {"needs_reset": finished, "done": finished}
@@ -536,8 +635,8 @@ class TokenVectorEnv(VectorEnv):
         state = state._replace(
             potential=potential, valid=valid, returns=state.returns + rewards, **flags
         )
-        # Nothing above wrote to the env: a failing reward model left it intact.
-        self._rows, self._stream = state, stream
+        # Nothing above wrote to the env: a failing reward model or responder left it intact.
+        self._rows, self._stream, self._turn_states = state, stream, turn_states
         return self._obs(), rewards, terminated_out, truncated_out, self._info()
 
     def _check_actions(self, actions: Tensor | np.ndarray | Sequence[int]) -> Tensor:
@@ -630,6 +729,7 @@ class TokenVectorEnv(VectorEnv):
         finished: Tensor,
         truncated: Tensor,
         refill: Tensor | None,
+        turn_rewards: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Rewards of this step, the new potentials and the new validity flags (all ``[N]``).
 
@@ -644,6 +744,8 @@ class TokenVectorEnv(VectorEnv):
             finished: ``[N] bool`` rows whose episode ended this step.
             truncated: ``[N] bool`` rows cut at the budget this step.
             refill: ``[N] bool`` rows refilled this step (autoreset), or ``None``.
+            turn_rewards: ``[N] float32`` the responder's rewards for turns ended this
+                step (multi-turn), added to the reward model's; ``None`` otherwise.
         """
         if self.reward_mode == "bandit":
             # A cut-off completion under "penalty" is never shown to the reward model.
@@ -654,7 +756,7 @@ class TokenVectorEnv(VectorEnv):
         called = to_score if centre is None else to_score | centre
         rows = called.nonzero().squeeze(1)
         scores = torch.zeros(self.num_envs, device=self.device)
-        if rows.numel() > 0:
+        if rows.numel() > 0 and self.reward_model is not None:
             scores = scores.index_put((rows,), self._score(state, rows, finished[rows]))
         potential = state.potential  # refilled rows: 0
         if self.reward_mode == "bandit" or self.per_token_form == "dense":
@@ -664,6 +766,8 @@ class TokenVectorEnv(VectorEnv):
             potential = torch.where(active, scores, potential)
             if centre is not None:
                 potential = torch.where(centre, scores, potential)
+        if turn_rewards is not None:
+            rewards = rewards + turn_rewards
         if self.unfinished == "penalty":
             # The episode return of a cut-off completion is exactly the penalty.
             rewards = torch.where(truncated, self.unfinished_penalty - old.returns, rewards)
@@ -672,17 +776,24 @@ class TokenVectorEnv(VectorEnv):
 
     # ------------------------------------------------------------------ views
     def _obs(self) -> dict[str, Tensor]:
-        return {"input_ids": self._rows.ids, "attention_mask": self._rows.mask}
+        rows = self._rows
+        if self._turns is None:
+            return {"input_ids": rows.ids, "attention_mask": rows.mask}
+        return {"input_ids": rows.ids, "attention_mask": rows.mask, "policy_mask": rows.policy}
 
     def _info(self) -> dict[str, Tensor]:
         rows = self._rows
-        return {
+        info = {
             "group_id": rows.group_ids,
             "prompt_index": rows.prompt_index,
             "prompt_length": rows.prompt_length,
             "length": rows.length,
             "valid": rows.valid,
         }
+        if self._turns is not None:
+            info["policy_mask"] = rows.policy
+            info["turn"] = rows.turn
+        return info
 
     def decode_completions(
         self, completion_ids: Tensor, completion_mask: Tensor | None = None

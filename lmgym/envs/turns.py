@@ -32,6 +32,23 @@ from lmgym.types import Prompt
 ObservationRole = Literal["user", "tool"]
 
 
+class ResponderError(ValueError):
+    """A responder failed or answered something the env cannot use.
+
+    Raised for a responder whose ``start`` or ``respond`` raises, answers the wrong
+    number of rows, gives a reward that is not a finite number, or an observation
+    that is neither text nor in-vocabulary token ids. The message names the
+    responder and the env row(s). The env is left exactly as it was before the
+    call (the same promise as ``RewardError``), so the call can be retried.
+    """
+
+
+def responder_name(responder: object) -> str:
+    """A readable name for error messages: its ``name`` attribute, else its class."""
+    name = getattr(responder, "name", None)
+    return name if isinstance(name, str) else type(responder).__qualname__
+
+
 @dataclass(frozen=True)
 class EpisodeStart:
     """The ``k`` episodes a responder is asked to ``start``.

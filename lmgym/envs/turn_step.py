@@ -1,0 +1,293 @@
+"""The turn logic of a multi-turn ``TokenVectorEnv``: start episodes, answer ended turns.
+
+``TokenVectorEnv`` keeps a ``TurnStepper`` when it is built with a responder
+(``lmgym.envs.turns``). Each ``step``, once the policy's tokens are written, the
+stepper takes the rows whose action was a stop id (a policy turn just ended), calls
+the responder once for all of them, and returns the new buffer columns, responder
+states, turn rewards and episode ends. Like the rest of ``step`` it is pure: it
+builds new tensors and a new tuple of states and writes nothing, so the env commits
+them together with everything else, or not at all.
+
+Per ended row: the responder says ``done`` -> ``terminated``; otherwise its
+observation is rendered to ids once (``lmgym.envs.turn_render``) and written right
+after the stop token, unless the episode has had ``max_turns`` policy turns or the
+row's remaining budget cannot hold the observation plus one more policy token: then
+it is ``truncated`` and nothing is written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from torch import Tensor
+from transformers import PreTrainedTokenizerBase
+
+from lmgym.envs.prompts import PromptTable, RowColumns
+from lmgym.envs.text import completion_texts
+from lmgym.envs.turn_render import ObservationRenderer, pad_ids
+from lmgym.envs.turns import (
+    EpisodeStart,
+    Responder,
+    ResponderError,
+    TurnInput,
+    TurnOutput,
+    responder_name,
+)
+
+
+class TurnStep(NamedTuple):
+    """What answering the ended turns changes.
+
+    Attributes:
+        changes: new ``[N, S]`` ``ids``, ``mask`` and ``[N]`` ``length``, ``turn``,
+            ``turn_start`` for the env's rows (``{}`` when no turn ended).
+        states: the ``N`` responder states.
+        rewards: ``[N] float32`` the turn rewards (0 where no turn ended).
+        terminated: ``[N] bool`` the responder ended the episode.
+        truncated: ``[N] bool`` cut at ``max_turns`` or for want of budget.
+    """
+
+    changes: dict[str, Tensor]
+    states: tuple[Any, ...]
+    rewards: Tensor
+    terminated: Tensor
+    truncated: Tensor
+
+
+class TurnStepper:
+    """Calls a responder for a ``TokenVectorEnv`` and appends its observations.
+
+    Args:
+        responder: The env's responder.
+        tokenizer: The env's tokenizer.
+        prompt_table: The env's prompt table (prompts and columns for the responder).
+        max_turns: The most policy turns per episode, or ``None``.
+        max_new_tokens: ``L``, the budget of the completion region.
+        prompt_width: ``Lp``.
+        pad_token_id: The env's pad id.
+        hidden_stop_ids: ``[S] int64`` stop ids left out of a turn's text.
+    """
+
+    def __init__(
+        self,
+        responder: Responder,
+        tokenizer: PreTrainedTokenizerBase,
+        prompt_table: PromptTable,
+        *,
+        max_turns: int | None,
+        max_new_tokens: int,
+        prompt_width: int,
+        pad_token_id: int,
+        hidden_stop_ids: Tensor,
+    ) -> None:
+        if not isinstance(responder, Responder):
+            raise TypeError(
+                f"responder: expected a Responder (a role and the methods start and "
+                f"respond, lmgym.envs.turns), got {type(responder).__name__}"
+            )
+        self.name = responder_name(responder)
+        if responder.role not in ("user", "tool"):
+            raise ValueError(
+                f"responder {self.name!r}: role={responder.role!r}; use 'user' (a game, "
+                "feedback) or 'tool' (a tool's result)"
+            )
+        self.responder = responder
+        self.tokenizer = tokenizer
+        self.table = prompt_table
+        self.max_turns = max_turns
+        self.budget = max_new_tokens
+        self.prompt_width = prompt_width
+        self.pad_token_id = pad_token_id
+        self.hidden_stop_ids = hidden_stop_ids
+        self.renderer = ObservationRenderer(tokenizer, responder.role, self.name)
+
+    def _columns(self, index: list[int]) -> Mapping[str, Sequence[Any]]:
+        return RowColumns(self.table.columns, index) if self.table.columns else {}
+
+    # ------------------------------------------------------------------ start
+    def start(self, states: tuple[Any, ...], rows: Tensor, prompt_index: Tensor) -> tuple[Any, ...]:
+        """``states`` with new episodes' states on ``rows`` (``[k] int64``), from
+        ``responder.start``; ``prompt_index`` is ``[k] int64``, the rows' new prompts.
+
+        Raises:
+            ResponderError: ``start`` raised or gave other than ``k`` states.
+        """
+        index = prompt_index.tolist()
+        episodes = EpisodeStart(
+            prompts=[self.table.prompts[i] for i in index],
+            prompt_index=prompt_index,
+            columns=self._columns(index),  # type: ignore[arg-type]
+        )
+        row_list = rows.tolist()
+        try:
+            new = list(self.responder.start(episodes))
+        except Exception as err:
+            raise ResponderError(
+                f"responder {self.name!r}: start() raised {type(err).__name__}: {err} "
+                f"(starting env rows {row_list})"
+            ) from err
+        if len(new) != len(row_list):
+            raise ResponderError(
+                f"responder {self.name!r}: start() gave {len(new)} states for "
+                f"{len(row_list)} episodes (env rows {row_list}); return one per episode"
+            )
+        out = list(states)
+        for r, s in zip(row_list, new, strict=True):
+            out[r] = s
+        return tuple(out)
+
+    # ---------------------------------------------------------------- respond
+    def respond(self, rows_state: Any, states: tuple[Any, ...], ended: Tensor) -> TurnStep:
+        """Answer the rows whose policy turn just ended.
+
+        Args:
+            rows_state: The env's rows after this step's tokens (``ids``, ``mask``,
+                ``length``, ``turn``, ``turn_start``, ``prompt_index``).
+            states: The ``N`` responder states before this step.
+            ended: ``[N] bool`` rows whose action this step was a stop id.
+
+        Raises:
+            ResponderError: the responder raised or answered unusably (see
+                ``lmgym.envs.turns.ResponderError``).
+        """
+        n = ended.numel()
+        zeros = torch.zeros(n, device=ended.device)
+        false = torch.zeros(n, dtype=torch.bool, device=ended.device)
+        rows = ended.nonzero().squeeze(1)
+        if rows.numel() == 0:
+            return TurnStep({}, states, zeros, false, false)
+        row_list = rows.tolist()
+        turn_ids, turn_length = self._turn_ids(rows_state, rows)
+        turn_index = rows_state.turn[rows] + 1
+        index = rows_state.prompt_index[rows].tolist()
+        prompts = [self.table.prompts[i] for i in index]
+        turns = TurnInput(
+            rows=rows,
+            prompts=prompts,
+            prompt_index=rows_state.prompt_index[rows],
+            columns=self._columns(index),  # type: ignore[arg-type]
+            turn_texts=completion_texts(
+                self.tokenizer,
+                turn_ids,
+                torch.arange(turn_ids.shape[1], device=rows.device) < turn_length[:, None],
+                self.hidden_stop_ids,
+            ),
+            turn_ids=[turn_ids[j, :t] for j, t in enumerate(turn_length.tolist())],
+            turn_index=turn_index,
+            states=[states[r] for r in row_list],
+        )
+        try:
+            answer = self.responder.respond(turns)
+        except Exception as err:
+            raise ResponderError(
+                f"responder {self.name!r}: respond() raised {type(err).__name__}: {err} "
+                f"(answering env rows {row_list})"
+            ) from err
+        rewards, done = self._checked(answer, row_list, rows.device)
+        stop_ids = turn_ids.gather(1, (turn_length - 1)[:, None])[:, 0].tolist()
+        under_limit = (
+            torch.ones_like(done) if self.max_turns is None else turn_index < self.max_turns
+        )
+        render = (~done & under_limit).tolist()
+        observation_ids = [
+            self.renderer.render(answer.observations[j], prompts[j], stop_ids[j], r)
+            if render[j]
+            else []
+            for j, r in enumerate(row_list)
+        ]
+        size = torch.tensor([len(o) for o in observation_ids], device=rows.device)
+        room = self.budget - rows_state.length[rows]
+        go_on = ~done & under_limit & (size + 1 <= room)
+        changes = self._appended(rows_state, rows, observation_ids, torch.where(go_on, size, 0))
+        changes["turn"] = rows_state.turn.index_put((rows,), turn_index)
+        new_states = list(states)
+        for r, s in zip(row_list, answer.states, strict=True):
+            new_states[r] = s
+        return TurnStep(
+            changes,
+            tuple(new_states),
+            zeros.index_put((rows,), rewards),
+            false.index_put((rows,), done),
+            false.index_put((rows,), ~done & ~go_on),
+        )
+
+    def _turn_ids(self, rows_state: Any, rows: Tensor) -> tuple[Tensor, Tensor]:
+        """The ended turns' ids, left-aligned: ``[k, W] int64`` and ``[k]`` lengths."""
+        start = rows_state.turn_start[rows]
+        turn_length = rows_state.length[rows] - start
+        width = int(turn_length.max())
+        columns = self.prompt_width + start[:, None] + torch.arange(width, device=rows.device)
+        ids = rows_state.ids[rows].gather(1, columns.clamp(max=rows_state.ids.shape[1] - 1))
+        return ids, turn_length
+
+    def _appended(
+        self, rows_state: Any, rows: Tensor, observation_ids: list[list[int]], count: Tensor
+    ) -> dict[str, Tensor]:
+        """New ``ids``, ``mask``, ``length`` and ``turn_start`` with the first
+        ``count[j]`` (``[k] int64``) observation ids written after row ``rows[j]``'s
+        last token."""
+        padded = pad_ids(observation_ids, self.pad_token_id, rows.device)  # [k, M]
+        length = rows_state.length[rows]
+        width = rows_state.ids.shape[1]
+        offset = (
+            torch.arange(width, device=rows.device)[None, :] - (self.prompt_width + length)[:, None]
+        )
+        inside = (offset >= 0) & (offset < count[:, None])  # [k, S]
+        values = padded.gather(1, offset.clamp(0, padded.shape[1] - 1))
+        new_length = length + count
+        return {
+            "ids": rows_state.ids.index_put(
+                (rows,), torch.where(inside, values, rows_state.ids[rows])
+            ),
+            "mask": rows_state.mask.index_put((rows,), rows_state.mask[rows] | inside),
+            "length": rows_state.length.index_put((rows,), new_length),
+            "turn_start": rows_state.turn_start.index_put((rows,), new_length),
+        }
+
+    def _checked(
+        self, answer: object, row_list: list[int], device: torch.device
+    ) -> tuple[Tensor, Tensor]:
+        """The answer's ``[k] float32`` rewards and ``[k] bool`` done, after checking it
+        answers every row with a finite reward and a bool."""
+        where = f"responder {self.name!r}: respond()"
+        if not isinstance(answer, TurnOutput):
+            raise ResponderError(
+                f"{where} returned a {type(answer).__name__}; return a TurnOutput "
+                "(lmgym.envs.turns)"
+            )
+        k = len(row_list)
+        for field in ("observations", "rewards", "done", "states"):
+            values = getattr(answer, field)
+            size = len(values) if hasattr(values, "__len__") else None
+            if size != k:
+                raise ResponderError(
+                    f"{where} answered {size} {field} for {k} rows (env rows {row_list}); "
+                    "return one per row, in TurnInput's order"
+                )
+        rewards = []
+        for j, value in enumerate(answer.rewards):
+            try:
+                rewards.append(float(value))
+            except (TypeError, ValueError):
+                rewards.append(float("nan"))
+            if not np.isfinite(rewards[-1]):
+                raise ResponderError(
+                    f"{where} gave env row {row_list[j]} the reward {value!r}; a turn "
+                    "reward must be a finite number"
+                )
+        done = []
+        for j, value in enumerate(answer.done):
+            if isinstance(value, Tensor) and value.numel() == 1:
+                value = value.item()
+            if not isinstance(value, bool | np.bool_):
+                raise ResponderError(
+                    f"{where} gave env row {row_list[j]} done={value!r}; expected a bool"
+                )
+            done.append(bool(value))
+        return (
+            torch.tensor(rewards, dtype=torch.float32, device=device),
+            torch.tensor(done, dtype=torch.bool, device=device),
+        )
