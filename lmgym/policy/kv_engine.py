@@ -17,15 +17,17 @@ frozen ``SamplingSettings``. ``CausalLMPolicy`` builds one and delegates ``act``
 - ``_decode``: the common step, one new token per advanced row; with
   ``compile_decode`` a compiled step over the slot buffers (``compiled_decode``),
   rows writing their own columns from the prefill on.
-- ``_restart``: rows that started a new episode (continuous batching): their
-  slots are cleared and their new text is appended to them in the others' decode
-  step.
+- ``_append``: rows with new text, appended to their slots in the others' decode
+  step. Rows that started a new episode (continuous batching, ``_restart``) have
+  their slots cleared and their new text written from column 0. Rows of a
+  multi-turn env that ended a turn moved by more than one column: the env appended
+  their action and the environment's observation; both go after the row's own
+  columns, with the positions that follow, and the history is never fed again.
 
 Appending tokens to a row's KV slots in the next decode step is one named path:
 a ``PackedText`` passed to ``_decode``, each token one more one-token input that
-writes its row's given slot column and attends causally to its row. A restart
-appends a row's new text from column 0; a multi-turn env's observation tokens are
-absorbed the same way, after the row's columns.
+writes its row's given slot column and attends causally to its row (its kept
+columns and the new ones up to its own). There is no separate prefill pass.
 """
 
 from __future__ import annotations
@@ -162,37 +164,78 @@ def _plain_cache(cache: DynamicCache) -> bool:
     return all(type(layer) is DynamicLayer and layer.is_initialized for layer in cache.layers)
 
 
-def _restart_text(
-    ids: Tensor, mask: Tensor, last_col: Tensor, rows: Tensor, first_input: int
-) -> tuple[PackedText, Tensor, Tensor]:
-    """Restarted rows' new text, appended from their slot column 0.
+def _appended_text(
+    ids: Tensor,
+    mask: Tensor,
+    rows: Tensor,
+    first_col: Tensor,
+    last_col: Tensor,
+    first_slot: Tensor,
+    first_position: Tensor,
+    kept: Tensor,
+    first_input: int,
+) -> tuple[PackedText, Tensor, Tensor, Tensor]:
+    """Rows' new text, each row's observation columns ``[first_col, last_col]``
+    appended at its slot columns from ``first_slot``.
+
+    A restarted row's new text starts at observation column 0, slot 0, position 0; a
+    row that ended a turn in a multi-turn env appends its action and the
+    environment's observation after its own columns.
 
     Args:
         ids, mask: ``[N, S]`` the observation.
-        last_col: ``[N] int64`` each row's last real column.
-        rows: ``[k] int64`` the restarted rows.
+        rows: ``[k] int64`` the rows with new text.
+        first_col, last_col: ``[k] int64`` the observation columns of each row's new
+            text (padding inside is skipped).
+        first_slot: ``[k] int64`` the slot column the first one writes.
+        first_position: ``[k] int64`` its position id.
+        kept: ``[k, W] bool`` the slot columns each row keeps (its cache so far; none
+            for a restarted row), which its new tokens attend to; ``W`` covers every
+            new slot column.
         first_input: the index the first packed token gets among the step's inputs
             (after the ``N`` rows' own).
 
     Returns:
-        ``(packed, newest [k] int64, new_mask [k, W] bool)``: ``newest[j]`` is the input
-        index of restarted row ``j``'s last token (its next-token hidden state);
-        ``new_mask`` the real columns of the ``W`` its new text spans.
+        ``(packed, newest [k] int64, slots [k, W] bool, count [k] int64)``:
+        ``newest[j]`` is the input index of row ``j``'s last new token (its next-token
+        hidden state); ``slots`` the slot columns its new tokens write; ``count`` how
+        many it has.
     """
-    width = int(last_col[rows].max()) + 1
-    new_mask = mask[rows, :width]
-    new_positions = new_mask.long().cumsum(1) - 1
-    local, col = new_mask.nonzero(as_tuple=True)  # row-major: each row's text in order
+    span = last_col - first_col + 1
+    offsets = torch.arange(int(span.max()), device=ids.device)
+    window = (first_col[:, None] + offsets[None, :]).clamp(max=ids.shape[1] - 1)
+    real = (offsets[None, :] < span[:, None]) & mask[rows[:, None], window]
+    local, offset = real.nonzero(as_tuple=True)  # row-major: each row's text in order
+    slot = first_slot[local] + offset
+    width = kept.shape[1]
+    slots = torch.zeros_like(kept)
+    slots[local, slot] = True
+    count = real.sum(1)
     arange = torch.arange(width, device=ids.device)
     packed = PackedText(
-        ids=ids[rows[local], col],
-        positions=new_positions[local, col],
+        ids=ids[rows[local], window[local, offset]],
+        positions=first_position[local] + real.long().cumsum(1)[local, offset] - 1,
         rows=rows[local],
-        cols=col,
-        allowed=new_mask[local] & (arange[None, :] <= col[:, None]),
+        cols=slot,
+        allowed=kept[local] | (slots[local] & (arange[None, :] <= slot[:, None])),
     )
-    newest = new_mask.sum(1).cumsum(0) - 1 + first_input
-    return packed, newest, new_mask
+    newest = count.cumsum(0) - 1 + first_input
+    return packed, newest, slots, count
+
+
+def _moved(
+    step: Tensor, low: int, high: int, episode_starts: Tensor | None
+) -> tuple[Tensor | None, Tensor | None]:
+    """``(restart, grown)``, ``[N] bool`` each or ``None`` when no row is: which rows
+    started a new episode (flagged, or moved back) and which gained more than one
+    column (a multi-turn env appended an action and an observation), from each row's
+    ``step`` (``[N] int64`` columns since the last call; ``low``/``high`` its range)."""
+    restart = step < 0 if low < 0 else None
+    if episode_starts is not None and bool(episode_starts.any()):
+        flagged = episode_starts.to(step.device).bool()
+        restart = flagged if restart is None else restart | flagged
+    grown = step > 1 if high > 1 else None
+    return restart, grown
 
 
 def _widen(cache_mask: Tensor, columns: int) -> Tensor:
@@ -375,50 +418,66 @@ class RolloutEngine:
         return hidden, new_state
 
     @labelled(RESTART)
-    def _restart(
+    def _append(
         self,
         ids: Tensor,
         mask: Tensor,
         last_col: Tensor,
         restart: Tensor,
+        grown: Tensor,
         state: PolicyState,
     ) -> tuple[Tensor, PolicyState]:
-        """Re-feed the restarted rows from their new text while the others take a decode step.
+        """Append rows' new text to their KV slots while the others take a decode step.
 
-        The ``k`` restarted rows' ``W`` new columns go to the first ``W`` slots of their
-        own rows (their old columns are all dead; the rest are masked out); from then
-        on each row writes its own next column (``PolicyState.cols``). Their text is
+        ``restart`` (``[N] bool``) rows started a new episode: their old columns are
+        dead, and their new text goes to their first slot columns, where the env shows
+        it. ``grown`` (``[N] bool``) rows ended a turn of a multi-turn env: their
+        action and the environment's observation go after their own columns, with the
+        positions that follow them; their history is never fed again. From then on
+        each row writes its own next column (``PolicyState.cols``). The new text is
         appended in the decode step (``PackedText``): its ``T`` real tokens are ``T``
         more one-token inputs after the ``N`` rows', each writing its own column and
-        attending causally to its row's new text, so the linear layers run once over
-        ``N + T`` tokens and there is no separate prefill. Nothing is copied or
-        compacted, and attention reads about as many columns as the longest in-flight
-        row holds.
+        attending causally to its row, so the linear layers run once over ``N + T``
+        tokens and there is no separate prefill. Nothing is copied or compacted, and
+        attention reads about as many columns as the longest in-flight row holds.
         """
         cache = state.cache
-        rows = restart.nonzero().squeeze(1)
-        packed, newest, new_mask = _restart_text(ids, mask, last_col, rows, ids.shape[0])
-        width = new_mask.shape[1]
-        cache_mask = _widen(state.cache_mask, reserve(cache, width))
-        cache_mask = cache_mask & ~restart[:, None]
-        cache_mask[rows, :width] = new_mask
         cols = state.cols
         if cols is None:  # the rows no longer share a write column
             cols = torch.full_like(state.positions, slots_filled(cache))
-        cols = cols.index_fill(0, rows, width)
+        rows = (restart | grown).nonzero().squeeze(1)
+        again = restart[rows]
+        zero = torch.zeros_like(rows)
+        first_col = torch.where(again, zero, state.last_col[rows] + 1)
+        first_slot = torch.where(again, zero, cols[rows])
+        first_position = torch.where(again, zero, state.positions[rows])
+        next_slot = first_slot + last_col[rows] - first_col + 1
+        width = int(next_slot.max())
+        cache_mask = _widen(state.cache_mask, reserve(cache, width)) & ~restart[:, None]
+        kept = cache_mask[rows, :width]
+        text = (rows, first_col, last_col[rows], first_slot, first_position, kept)
+        packed, newest, slots, count = _appended_text(ids, mask, *text, first_input=ids.shape[0])
+        cache_mask[rows, :width] = kept | slots
+        cols = cols.index_put((rows,), next_slot)
         state = PolicyState(
             cache,
             cache_mask,
-            state.positions.index_put((rows,), new_mask.sum(1)),
+            state.positions.index_put((rows,), first_position + count),
             state.last_col.index_put((rows,), last_col[rows]),
             True,
             cols,
         )
-        # Restarted rows now have last_col == state.last_col: _decode feeds them nothing.
+        # These rows now have last_col == state.last_col: _decode feeds them nothing.
         hidden, state = self._decode(
             ids, last_col, state, filled=int(cols.max()) + 1, packed=packed
         )
         return hidden[: ids.shape[0]].index_put((rows,), hidden[newest]), state
+
+    def _restart(
+        self, ids: Tensor, mask: Tensor, last_col: Tensor, restart: Tensor, state: PolicyState
+    ) -> tuple[Tensor, PolicyState]:
+        """``_append`` of the ``restart`` rows' new episodes alone (no row grew)."""
+        return self._append(ids, mask, last_col, restart, torch.zeros_like(restart), state)
 
     @labelled(ACT)
     def act(
@@ -440,7 +499,10 @@ class RolloutEngine:
             episode_starts: ``[N] bool`` rows whose observation is the first of a new
                 episode (next-step autoreset: the rows reset by the last ``step``).
                 Those rows are re-fed from their prompt; the others keep their cache.
-                Rows that moved back or jumped are detected without the flag.
+                Rows that moved back are detected without the flag. A row that moved
+                forward by more than one column kept its text and gained new tokens
+                (a multi-turn env's action and observation): they are appended to
+                its cache.
             generator: RNG for sampling.
             group_ids: ``[N] int64`` each row's group, the env's ``info["group_id"]``:
                 when ``state`` is ``None`` the rows of one group share one prefill. They
@@ -478,18 +540,16 @@ class RolloutEngine:
         if state is None:
             hidden, state = self._prefill(ids, mask, last_col, groups)
         else:
-            # A row that moved back or by more than one column was restarted (a new
-            # episode's text); so was any row the caller flags.
             step = last_col - state.last_col
             low, high = (int(x) for x in torch.aminmax(step))  # one pass, the usual case
-            restart = (step < 0) | (step > 1) if low < 0 or high > 1 else None
-            if episode_starts is not None and bool(episode_starts.any()):
-                flagged = episode_starts.to(step.device).bool()
-                restart = flagged if restart is None else restart | flagged
-            if restart is None:
+            restart, grown = _moved(step, low, high, episode_starts)
+            if restart is None and grown is None:
                 hidden, state = self._decode(ids, last_col, state, all_advanced=low == 1)
-            elif is_slot_cache(state.cache):
+            elif is_slot_cache(state.cache) and grown is None:
                 hidden, state = self._restart(ids, mask, last_col, restart, state)
+            elif is_slot_cache(state.cache):
+                restart = torch.zeros_like(grown) if restart is None else restart
+                hidden, state = self._append(ids, mask, last_col, restart, grown & ~restart, state)
             else:  # a cache kind whose tensors lmgym does not edit: refill every row
                 # (mid-episode: a group's rows hold their own completions, no sharing)
                 hidden, state = self._prefill(ids, mask, last_col, None)
