@@ -1,0 +1,79 @@
+"""Pieces the multi-turn tasks share: a responder's answer assembled row by row (and
+framed for plain-text prompts), the per-row column a responder reads, and a task's
+records split into train/eval."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from lmgym.envs.prompts import RecordPrompts, is_chat, split_prompts
+from lmgym.envs.tasks._common import Split
+from lmgym.envs.turns import TurnOutput
+from lmgym.types import Prompt, PromptSource
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A responder's answer to one row (see ``TurnOutput``)."""
+
+    observation: str | None
+    reward: float
+    done: bool
+    state: Any
+
+
+def frame(text: str | None, prompt: Prompt) -> str | None:
+    """An observation as the env should append it: as is for a chat prompt (the chat
+    template frames it), followed by a newline for a plain-text prompt (the env adds
+    no separator there, and the prompts of these tasks end with one too)."""
+    if text is None or is_chat(prompt):
+        return text
+    return f"{text}\n"
+
+
+def turn_output(replies: Sequence[Reply], prompts: Sequence[Prompt]) -> TurnOutput:
+    """The ``TurnOutput`` of per-row replies (in row order), their observations
+    ``frame``-d for each row's prompt."""
+    return TurnOutput(
+        observations=[frame(r.observation, p) for r, p in zip(replies, prompts, strict=True)],
+        rewards=[float(r.reward) for r in replies],
+        done=[bool(r.done) for r in replies],
+        states=[r.state for r in replies],
+    )
+
+
+def column(columns: Mapping[str, Sequence[Any]], name: str, who: str) -> Sequence[Any]:
+    """The per-row values of column ``name``.
+
+    Raises:
+        KeyError: the prompt source has no such column (the message names the
+            responder ``who`` and the columns there are).
+    """
+    if name not in columns:
+        raise KeyError(
+            f"{who}: the prompt source has no column {name!r} (columns: {sorted(columns)}); "
+            f"give each prompt a {name!r} field, e.g. RecordPrompts([{{'prompt': ..., "
+            f"'{name}': ...}}])"
+        )
+    return columns[name]
+
+
+def split_records(
+    records: Sequence[dict[str, Any]], split: Split, eval_fraction: float, data_seed: int
+) -> PromptSource:
+    """The ``split`` part of ``records`` as a prompt source whose columns are the
+    records' other fields (``split_prompts`` under ``data_seed``; ``"all"``: every one).
+
+    Raises:
+        ValueError: an unknown ``split`` (or an ``eval_fraction`` ``split_prompts``
+            refuses).
+    """
+    source = RecordPrompts(records)
+    if split == "all":
+        return source
+    if split not in ("train", "eval"):
+        raise ValueError(f"split={split!r} is not one of ['train', 'eval', 'all']")
+    train, held_out = split_prompts(source, eval_fraction, data_seed)
+    return train if split == "train" else held_out

@@ -1,0 +1,209 @@
+"""Calculator: a tool-use task. The policy may call a calculator before it answers.
+
+An episode: the prompt asks for the value of an expression too long to work out
+in one's head (``"what is 37*23+19?"``, three two-digit operands by default). In
+each turn the policy either
+
+- calls the calculator: ``<calc>37*23</calc>`` (or, with no tags, ``calc: 37*23``
+  to the end of the line); the responder (role ``"tool"``) evaluates the
+  expression with ``safe_arith`` (never ``eval``; ``+ - * / // % **``,
+  parentheses, decimals) and answers with its value (``"851"``) or the reason it
+  cannot (``"error: division by zero"``); or
+- answers: ``<answer>870</answer>`` (or ``answer: 870``), which ends the episode.
+
+The first of these found in the turn counts (case-insensitive). A turn with
+neither is answered with the format reminder ``FORMAT_HINT`` and the episode goes
+on; the env ends it at ``max_turns`` or when the token budget runs out.
+
+Reward: on the answering turn, ``R = 1`` if the answer's text, whitespace
+stripped, is a number equal to the expression's value (``"870"`` and
+``"870.0"``; not ``"about 870"``), else 0; each calculator call adds
+``-call_cost`` (default 0: calls are free, the turn limit bounds them). Range
+``[0, 1]`` with the default ``call_cost``. Solved: ``R >= 0.9``.
+
+The answer comes from the prompt source's ``answer`` column (an ``int``): problems
+are drawn under ``data_seed`` (distinct, ``dataset_size`` of them) and split into
+train/eval (``eval_fraction``) under the same seed.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from lmgym.envs.options import EnvOptions
+from lmgym.envs.single import single_env_factory
+from lmgym.envs.task_factory import build_env, task_factory
+from lmgym.envs.tasks._chat import chat_prompt, distinct_draws, wants_chat
+from lmgym.envs.tasks._common import Split
+from lmgym.envs.tasks.multi_turn._common import Reply, column, split_records, turn_output
+from lmgym.envs.tasks.multi_turn.safe_arith import CalcError, evaluate, format_number
+from lmgym.envs.token_env import TokenVectorEnv
+from lmgym.envs.turns import EpisodeStart, TurnInput, TurnOutput
+
+SOLVED_THRESHOLD = 0.9
+DEFAULT_MAX_TURNS = 3
+DEFAULT_MAX_NEW_TOKENS = 96
+OPERATORS = "+-*"
+FORMAT_HINT = "write calc: expression or answer: number"
+_CALL = re.compile(
+    r"<calc>(?P<calc>.*?)</calc>|<answer>(?P<answer>.*?)</answer>"
+    r"|\bcalc:(?P<calc_line>[^\n]*)|\banswer:(?P<answer_line>[^\n]*)",
+    re.IGNORECASE | re.DOTALL,
+)
+_DECIMAL = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)")
+
+Action = tuple[Literal["calc", "answer"], str]
+
+
+def parse_turn(text: str) -> Action | None:
+    """The turn's first calculator call or answer, ``("calc" | "answer", text)``, or
+    ``None`` when it has neither. Tags (``<calc>...</calc>``) and line prefixes
+    (``calc: ...`` to the end of the line) both count; the earliest one wins."""
+    match = _CALL.search(text)
+    if match is None:
+        return None
+    kind = match.lastgroup or ""
+    return ("calc" if kind.startswith("calc") else "answer", match.group(kind).strip())
+
+
+def answer_matches(answer: str, expected: int | float) -> bool:
+    """Whether ``answer`` (stripped) is a number equal to ``expected``."""
+    answer = answer.strip()
+    if not _DECIMAL.fullmatch(answer):
+        return False
+    return float(answer) == float(expected)
+
+
+@dataclass(frozen=True)
+class Calculator:
+    """The responder: evaluates calculator calls, scores the final answer.
+
+    The state of an episode is the number of calculator calls so far (an ``int``).
+
+    Args:
+        column: the prompt-source column holding each problem's answer (a number).
+        call_cost: subtracted from the reward of each turn that calls the calculator.
+    """
+
+    column: str = "answer"
+    call_cost: float = 0.0
+    role: Literal["tool"] = "tool"
+
+    def start(self, episodes: EpisodeStart) -> list[int]:
+        """No calls yet in any new episode (and every row has an answer to score).
+
+        Raises:
+            KeyError: the prompt source has no ``column`` column.
+        """
+        return [0] * len(column(episodes.columns, self.column, "Calculator"))
+
+    def reply(self, text: str, expected: Any, calls: int) -> Reply:
+        """The answer to one turn ``text`` whose problem's value is ``expected``."""
+        action = parse_turn(text)
+        if action is None:
+            return Reply(FORMAT_HINT, 0.0, False, calls)
+        kind, body = action
+        if kind == "answer":
+            return Reply(None, float(answer_matches(body, expected)), True, calls)
+        try:
+            observation = format_number(evaluate(body))
+        except CalcError as err:
+            observation = f"error: {err}"
+        return Reply(observation, -self.call_cost, False, calls + 1)
+
+    def respond(self, turns: TurnInput) -> TurnOutput:
+        """Answer each row's turn (see the module docstring)."""
+        expected = column(turns.columns, self.column, "Calculator")
+        return turn_output(
+            [
+                self.reply(text, answer, calls)
+                for text, answer, calls in zip(
+                    turns.turn_texts, expected, turns.states, strict=True
+                )
+            ],
+            turns.prompts,
+        )
+
+
+def calculator_problems(
+    dataset_size: int = 1000, digits: int = 2, operations: str = OPERATORS, data_seed: int = 0
+) -> list[tuple[str, int]]:
+    """``dataset_size`` distinct ``(expression, value)`` pairs ``"a op b op c"`` with
+    ``digits``-digit operands, drawn under ``data_seed``.
+
+    Raises:
+        ValueError: ``digits`` not in ``[1, 3]``, ``operations`` not distinct operators
+            from ``"+-*"``, or ``dataset_size`` beyond half the distinct expressions.
+    """
+    if not isinstance(digits, int) or not 1 <= digits <= 3:
+        raise ValueError(f"digits={digits!r}: must be an integer in [1, 3]")
+    bad = [op for op in operations if op not in OPERATORS]
+    if not operations or bad or len(set(operations)) != len(operations):
+        raise ValueError(f"operations={operations!r}: pick distinct operators from {OPERATORS!r}")
+    low, high = (0 if digits == 1 else 10 ** (digits - 1)), 10**digits - 1
+
+    def draw(rng: random.Random) -> str:
+        a, b, c = (rng.randint(low, high) for _ in range(3))
+        return f"{a}{rng.choice(operations)}{b}{rng.choice(operations)}{c}"
+
+    distinct = (high - low + 1) ** 3 * len(operations) ** 2
+    expressions = distinct_draws(draw, dataset_size, distinct, data_seed, "dataset_size")
+    return [(expression, int(evaluate(expression))) for expression in expressions]
+
+
+def question(expression: str, *, chat: bool) -> str:
+    """The prompt's text for ``expression``: tags for a chat model, line prefixes in
+    lowercase for plain text (the character tokenizer has no ``<``, ``>`` or ``/``)."""
+    if chat:
+        return (
+            f"What is {expression}? You have a calculator: write <calc>expression</calc> "
+            "and it replies with the value. Give your final answer as <answer>number</answer>."
+        )
+    return f"what is {expression}? calc: expression, answer: number."
+
+
+@task_factory(max_new_tokens=DEFAULT_MAX_NEW_TOKENS, max_turns=DEFAULT_MAX_TURNS)
+def make_calculator_vector(
+    options: EnvOptions,
+    digits: int = 2,
+    operations: str = OPERATORS,
+    dataset_size: int = 1000,
+    call_cost: float = 0.0,
+    split: Split = "train",
+    eval_fraction: float = 0.25,
+    data_seed: int = 0,
+    chat: bool | None = None,
+) -> TokenVectorEnv:
+    """``lmgym/Calculator-v0`` as a native vector env.
+
+    Args:
+        digits: operand digits (2: ``[10, 99]``).
+        operations: operators drawn from ``"+-*"``.
+        dataset_size: distinct problems before the split.
+        call_cost: reward subtracted per calculator call (default 0).
+        split: ``"train"``, ``"eval"`` (held-out problems) or ``"all"``.
+        eval_fraction: share of problems held out for ``"eval"``.
+        data_seed: seeds the problems and the split.
+        chat: chat prompts with tags (the tokenizer needs a chat template);
+            ``False``: plain text with line prefixes; ``None``: chat iff the
+            tokenizer has a template.
+        max_turns: policy turns per episode (default 3: call, answer, one spare).
+        max_new_tokens: token budget for the policy's turns and the tool's answers
+            (default 96).
+    """
+    chat = wants_chat(chat, options.tokenizer)
+    records = [
+        {"prompt": chat_prompt(question(expression, chat=chat), chat=chat), "answer": value}
+        for expression, value in calculator_problems(dataset_size, digits, operations, data_seed)
+    ]
+    source = split_records(records, split, eval_fraction, data_seed)
+    responder = Calculator(column="answer", call_cost=call_cost)
+    return build_env(
+        options, source, None, responder=responder, max_new_tokens=DEFAULT_MAX_NEW_TOKENS
+    )
+
+
+make_calculator = single_env_factory(make_calculator_vector)
