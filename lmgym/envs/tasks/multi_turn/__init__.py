@@ -1,4 +1,15 @@
 """Multi-turn tasks (issue 28): responders that answer the policy between its turns.
 
-- ``safe_arith``: the calculator's arithmetic evaluator (never ``eval``).
+Each module holds one job (see its docstring for prompts, observations, reward):
+
+- ``guess_number``: ``GuessNumber``, higher / lower after each guess
+  (``lmgym/GuessNumber-v0``);
+- ``calculator``: ``Calculator``, a tool the policy calls with a tagged expression
+  before it answers (``lmgym/Calculator-v0``), over ``safe_arith`` (never ``eval``);
+- ``gym_bridge``: ``GymResponder`` and ``TextGame``, any discrete Gymnasium env
+  played as text, one move per turn;
+- ``games``: the bridged FrozenLake, CliffWalking, Taxi and Blackjack
+  (``lmgym/FrozenLake-v0``, ...).
+
+Responders are functional over an immutable per-episode state (``lmgym.envs.turns``).
 """

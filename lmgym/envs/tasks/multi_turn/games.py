@@ -1,0 +1,261 @@
+"""The bridged Gymnasium games (``gym_bridge``), each a registered multi-turn task.
+
+Ids as gymnasium 1.4 registers them. Every observation is text a character
+tokenizer can spell (lowercase, digits, ``.,:-``; newlines and ``|`` are unknown to
+it and read as ``<unk>``, consistently). Moves are case-insensitive; a number is
+always accepted for the action it numbers. An invalid turn costs
+``invalid_penalty`` and is answered with the parse error (``gym_bridge``).
+
+- ``lmgym/FrozenLake-v0`` (``FrozenLake-v1``, 4x4, ``is_slippery=False``): the
+  lake, ``x`` where you are (``s`` start, ``f`` frozen, ``h`` hole, ``g`` goal), one
+  row per line. Moves ``left down right up`` (0-3). Reward 1 on reaching the goal,
+  else 0; falling into a hole ends the episode. ``invalid_penalty`` -0.1. The map
+  does not depend on the seed, so every game is the same one: the optimal return
+  is 1 (six moves). Range ``[-0.1 * max_turns, 1]``. Solved: ``R >= 0.9``.
+- ``lmgym/CliffWalking-v0`` (``CliffWalking-v1``): the 4x12 map in the prompt;
+  each observation is your position, ``"row 2 col 5"``. Moves ``up right down
+  left`` (0-3). Reward -1 per move, -100 for stepping onto the cliff (back to the
+  start). ``invalid_penalty`` -1, the cost of a move, so that writing nonsense never
+  beats walking. One game for every seed; the optimal return is -13. Solved:
+  ``R >= -13``.
+- ``lmgym/Taxi-v0`` (``Taxi-v4``): the map and the stops in the prompt; each
+  observation ``"taxi row 2 col 1, passenger at y, destination g."`` (``in the
+  taxi`` once picked up). Moves ``south north east west pickup dropoff`` (0-5;
+  ``down up right left`` too). Reward -1 per move, +20 for the delivery, -10 for a
+  wrong pickup or dropoff; ``invalid_penalty`` -1. The seed draws the start.
+  Solved: ``R >= 8`` (Gymnasium's threshold for Taxi).
+- ``lmgym/Blackjack-v0`` (``Blackjack-v1``, Sutton & Barto rules): ``"your sum 14,
+  dealer shows 10, usable ace: no."``. Moves ``stick hit`` (0-1; ``stand`` too).
+  Reward +1 win, -1 loss, 0 draw, when the hand ends. ``invalid_penalty`` -0.1.
+  The seed draws the cards. Even perfect play loses on average, so no return
+  counts as solved; the listed threshold, 0, means beating the house.
+
+Each task takes ``num_games`` (game seeds ``0 .. num_games - 1``, one prompt each,
+column ``seed``), ``invalid_penalty``, ``split``/``eval_fraction``/``data_seed`` (a
+train/eval split of the seeds), ``chat`` and every env option; ``max_turns`` and
+``max_new_tokens`` default per game (``DEFAULTS``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lmgym.envs.options import EnvOptions
+from lmgym.envs.single import single_env_factory
+from lmgym.envs.task_factory import task_factory
+from lmgym.envs.tasks._common import Split
+from lmgym.envs.tasks.multi_turn.gym_bridge import TextGame, build_game_env
+from lmgym.envs.token_env import TokenVectorEnv
+
+
+# ------------------------------------------------------------------ renderers
+def render_frozen_lake(env: Any, obs: int) -> str:
+    """The lake, lowercase, ``x`` where you are, one row per line."""
+    rows = [[cell.decode().lower() for cell in line] for line in env.desc]
+    row, col = divmod(int(obs), env.ncol)
+    rows[row][col] = "x"
+    return "\n".join("".join(line) for line in rows)
+
+
+def cliff_map(nrow: int = 4, ncol: int = 12) -> list[str]:
+    """CliffWalking's map: ``.`` free, ``s`` start, ``c`` cliff, ``g`` goal."""
+    return ["." * ncol] * (nrow - 1) + ["s" + "c" * (ncol - 2) + "g"]
+
+
+def render_cliff_walking(env: Any, obs: int) -> str:
+    """Your position, ``"row 3 col 0"``."""
+    row, col = divmod(int(obs), env.shape[1])
+    return f"row {row} col {col}"
+
+
+TAXI_STOPS = "rgyb"
+TAXI_STOP_CELLS = ((0, 0), (0, 4), (4, 0), (4, 3))
+
+
+def taxi_map() -> str:
+    """Taxi's map, lowercase (``r g y b`` the stops, ``|`` walls)."""
+    from gymnasium.envs.toy_text.taxi import MAP
+
+    return "\n".join(line.lower() for line in MAP)
+
+
+def render_taxi(env: Any, obs: int) -> str:
+    """Where the taxi is, where the passenger waits (or ``in the taxi``), where to."""
+    taxi_row, taxi_col, passenger, destination = env.decode(int(obs))
+    where = "in the taxi" if passenger == 4 else f"at {TAXI_STOPS[passenger]}"
+    return (
+        f"taxi row {taxi_row} col {taxi_col}, passenger {where}, "
+        f"destination {TAXI_STOPS[destination]}."
+    )
+
+
+def render_blackjack(env: Any, obs: tuple[int, int, int]) -> str:
+    """Your sum, the dealer's card and whether you hold a usable ace."""
+    total, dealer, ace = obs
+    shown = "ace" if dealer == 1 else str(dealer)
+    return f"your sum {total}, dealer shows {shown}, usable ace: {'yes' if ace else 'no'}."
+
+
+_TAXI_STOPS_TEXT = ", ".join(
+    f"{name} row {row} col {col}"
+    for name, (row, col) in zip(TAXI_STOPS, TAXI_STOP_CELLS, strict=True)
+)
+
+GAMES: dict[str, TextGame] = {
+    "FrozenLake": TextGame(
+        "FrozenLake-v1",
+        (("left",), ("down",), ("right",), ("up",)),
+        "frozen lake: walk from s to the goal g without falling into a hole h. x marks "
+        "you. one move per turn: left, down, right or up, or 0-3.",
+        render_frozen_lake,
+        {"map_name": "4x4", "is_slippery": False},
+    ),
+    "CliffWalking": TextGame(
+        "CliffWalking-v1",
+        (("up",), ("right",), ("down",), ("left",)),
+        "cliff walking: walk from s to the goal g, row 0 at the top, col 0 at the left, "
+        "c is the cliff:\n"
+        + "\n".join(cliff_map())
+        + "\none move per turn: up, right, down or left, or 0-3. each move costs 1, "
+        "stepping on the cliff costs 100 and sends you back to s.",
+        render_cliff_walking,
+    ),
+    "Taxi": TextGame(
+        "Taxi-v4",
+        (
+            ("south", "down"),
+            ("north", "up"),
+            ("east", "right"),
+            ("west", "left"),
+            ("pickup",),
+            ("dropoff",),
+        ),
+        "taxi: drive to the passenger, pick them up, drive to the destination and drop "
+        f"them off. the map, | is a wall, row 0 at the top:\n{taxi_map()}\nstops: "
+        f"{_TAXI_STOPS_TEXT}. one move per turn: south, north, east, west, pickup or "
+        "dropoff, or 0-5. each move costs 1, the delivery earns 20, a wrong pickup or "
+        "dropoff costs 10.",
+        render_taxi,
+    ),
+    "Blackjack": TextGame(
+        "Blackjack-v1",
+        (("stick", "stand"), ("hit",)),
+        "blackjack: get closer to 21 than the dealer without going over. one move per "
+        "turn: hit takes a card, stick ends your turn, or 0 stick, 1 hit. win 1, "
+        "lose -1, draw 0.",
+        render_blackjack,
+    ),
+}
+
+#: Per game: ``(max_turns, max_new_tokens, invalid_penalty)`` defaults.
+DEFAULTS: dict[str, tuple[int, int, float]] = {
+    "FrozenLake": (10, 320, -0.1),
+    "CliffWalking": (20, 448, -1.0),
+    "Taxi": (20, 1280, -1.0),
+    "Blackjack": (5, 320, -0.1),
+}
+
+#: Per game: ``(reward_range, solved_threshold)`` at the defaults, for ``lmgym tasks``.
+SCORES: dict[str, tuple[tuple[float, float], float]] = {
+    "FrozenLake": ((-1.0, 1.0), 0.9),
+    "CliffWalking": ((-2000.0, -13.0), -13.0),
+    "Taxi": ((-200.0, 20.0), 8.0),
+    "Blackjack": ((-1.5, 1.0), 0.0),
+}
+
+
+def _game_env(
+    name: str,
+    options: EnvOptions,
+    num_games: int,
+    invalid_penalty: float,
+    split: Split,
+    eval_fraction: float,
+    data_seed: int,
+    chat: bool | None,
+) -> TokenVectorEnv:
+    return build_game_env(
+        options,
+        GAMES[name],
+        num_games=num_games,
+        invalid_penalty=invalid_penalty,
+        split=split,
+        eval_fraction=eval_fraction,
+        data_seed=data_seed,
+        chat=chat,
+        max_new_tokens=DEFAULTS[name][1],
+    )
+
+
+@task_factory(max_turns=DEFAULTS["FrozenLake"][0], max_new_tokens=DEFAULTS["FrozenLake"][1])
+def make_frozen_lake_vector(
+    options: EnvOptions,
+    num_games: int = 16,
+    invalid_penalty: float = DEFAULTS["FrozenLake"][2],
+    split: Split = "train",
+    eval_fraction: float = 0.25,
+    data_seed: int = 0,
+    chat: bool | None = None,
+) -> TokenVectorEnv:
+    """``lmgym/FrozenLake-v0``, ``FrozenLake-v1`` bridged, as a native vector env (the
+    parameters: ``build_game_env``; the defaults: ``DEFAULTS['FrozenLake']``)."""
+    return _game_env(
+        "FrozenLake", options, num_games, invalid_penalty, split, eval_fraction, data_seed, chat
+    )
+
+
+@task_factory(max_turns=DEFAULTS["CliffWalking"][0], max_new_tokens=DEFAULTS["CliffWalking"][1])
+def make_cliff_walking_vector(
+    options: EnvOptions,
+    num_games: int = 16,
+    invalid_penalty: float = DEFAULTS["CliffWalking"][2],
+    split: Split = "train",
+    eval_fraction: float = 0.25,
+    data_seed: int = 0,
+    chat: bool | None = None,
+) -> TokenVectorEnv:
+    """``lmgym/CliffWalking-v0``, ``CliffWalking-v1`` bridged, as a native vector env (the
+    parameters: ``build_game_env``; the defaults: ``DEFAULTS['CliffWalking']``)."""
+    return _game_env(
+        "CliffWalking", options, num_games, invalid_penalty, split, eval_fraction, data_seed, chat
+    )
+
+
+@task_factory(max_turns=DEFAULTS["Taxi"][0], max_new_tokens=DEFAULTS["Taxi"][1])
+def make_taxi_vector(
+    options: EnvOptions,
+    num_games: int = 256,
+    invalid_penalty: float = DEFAULTS["Taxi"][2],
+    split: Split = "train",
+    eval_fraction: float = 0.25,
+    data_seed: int = 0,
+    chat: bool | None = None,
+) -> TokenVectorEnv:
+    """``lmgym/Taxi-v0``, ``Taxi-v4`` bridged, as a native vector env (the
+    parameters: ``build_game_env``; the defaults: ``DEFAULTS['Taxi']``)."""
+    return _game_env(
+        "Taxi", options, num_games, invalid_penalty, split, eval_fraction, data_seed, chat
+    )
+
+
+@task_factory(max_turns=DEFAULTS["Blackjack"][0], max_new_tokens=DEFAULTS["Blackjack"][1])
+def make_blackjack_vector(
+    options: EnvOptions,
+    num_games: int = 256,
+    invalid_penalty: float = DEFAULTS["Blackjack"][2],
+    split: Split = "train",
+    eval_fraction: float = 0.25,
+    data_seed: int = 0,
+    chat: bool | None = None,
+) -> TokenVectorEnv:
+    """``lmgym/Blackjack-v0``, ``Blackjack-v1`` bridged, as a native vector env (the
+    parameters: ``build_game_env``; the defaults: ``DEFAULTS['Blackjack']``)."""
+    return _game_env(
+        "Blackjack", options, num_games, invalid_penalty, split, eval_fraction, data_seed, chat
+    )
+
+
+make_frozen_lake = single_env_factory(make_frozen_lake_vector)
+make_cliff_walking = single_env_factory(make_cliff_walking_vector)
+make_taxi = single_env_factory(make_taxi_vector)
+make_blackjack = single_env_factory(make_blackjack_vector)
