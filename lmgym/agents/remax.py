@@ -67,7 +67,8 @@ def greedy_env_like(env: TokenVectorEnv) -> TokenVectorEnv:
 
     The prompt source is ``env``'s own (texts or chat messages, and their reward
     columns), so ``prompt_index`` and any per-prompt data a reward reads mean the same
-    in both.
+    in both. A multi-turn env's responder (and ``max_turns``) comes along: the
+    baseline is the greedy policy's whole episode.
     """
     options = dataclasses.replace(
         env.options,
@@ -78,7 +79,9 @@ def greedy_env_like(env: TokenVectorEnv) -> TokenVectorEnv:
         shard=(0, 1),  # queue_prompts names the prompts itself
         render_mode=None,
     )
-    return TokenVectorEnv(env.tokenizer, env.prompt_source, env.reward_model, options)
+    return TokenVectorEnv(
+        env.tokenizer, env.prompt_source, env.reward_model, options, responder=env.responder
+    )
 
 
 def queue_prompts(env: TokenVectorEnv, prompt_index: Tensor) -> None:
