@@ -75,7 +75,7 @@ class VAPOConfig(PPOConfig):
     gae_lambda: float = 0.95
     """The policy's GAE lambda when length_alpha is None."""
     length_alpha: float | None = 0.05
-    """Length-adaptive GAE: row i's policy lambda is 1 - 1/(alpha * T_i), clamped to [0, 1]; None uses gae_lambda."""
+    """Length-adaptive GAE: row i's policy lambda is 1 - 1/(alpha * T_i), T_i its policy tokens, clamped to [0, 1]; None uses gae_lambda."""
     critic_lambda: float = 1.0
     """GAE lambda of the value targets (decoupled GAE; 1 is Monte-Carlo returns)."""
     value_warmup_iterations: int = 50
