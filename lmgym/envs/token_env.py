@@ -62,7 +62,7 @@ prompts per reset would draw, and rank ``r`` takes groups ``[r * P, (r + 1) * P)
 of each global draw (``P = num_prompts``), in both reset modes. ``group_id`` is the
 global group index, so ids are unique across ranks (``lmgym.envs.stream``).
 
-Multi-turn episodes (docs/tasks.md#multi-turn-episodes). Built with a
+Multi-turn episodes (docs/env.md). Built with a
 ``responder`` (``lmgym.envs.turns``), the env alternates policy turns and the
 environment's answers. The completion region ``[Lp, Lp + L)`` then holds policy
 turn 1, observation 1, policy turn 2, ... back to back; ``max_new_tokens`` is the

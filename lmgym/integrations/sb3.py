@@ -37,6 +37,11 @@ identity when the env refuses nothing, e.g. ``allowed_special_tokens="all"``).
 Actions must be integers (SB3 passes ``[N] int64`` arrays); floats and bools are
 refused.
 
+Multi-turn envs. The default view passes a multi-turn env's ``policy_mask`` on
+(``int8``, as the single env does), so the observation matches the env's space; SB3
+sees the environment's tokens as part of the state, as it should, and its actions
+are only ever the policy's tokens.
+
 Observation size. SB3 policies one-hot encode ``MultiDiscrete`` observations, so
 the default full-buffer observation costs ``(Lp + L) * V`` input features. The
 adapter refuses, with a message naming the fix, any observation beyond
@@ -149,6 +154,17 @@ def check_observation_size(
 
 
 # ------------------------------------------------------------------ the adapter
+class _FullBuffer(FullObservation):
+    """``FullObservation`` with a multi-turn env's ``policy_mask`` (``[B, S] int8``) too,
+    so the view matches ``env.single_observation_space``."""
+
+    def __call__(self, env: TokenVectorEnv, obs: dict[str, Tensor]) -> dict[str, Tensor]:
+        out = dict(super().__call__(env, obs))  # type: ignore[arg-type]
+        if "policy_mask" in obs:
+            out["policy_mask"] = obs["policy_mask"].to(torch.int8)
+        return out
+
+
 class SB3VecEnv(VecEnv):
     """A ``TokenVectorEnv`` as a Stable-Baselines3 ``VecEnv`` (same-step autoreset).
 
@@ -167,7 +183,8 @@ class SB3VecEnv(VecEnv):
             would, so ``ep_rew_mean`` is logged without wrapping.
 
     Observations are numpy: ``{"input_ids": [N, S] int64, "attention_mask": [N, S]
-    int8}`` by default; rewards ``[N] float32``; dones ``[N] bool``.
+    int8}`` by default (and ``"policy_mask": [N, S] int8`` for a multi-turn env);
+    rewards ``[N] float32``; dones ``[N] bool``.
 
     Attributes:
         action_ids: ``[A] int64`` numpy, the token id of each action (the env's legal
@@ -190,7 +207,7 @@ class SB3VecEnv(VecEnv):
                 "observation go in `observation=` instead"
             )
         self.env = env
-        self.view = observation if observation is not None else FullObservation()
+        self.view = observation if observation is not None else _FullBuffer()
         observation_space = self.view.observation_space(env)
         check_observation_size(observation_space, env.vocab_size, env.max_new_tokens, max_features)
         self.bootstrap_truncated = bootstrap_truncated

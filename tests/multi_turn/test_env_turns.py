@@ -453,3 +453,27 @@ def test_the_single_multi_turn_env_reports_policy_mask_and_turn(scripted, tokeni
     assert info["turn"] == 1 and isinstance(info["policy_mask"], np.ndarray)
     assert np.array_equal(info["policy_mask"], obs["policy_mask"])
     assert reward == pytest.approx(1.1) and env.decode(obs) == "abc<eos>+c"
+
+
+def test_the_sb3_adapter_passes_the_policy_mask_on_and_restarts_finished_games(
+    scripted, make_turn_env, ids
+):
+    from stable_baselines3 import PPO
+
+    from lmgym.integrations.sb3 import SB3VecEnv
+
+    responder = scripted(done_at=1)
+    vec = SB3VecEnv(make_turn_env(num_prompts=2, max_new_tokens=6, responder=responder))
+    obs = vec.reset()
+    assert obs["policy_mask"].dtype == np.int8
+    single = vec.observation_space
+    assert all(single.contains({k: v[i] for k, v in obs.items()}) for i in range(2))
+    c = int(np.flatnonzero(vec.action_ids == ids("c")[0])[0])
+    eos = int(np.flatnonzero(vec.action_ids == EOS)[0])
+    vec.step(np.array([c, c]))
+    obs, rewards, dones, infos = vec.step(np.array([eos, c]))
+    assert dones.tolist() == [True, False] and rewards[0] == pytest.approx(1.1)
+    final = infos[0]["terminal_observation"]["policy_mask"]
+    assert final[-6:].tolist() == [1, 1, 0, 0, 0, 0]  # "c" EOS, the game over
+    assert not obs["policy_mask"][0].any() and len(responder.started()) == 2
+    PPO("MultiInputPolicy", vec, n_steps=8, batch_size=8, n_epochs=1, seed=0).learn(16)
