@@ -62,26 +62,41 @@ class ObservationRenderer:
 
     def render(
         self,
-        observation: str | Sequence[int] | Tensor | np.ndarray | None,
-        prompt: Prompt,
-        stop_id: int,
-        row: int,
-    ) -> list[int]:
-        """The ids of one observation.
+        observations: Sequence[str | Sequence[int] | Tensor | np.ndarray | None],
+        prompts: Sequence[Prompt],
+        stop_ids: Sequence[int],
+        rows: Sequence[int],
+    ) -> list[list[int]]:
+        """The ids of ``k`` observations; the texts are tokenized in one batched call.
 
         Args:
-            observation: Text or token ids (``None`` is refused: the row goes on).
-            prompt: The row's prompt (a chat prompt makes text a chat turn).
-            stop_id: The id that ended the policy's turn.
-            row: The env row, for errors.
+            observations: Per row, text or token ids (``None`` is refused: the row goes on).
+            prompts: The rows' prompts (a chat prompt makes text a chat turn).
+            stop_ids: The id that ended each row's policy turn.
+            rows: The env rows, for errors.
 
         Raises:
             ResponderError: ``None``, an id outside the vocabulary, or neither text nor ids.
         """
-        if isinstance(observation, str):
-            text = self._chat_turn(observation, stop_id) if is_chat(prompt) else observation
-            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-        return self._ids(observation, row)
+        out: list[list[int]] = []
+        texts: list[str] = []
+        text_at: list[int] = []
+        for observation, prompt, stop_id, row in zip(
+            observations, prompts, stop_ids, rows, strict=True
+        ):
+            if isinstance(observation, str):
+                text_at.append(len(out))
+                texts.append(
+                    self._chat_turn(observation, stop_id) if is_chat(prompt) else observation
+                )
+                out.append([])
+            else:
+                out.append(self._ids(observation, row))
+        if texts:
+            encoded = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+            for j, ids in zip(text_at, encoded, strict=True):
+                out[j] = list(ids)
+        return out
 
     def _ids(self, observation: object, row: int) -> list[int]:
         where = f"responder {self.responder_name!r}: the observation for env row {row}"

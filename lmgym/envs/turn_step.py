@@ -176,7 +176,7 @@ class TurnStepper:
                 self.hidden_stop_ids,
             ),
             turn_ids=[turn_ids[j, :t] for j, t in enumerate(turn_length.tolist())],
-            turn_index=turn_index,
+            turn_index=turn_index.clone(),  # the env keeps turn_index: no aliasing
             states=[states[r] for r in row_list],
         )
         try:
@@ -191,13 +191,17 @@ class TurnStepper:
         under_limit = (
             torch.ones_like(done) if self.max_turns is None else turn_index < self.max_turns
         )
-        render = (~done & under_limit).tolist()
-        observation_ids = [
-            self.renderer.render(answer.observations[j], prompts[j], stop_ids[j], r)
-            if render[j]
-            else []
-            for j, r in enumerate(row_list)
-        ]
+        # Only rows that may go on are rendered: a finished row's observation is unused.
+        shown = (~done & under_limit).nonzero().squeeze(1).tolist()
+        rendered = self.renderer.render(
+            [answer.observations[j] for j in shown],
+            [prompts[j] for j in shown],
+            [stop_ids[j] for j in shown],
+            [row_list[j] for j in shown],
+        )
+        observation_ids: list[list[int]] = [[] for _ in row_list]
+        for j, ids in zip(shown, rendered, strict=True):
+            observation_ids[j] = ids
         size = torch.tensor([len(o) for o in observation_ids], device=rows.device)
         room = self.budget - rows_state.length[rows]
         go_on = ~done & under_limit & (size + 1 <= room)
