@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import pytest
 import torch
 
 from lmgym.agents import GRPO
+from lmgym.asynchronous.sampler import AdmissionCollector
+from lmgym.asynchronous.transport import pack, unpack
 from lmgym.envs import TokenVectorEnv
 from lmgym.envs.turns import EpisodeStart, TurnInput, TurnOutput
 from lmgym.policy import CausalLMPolicy, compiled_decode, make_tiny_model
@@ -216,3 +218,56 @@ def test_the_loop_bound_of_collect_ends_every_multi_turn_episode(tokenizer):
     assert bool((batch.terminated | batch.truncated).all())
     assert int(batch.policy_lengths.max()) < env.max_new_tokens
     assert logprob_gap(policy, batch) < 1e-4
+
+
+def test_the_actors_sampler_gives_collects_batches_and_stamps_only_sampled_tokens(tokenizer):
+    def make() -> tuple[CausalLMPolicy, TokenVectorEnv, torch.Generator]:
+        env = turn_env(tokenizer, num_prompts=2, group_size=2)
+        return eos_policy(tokenizer), env, torch.Generator().manual_seed(5)
+
+    policy, env, generator = make()
+    expected = [
+        collect(env, policy, seed=3 if i == 0 else None, generator=generator) for i in range(2)
+    ]
+    policy, env, generator = make()
+    collector = AdmissionCollector(env, policy, generator, seed=3)
+    for version, batch in enumerate(expected):
+        assert collector.admit(None) == env.num_envs
+        while collector.num_live:
+            collector.step(version)
+        got = collector.take_groups()
+        check_interleaved(got.batch)
+        for f in fields(batch):
+            assert torch.equal(getattr(got.batch, f.name), getattr(batch, f.name)), f.name
+        sampled = got.batch.policy_mask
+        assert bool((got.versions[sampled] == version).all())
+        assert bool((got.versions[~sampled] == -1).all())  # observations were never sampled
+        back = unpack(*pack(got), prompt_width=env.prompt_width)
+        assert torch.equal(back.batch.policy_mask, sampled)
+
+
+def test_rows_admitted_while_others_end_turns_keep_matching_teacher_forcing(tokenizer, monkeypatch):
+    policy = eos_policy(tokenizer)
+    env = turn_env(tokenizer, num_prompts=2, group_size=2)
+    append, both = policy.engine._append, []
+
+    def counted(ids, mask, last_col, restart, grown, state):
+        both.append(bool(restart.any()) and bool(grown.any()))
+        return append(ids, mask, last_col, restart, grown, state)
+
+    monkeypatch.setattr(policy.engine, "_append", counted)
+    collector = AdmissionCollector(env, policy, torch.Generator().manual_seed(1), seed=0)
+    collector.admit(None)
+    batches = []
+    for _ in range(120):
+        collector.admit(1)  # one row at a time: restarts packed beside appended turns
+        collector.step(version=0)
+        done = collector.take_groups()
+        if done is not None:
+            batches.append(done.batch)
+        if len(batches) >= 3:
+            break
+    assert len(batches) >= 3 and any(both)  # a step packed a restart beside a turn's end
+    for batch in batches:
+        check_interleaved(batch)
+        assert logprob_gap(policy, batch) < 1e-4
