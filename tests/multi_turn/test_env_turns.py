@@ -477,3 +477,28 @@ def test_the_sb3_adapter_passes_the_policy_mask_on_and_restarts_finished_games(
     assert final[-6:].tolist() == [1, 1, 0, 0, 0, 0]  # "c" EOS, the game over
     assert not obs["policy_mask"][0].any() and len(responder.started()) == 2
     PPO("MultiInputPolicy", vec, n_steps=8, batch_size=8, n_epochs=1, seed=0).learn(16)
+
+
+def test_the_observation_of_a_finished_episode_is_neither_checked_nor_appended(
+    scripted, make_turn_env, ids
+):
+    # A finished row's observation is unused: even one that is no observation at all.
+    responder = scripted(done_at=1, reply=lambda text, turn: [10**6])
+    env = make_turn_env(num_prompts=1, responder=responder)
+    env.reset(seed=0)
+    env.step(torch.tensor([ids("c")[0]]))
+    _, reward, terminated, _, info = env.step(torch.tensor([EOS]))
+    assert terminated.item() and reward.item() == pytest.approx(1.1)
+    assert info["length"].item() == 2
+
+
+def test_set_state_replays_the_same_games(scripted, make_turn_env):
+    prompts = [f"p{i}" for i in range(5)]
+    first = make_turn_env(prompts=prompts, num_prompts=2, responder=scripted())
+    first.reset(seed=4)
+    saved = first.get_state()
+    first.reset()
+    second = make_turn_env(prompts=prompts, num_prompts=2, responder=scripted())
+    second.set_state(saved)
+    second.reset()
+    assert first.responder.started()[-1] == second.responder.started()[-1]
