@@ -11,14 +11,13 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
-import math
-import types
 import typing
 from dataclasses import dataclass, fields
 from typing import Any, Literal, TypeVar
 
 from lmgym.agents.aggregation import AGGREGATION_MODES, Aggregation
 from lmgym.agents.kl import KLEstimator
+from lmgym.typed_values import check_value, parse_value
 
 KLPlacement = Literal["reward", "loss"]
 LRSchedulerType = Literal[
@@ -101,20 +100,26 @@ DataclassT = TypeVar("DataclassT")
 
 
 def restore_types(config_class: type, values: dict[str, Any]) -> dict[str, Any]:
-    """``values`` with each list given for a tuple-typed field of ``config_class``
-    (``adam_betas``) as a tuple: JSON, YAML and ``nargs`` flags give lists."""
-    tuples = {
-        f.name
-        for f in fields(config_class)
-        if isinstance(f.default, tuple) or str(f.type).startswith("tuple")
+    """``values`` read as a config file's: each field of ``config_class`` converted by
+    ``parse_value`` (a list given for ``adam_betas`` becomes a tuple, ``"false"`` for a
+    boolean ``False``); names that are not fields pass unchanged, for the constructor to
+    refuse.
+
+    Raises:
+        FieldValueError: a value its field does not take, naming the field.
+    """
+    hints = typing.get_type_hints(config_class)
+    names = {f.name for f in fields(config_class)}
+    return {
+        name: parse_value(name, value, hints[name]) if name in names else value
+        for name, value in values.items()
     }
-    return {k: tuple(v) if k in tuples and isinstance(v, list) else v for k, v in values.items()}
 
 
 def config_from_dict(config_class: type[DataclassT], values: dict[str, Any]) -> DataclassT:
     """``config_class`` (an agent's config, ``TrainConfig``, ...) from a saved or parsed
-    ``{field: value}`` (JSON's lists back to tuples): the one way a stored config is
-    read back."""
+    ``{field: value}``, each value converted as a config file's (``restore_types``): the
+    one way a stored config is read back."""
     return config_class(**restore_types(config_class, values))
 
 
@@ -160,85 +165,18 @@ def build_config(
     return built
 
 
-def _type_error(name: str, value: Any, expected: str) -> TypeError:
-    return TypeError(f"{name}={value!r}: expected {expected}, got {type(value).__name__}")
+def check_types(config: Any, choices: bool = True) -> None:
+    """``check_value`` (``lmgym.typed_values``) on every field of a config dataclass.
 
-
-def check_value(name: str, value: Any, annotation: Any, choices: bool = True) -> None:
-    """Check one config value against its type annotation, strictly.
-
-    A ``bool`` field takes only ``True``/``False`` (never a string such as
-    ``"false"``, which Python would count as true); an ``int`` field takes no
-    ``bool`` or ``float``; a ``float`` field takes a finite real number (NaN would,
-    for example, silently switch ``beta``'s KL term off); a ``Literal`` field takes
-    one of its choices (a string, when ``choices`` is False: the agent then checks
-    membership itself, with a message of its own); ``X | None`` also takes ``None``.
+    Strict: a ``bool`` field takes only ``True``/``False`` (never ``"false"``, which
+    Python would count as true), an ``int`` no ``bool`` or ``float``, a ``float`` a
+    finite number (NaN would, for example, silently switch ``beta``'s KL term off), a
+    ``Literal`` one of its values (any string when ``choices`` is False: the agent then
+    checks membership itself), ``X | None`` also ``None``.
 
     Raises:
-        TypeError: the value has the wrong type.
-        ValueError: a float is NaN or infinite, or a choice is not listed.
+        FieldValueError: a ``ValueError`` and ``TypeError`` naming the field and the fix.
     """
-    origin = typing.get_origin(annotation)
-    if origin in (typing.Union, types.UnionType):
-        _check_union(name, value, typing.get_args(annotation), choices)
-    elif origin is Literal:
-        _check_literal(name, value, typing.get_args(annotation), choices)
-    elif origin is tuple:
-        items = typing.get_args(annotation)
-        if not isinstance(value, tuple | list) or len(value) != len(items):
-            raise _type_error(name, value, f"a tuple of {len(items)}")
-        for i, (item, item_type) in enumerate(zip(value, items, strict=True)):
-            check_value(f"{name}[{i}]", item, item_type, choices)
-    else:
-        _check_scalar(name, value, annotation)
-
-
-def _check_union(name: str, value: Any, options: tuple[Any, ...], choices: bool) -> None:
-    """``check_value`` for ``A | B | None``: ``None`` where listed, else the first
-    option that takes the value (one option: its own error)."""
-    if value is None and type(None) in options:
-        return
-    concrete = [a for a in options if a is not type(None)]
-    if len(concrete) == 1:
-        check_value(name, value, concrete[0], choices)
-        return
-    for option in concrete:
-        try:
-            check_value(name, value, option, choices)
-            return
-        except (TypeError, ValueError):
-            continue
-    raise _type_error(name, value, " or ".join(map(str, options)))
-
-
-def _check_literal(name: str, value: Any, listed: tuple[Any, ...], choices: bool) -> None:
-    """``check_value`` for ``Literal[...]`` (``choices`` False: any string passes)."""
-    if not choices and all(isinstance(c, str) for c in listed):
-        if not isinstance(value, str):
-            raise _type_error(name, value, f"one of {list(listed)}")
-    elif value not in listed or isinstance(value, bool) != isinstance(listed[0], bool):
-        raise ValueError(f"{name}={value!r} is not one of {list(listed)}")
-
-
-def _check_scalar(name: str, value: Any, annotation: Any) -> None:
-    """``check_value`` for ``bool``, ``int``, ``float`` and ``str`` (others pass)."""
-    if annotation is bool:
-        if not isinstance(value, bool):
-            raise _type_error(name, value, "True or False")
-    elif annotation is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise _type_error(name, value, "an integer")
-    elif annotation is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise _type_error(name, value, "a number")
-        if not math.isfinite(value):
-            raise ValueError(f"{name}={value!r}: must be a finite number")
-    elif annotation is str and not isinstance(value, str):
-        raise _type_error(name, value, "a string")
-
-
-def check_types(config: Any, choices: bool = True) -> None:
-    """``check_value`` on every field of a config dataclass."""
     hints = typing.get_type_hints(type(config), include_extras=False)
     for item in fields(config):
         check_value(item.name, getattr(config, item.name), hints[item.name], choices)
@@ -288,8 +226,8 @@ def check_common(config: AgentConfig) -> None:
 
 
 def _one_of(name: str, value: Any, choices: tuple[Any, ...]) -> None:
-    if value not in choices:
-        raise ValueError(f"{name}={value!r} is not one of {list(choices)}")
+    """``value`` must be one of ``choices`` (the converter's rule and message)."""
+    check_value(name, value, Literal[choices])
 
 
 def _check_schedule(config: AgentConfig) -> None:
