@@ -2,28 +2,27 @@
 
 ``check_env_kwargs(task, kwargs)`` checks that the task's vector factory
 (``gymnasium.make_vec``'s ``vector_entry_point``) takes each argument and converts
-its value to the argument's type: an env option's type is its ``EnvOptions`` field's
-(``lmgym.envs.options.OPTION_TYPES``), a task's own parameter's the factory's
-annotation. Conversion is strict: a ``bool`` takes a boolean, 1/0, or the strings
-true/false/yes/no/1/0 (any case), and anything else (``"maybe"``) is an error
-naming the argument and the type; an ``int`` takes an integer (not ``2.5``, not
-``True``); a ``Literal`` one of its values; ``X | None`` also ``None``, ``"none"``
-or ``"null"``; a sequence a list whose items convert. A string never becomes
-``True`` by being non-empty. The arguments the run sets itself (``num_envs``,
-``group_size``, ``tokenizer``, ``device``, ...) are refused. A factory taking
-``**kwargs`` accepts any name (an env option's value still typed).
+its value to the argument's type with the one converter,
+``lmgym.typed_values.parse_value`` (its rules: booleans from true/false/yes/no/1/0
+only, an integer not from ``2.5``, ``none``/``null`` where ``None`` is allowed, a
+single value where a list is expected as a list of one). An env option's type is
+its ``EnvOptions`` field's (``lmgym.envs.options.OPTION_TYPES``), a task's own
+parameter's the factory's annotation. An error names the argument:
+``env argument autoreset='maybe': expected true or false``. The arguments the run
+sets itself (``num_envs``, ``group_size``, ``tokenizer``, ``device``, ...) are
+refused. A factory taking ``**kwargs`` accepts any name (an env option's value
+still typed).
 """
 
 from __future__ import annotations
 
-import collections.abc
 import inspect
-import types
 import typing
 from typing import Any
 
 from lmgym.envs.options import OPTION_TYPES
 from lmgym.training.evaluation import vector_factory
+from lmgym.typed_values import parse_value
 
 RESERVED = {
     "num_envs": "--num-prompts x --group-size",
@@ -33,115 +32,6 @@ RESERVED = {
     "shard": "the data-parallel rank (torchrun)",
     "render_mode": "the run (it renders nothing)",
 }
-_TRUE = ("true", "yes", "1")
-_FALSE = ("false", "no", "0")
-_NONE = ("none", "null")
-_SCALARS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
-
-
-class _NoMatch(Exception):
-    """``value`` does not convert to the type asked for."""
-
-
-def coerce_value(key: str, value: Any, annotation: Any) -> Any:
-    """``value`` converted to ``annotation`` (see the module docstring).
-
-    Raises:
-        ValueError: it does not convert; the message names ``key`` and the type.
-    """
-    try:
-        return _convert(value, annotation)
-    except _NoMatch:
-        raise ValueError(f"env argument {key}={value!r}: expected {describe(annotation)}") from None
-
-
-def describe(annotation: Any) -> str:
-    """The type in words, for an error: ``int | None`` -> ``"an integer"``."""
-    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if origin is typing.Literal:
-        return f"one of {', '.join(map(repr, args))}"
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(describe(a) for a in args if a is not type(None))
-    if _item_type(annotation) is not None:
-        return f"a list ({describe(_item_type(annotation))} each)"
-    return _SCALARS.get(annotation, getattr(annotation, "__name__", str(annotation)))
-
-
-def _item_type(annotation: Any) -> Any:
-    """``X`` of ``Sequence[X]``, ``list[X]`` or ``tuple[X, ...]``, else ``None``."""
-    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if origin in (collections.abc.Sequence, list) and len(args) == 1:
-        return args[0]
-    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
-        return args[0]
-    return None
-
-
-def _convert(value: Any, annotation: Any) -> Any:
-    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if annotation is type(None):
-        if value is None or (isinstance(value, str) and value.lower() in _NONE):
-            return None
-        raise _NoMatch
-    if origin in (typing.Union, types.UnionType):
-        # None first ("none" is not the string "none" where None is allowed), then a
-        # member the value already is (the item "5" of a list of ids or names stays a
-        # name), then the first member it converts to.
-        members = sorted(args, key=lambda a: a is not type(None))
-        exact = [a for a in members if isinstance(a, type) and type(value) is a]
-        for member in exact + members:
-            try:
-                return _convert(value, member)
-            except _NoMatch:
-                pass
-        raise _NoMatch
-    if origin is typing.Literal:
-        if value not in args:
-            raise _NoMatch
-        return value
-    item = _item_type(annotation)
-    if item is not None:
-        if not isinstance(value, list | tuple):
-            raise _NoMatch
-        return [_convert(v, item) for v in value]
-    if annotation in _SCALARS:
-        return _convert_scalar(value, annotation)
-    return (
-        value  # a type this module does not convert (a device, a tokenizer): the factory checks it
-    )
-
-
-def _convert_scalar(value: Any, annotation: type) -> Any:
-    if annotation is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, int) and value in (0, 1):
-            return bool(value)
-        if isinstance(value, str) and value.lower() in _TRUE + _FALSE:
-            return value.lower() in _TRUE
-        raise _NoMatch
-    if isinstance(value, bool):
-        raise _NoMatch  # True is not the number 1
-    if annotation is int or annotation is float:
-        return _convert_number(value, annotation)
-    if isinstance(value, str):
-        return value
-    if isinstance(value, int | float):
-        return str(value)
-    raise _NoMatch
-
-
-def _convert_number(value: Any, annotation: type[int] | type[float]) -> int | float:
-    """An ``int`` (from an int or its text) or a ``float`` (from a number or its text)."""
-    accepted = int if annotation is int else int | float
-    if isinstance(value, accepted):
-        return annotation(value)
-    if isinstance(value, str):
-        try:
-            return annotation(value)
-        except ValueError:
-            raise _NoMatch from None
-    raise _NoMatch
 
 
 def check_env_kwargs(task: str, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -172,12 +62,12 @@ def check_env_kwargs(task: str, kwargs: dict[str, Any]) -> dict[str, Any]:
             )
         if key not in params or params[key].kind in variadic:
             if takes_any:
-                out[key] = coerce_value(key, value, OPTION_TYPES.get(key, Any))
+                out[key] = parse_value(f"env argument {key}", value, OPTION_TYPES.get(key, Any))
                 continue
             raise ValueError(
                 f"env argument {key}: task {task} takes no such argument; valid: {', '.join(valid)}"
             )
-        out[key] = coerce_value(key, value, types_.get(key, Any))
+        out[key] = parse_value(f"env argument {key}", value, types_.get(key, Any))
     return out
 
 

@@ -2,20 +2,16 @@
 
 lmgym writes each config field's help as the docstring under the field;
 ``HfArgumentParser`` reads help from ``field(metadata={"help": ...})``.
-``flag_dataclass`` bridges the two: it makes a copy of a config class whose
-fields carry their docstring as metadata, and maps the few annotations the
-parser cannot take itself:
-
-- ``X | None`` (``int``, ``float``, ``str``): a value of ``X``, or ``none``;
-- ``tuple[float, float]``: two floats (``--adam-betas 0.9 0.95``).
-
-Booleans are the parser's (``--flag``, ``--flag false``, ``--no-flag`` for a field
-that defaults to true; anything but yes/no/true/false/t/f/y/n/1/0 is an error
-naming the flag), ``Literal`` fields become choices and ``list[str]`` fields take
-one or more values. Each flag exists as ``--field-name`` and ``--field_name``.
-
-``file_value`` converts a config file's value with the same flag's type, strictly,
-so ``"false"`` in a file is ``False`` and ``"maybe"`` an error naming the field.
+``flag_dataclass`` bridges the two: it makes a copy of a config class whose fields
+carry their docstring as metadata, and ``make_parser`` builds the parser. The
+parser gives each flag its shape (``--flag`` / ``--no-flag`` for a boolean, two
+values for ``tuple[float, float]``, one or more for a list); every value given is
+converted by the one converter, ``lmgym.typed_values.parse_value``, with the
+field's annotation (a field given ``choices`` is typed ``Literal`` of them). So a
+flag, a config file's value (``flag_annotations``) and an env argument follow the
+same rules and give the same errors: ``--update-epochs 2.5`` is
+``argument --update_epochs/--update-epochs: update_epochs='2.5': expected an integer``.
+Each flag exists as ``--field-name`` and ``--field_name``.
 """
 
 from __future__ import annotations
@@ -24,44 +20,73 @@ import argparse
 import dataclasses
 import types
 import typing
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Literal
 
 from transformers import HfArgumentParser
 from transformers.hf_argparser import string_to_bool
 
 from lmgym.agents.config import field_help
-
-NONE_WORDS = ("none", "null")
-
-
-def _none_or(kind: type) -> Callable[[str], Any]:
-    """``kind(text)``, or ``None`` for ``none``/``null``."""
-
-    def convert(text: str) -> Any:
-        return None if text.lower() in NONE_WORDS else kind(text)
-
-    convert.__name__ = f"{kind.__name__} or none"
-    return convert
+from lmgym.typed_values import (
+    FieldValueError,
+    item_annotation,
+    literal_choices,
+    parse_value,
+)
 
 
-def _annotation_for_parser(annotation: Any) -> tuple[Any, dict[str, Any]]:
-    """``(annotation the parser handles, extra metadata)`` for a field's annotation."""
-    origin = typing.get_origin(annotation)
-    args = typing.get_args(annotation)
-    if origin in (typing.Union, types.UnionType) and type(None) in args:
-        inner = [a for a in args if a is not type(None)]
-        if len(inner) == 1 and inner[0] in (int, float, str):
-            return _none_or(inner[0]), {"metavar": inner[0].__name__.upper()}
-    if origin is tuple and args and all(a is float for a in args):
-        return float, {"nargs": len(args), "metavar": "FLOAT"}
-    if origin is list:
-        return annotation, {"metavar": getattr(args[0], "__name__", "VALUE").upper()}
-    if annotation in (int, float, str):
-        return annotation, {"metavar": annotation.__name__.upper()}
+class FlagType:
+    """The argparse ``type`` of one flag: each value given, ``parse_value``'d.
+
+    Attributes:
+        field: the field's name.
+        annotation: the field's type (a list flag's whole value, e.g. ``list[str]``).
+        item: the type of each value argparse hands over (``str`` for ``list[str]``).
+    """
+
+    def __init__(self, field: str, annotation: Any) -> None:
+        self.field = field
+        self.annotation = annotation
+        self.item = item_annotation(annotation) or annotation
+        self.__name__ = field  # argparse names a type in some messages
+
+    def __call__(self, text: str) -> Any:
+        try:
+            return parse_value(self.field, text, self.item)
+        except FieldValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _metavar(annotation: Any) -> str:
+    """``INT``, ``FLOAT``, ``STR`` or ``{a,b}`` for a field's (item) annotation."""
+    choices = literal_choices(annotation)
+    if choices is not None:
+        return "{" + ",".join(map(str, choices)) + "}"
+    inner = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(inner) == 1:
+        return _metavar(inner[0])
+    item = item_annotation(annotation)
+    if item is not None:
+        return _metavar(item)
+    return getattr(annotation, "__name__", "value").upper()
+
+
+def _shape(name: str, annotation: Any) -> tuple[Any, dict[str, Any]]:
+    """``(annotation the parser takes, argparse keywords)`` for a field.
+
+    A boolean keeps ``bool`` (the parser's ``--flag``, ``--flag VALUE`` and ``--no-flag``;
+    ``make_parser`` then gives it a ``FlagType``); anything else is a ``FlagType`` with
+    ``nargs`` for a list (one or more) or a fixed tuple (its length).
+    """
     if annotation is bool:
-        return annotation, {"metavar": "{true,false}"}
-    return annotation, {}
+        return bool, {"metavar": "{true,false}"}
+    metadata: dict[str, Any] = {"metavar": _metavar(annotation)}
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is tuple and args and args[-1] is not Ellipsis:
+        metadata["nargs"] = len(args)
+    elif item_annotation(annotation) is not None:
+        metadata["nargs"] = "+"
+    return FlagType(name, annotation), metadata
 
 
 def flag_dataclass(
@@ -75,7 +100,7 @@ def flag_dataclass(
     Args:
         config_class: a config dataclass (field docstrings as help).
         skip: fields that get no flag.
-        choices: valid values of some ``str`` fields.
+        choices: valid values of some ``str`` fields (typed ``Literal`` of them).
 
     Returns:
         A dataclass with the same field names and defaults, named like
@@ -87,13 +112,13 @@ def flag_dataclass(
     for field in dataclasses.fields(config_class):
         if field.name in skip:
             continue
-        annotation, metadata = _annotation_for_parser(hints[field.name])
+        annotation = hints[field.name]
+        if choices and field.name in choices:
+            annotation = Literal[tuple(choices[field.name])]
+        annotation, metadata = _shape(field.name, annotation)
         if annotation is bool and field.default is True:
             metadata.pop("metavar", None)  # the parser's --no-flag complement takes no metavar
         metadata["help"] = helps.get(field.name, "")
-        if choices and field.name in choices:
-            metadata["choices"] = list(choices[field.name])
-            metadata.pop("metavar", None)
         default: dict[str, Any] = (
             {"default": field.default}
             if field.default is not dataclasses.MISSING
@@ -108,77 +133,28 @@ def flag_dataclass(
 
 
 def make_parser(config_classes: Sequence[type], *, prog: str, description: str) -> HfArgumentParser:
-    """An ``HfArgumentParser`` over ``flag_dataclass`` copies (one argument group each)."""
-    return HfArgumentParser(list(config_classes), prog=prog, description=description)
+    """An ``HfArgumentParser`` over ``flag_dataclass`` copies (one argument group each),
+    every value converted by ``parse_value`` (a boolean flag's too)."""
+    parser = HfArgumentParser(list(config_classes), prog=prog, description=description)
+    for action in parser._actions:
+        if action.type is string_to_bool:
+            action.type = FlagType(action.dest, bool)
+    return parser
+
+
+def flag_annotations(parser: argparse.ArgumentParser) -> dict[str, Any]:
+    """``{field: annotation}`` of the parser's typed flags (what a config file's value
+    for the field is converted to, by ``parse_value``)."""
+    return {
+        action.dest: action.type.annotation
+        for action in parser._actions
+        if isinstance(action.type, FlagType)
+    }
 
 
 def field_names(flag_class: type) -> list[str]:
     """The field names of a ``flag_dataclass``."""
     return [field.name for field in dataclasses.fields(flag_class)]
-
-
-def actions_by_dest(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
-    """The parser's value-taking actions by destination (the ``--no-flag`` ones left out)."""
-    found: dict[str, argparse.Action] = {}
-    for action in parser._actions:
-        if action.dest not in found and not isinstance(action, argparse._StoreFalseAction):
-            found[action.dest] = action
-    return found
-
-
-def _expected(action: argparse.Action) -> str:
-    kind = action.type
-    if kind is string_to_bool:
-        return "true or false"
-    name = getattr(kind, "__name__", "")
-    words = {"int": "an integer", "float": "a number", "str": "a string"}
-    if name.endswith(" or none"):
-        return f"{words.get(name.removesuffix(' or none'), name)} or none"
-    return words.get(name, "a valid value")
-
-
-def file_value(action: argparse.Action, field: str, value: Any, where: str) -> Any:
-    """A config file's ``value`` for ``field``, converted as its flag would convert it.
-
-    A value is read through its text (``True`` as ``true``, ``None`` as ``none``), so
-    a boolean field takes true/false (not ``2``), an integer field an integer (not
-    ``2.5``) and a choice field one of its choices, as on the command line.
-
-    Raises:
-        ValueError: ``"<where>: <field>: expected ..., got <value>"``.
-    """
-    prefix = f"{where}: {field}"
-    if isinstance(action.nargs, int) or action.nargs == "+":
-        items = [value] if isinstance(value, str) and action.nargs == "+" else value
-        if not isinstance(items, list | tuple) or (
-            isinstance(action.nargs, int) and len(items) != action.nargs
-        ):
-            count = action.nargs if isinstance(action.nargs, int) else "one or more"
-            raise ValueError(f"{prefix}: expected a list of {count} values, got {value!r}")
-    else:
-        items = [value]
-    out = []
-    for item in items:
-        if item is None:
-            text = "none"
-        elif isinstance(item, bool):
-            text = str(item).lower()
-        elif isinstance(item, int | float | str):
-            text = str(item)
-        else:
-            raise ValueError(f"{prefix}: expected {_expected(action)}, got {item!r}")
-        convert = action.type or str
-        try:
-            converted = convert(text)  # type: ignore[operator]
-        except (ValueError, TypeError, argparse.ArgumentTypeError):
-            raise ValueError(f"{prefix}: expected {_expected(action)}, got {item!r}") from None
-        if action.choices is not None and converted not in action.choices:
-            raise ValueError(
-                f"{prefix}: invalid choice: {item!r} (choose from "
-                f"{', '.join(map(str, action.choices))})"
-            )
-        out.append(converted)
-    return out if isinstance(action.nargs, int) or action.nargs == "+" else out[0]
 
 
 _UNSET = object()

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lmgym.training.cli_common import parse_env_kwarg, quiet_transformers
-from lmgym.training.launch import LAUNCH_FLAGS, add_launch_flags, async_config, flag, pop_nproc
+from lmgym.training.launch import add_launch_flags, async_config, flag, pop_nproc
 from lmgym.training.ranks import launched_ranks
 from lmgym.training.run import TrainConfig
 
@@ -94,30 +94,28 @@ def _apply_file_values(
     parser: argparse.ArgumentParser, values: dict[str, Any], source: str
 ) -> None:
     """Set the parser's defaults from a config file's ``{field: value}`` (flags then
-    override them), each value converted strictly by its flag's type."""
-    from lmgym.training.flags import actions_by_dest, file_value
+    override them), each value converted by ``parse_value`` with its field's type, as
+    the flag converts what it is given."""
+    import typing
+
+    from lmgym.training.flags import flag_annotations
+    from lmgym.typed_values import parse_value
 
     where = f"--config {source}"
-    actions = actions_by_dest(parser)
-    fields = sorted(set(actions) - {"help", "config", "resume", "overwrite", *LAUNCH_FLAGS})
-    unknown = sorted(set(values) - set(fields))
+    hints = typing.get_type_hints(TrainConfig)
+    annotations = {**flag_annotations(parser), **{f: hints[f] for f in _SPECIAL_FIELDS}}
+    unknown = sorted(set(values) - set(annotations))
     if unknown:
         raise ValueError(
-            f"{where}: unknown field(s) {', '.join(unknown)}; valid fields: {', '.join(fields)}"
+            f"{where}: unknown field(s) {', '.join(unknown)}; valid fields: "
+            f"{', '.join(sorted(annotations))}"
         )
-    defaults = {}
-    for field, value in values.items():
-        if field == "env_kwargs":
-            if not isinstance(value, dict):
-                raise ValueError(f"{where}: env_kwargs: expected a mapping, got {value!r}")
-            defaults[field] = sorted(value.items())
-        elif field == "callbacks":
-            specs = [value] if isinstance(value, str) else value
-            if not isinstance(specs, list) or not all(isinstance(v, str) for v in specs):
-                raise ValueError(f"{where}: callbacks: expected a list of 'module:name' strings")
-            defaults[field] = specs
-        else:
-            defaults[field] = file_value(actions[field], field, value, where)
+    defaults = {
+        field: parse_value(field, value, annotations[field], where=where)
+        for field, value in values.items()
+    }
+    if "env_kwargs" in defaults:  # --env appends (key, value) pairs to these
+        defaults["env_kwargs"] = sorted(defaults["env_kwargs"].items())
     parser.set_defaults(**defaults)
 
 
@@ -228,15 +226,13 @@ def parse_train(argv: Sequence[str]) -> TrainRequest:
     known = _known(argv)
     if known.resume is not None and (known.actors or known.learners) is not None:
         raise UsageError(ASYNC_RESUME_REFUSED)
-    valid = ", ".join(sorted(ALGORITHMS))
-    if known.algo is not None and known.algo not in ALGORITHMS:
-        raise UsageError(f"unknown --algo {known.algo!r}; valid: {valid}")
     if known.resume is not None and known.config is not None:
         raise UsageError("--config and --resume cannot be combined (a run keeps its config)")
     values, source = _file_values(known)
     algo = known.algo or values.get("algo") or "grpo"
-    if algo not in ALGORITHMS:
-        raise UsageError(f"unknown algo {algo!r} in {source}; valid: {valid}")
+    if algo not in ALGORITHMS:  # checked here, before the parser (it is built for the algo)
+        given = "--algo" if known.algo is not None else f"algo (in {source})"
+        raise UsageError(f"unknown {given} {algo!r}; valid: {', '.join(sorted(ALGORITHMS))}")
     if known.resume is not None and known.algo is not None and known.algo != values["algo"]:
         raise UsageError(f"--algo {known.algo} differs from the resumed run's {values['algo']}")
     values["algo"] = algo

@@ -1,6 +1,6 @@
 """``--env KEY=VALUE`` values are typed from ``EnvOptions``'s fields (an env option)
-or the task's own parameter annotations, strictly, with one-line errors that name
-the key and the expected type."""
+or the task's own parameter annotations, by the one converter (``lmgym.typed_values``),
+with one-line errors that name the key, the value and the expected type."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 import lmgym  # noqa: F401  (registers the tasks)
 from lmgym.envs.options import ENV_OPTION_NAMES, OPTION_TYPES
-from lmgym.training.env_args import check_env_kwargs, coerce_value
+from lmgym.training.env_args import check_env_kwargs
 
 TASK = "lmgym/TargetString-v0"
 
@@ -45,26 +45,35 @@ def test_values_are_converted_to_the_option_types():
     assert check_env_kwargs(TASK, {"allowed_special_tokens": "all"}) == {
         "allowed_special_tokens": "all"
     }
+    # One value where a list is expected is a list of one, as in a config file.
+    assert check_env_kwargs(TASK, {"allowed_special_tokens": "<pad>", "stop_token_ids": 5}) == {
+        "allowed_special_tokens": ["<pad>"],
+        "stop_token_ids": [5],
+    }
 
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"max_new_tokens": True}, "env argument max_new_tokens=True: expected an integer"),
+        ({"max_new_tokens": True}, "env argument max_new_tokens=True: expected an integer or none"),
         ({"center_potential": 2}, "env argument center_potential=2: expected true or false"),
         ({"unfinished_penalty": "low"}, "env argument unfinished_penalty='low': expected a number"),
         (
             {"stop_token_ids": [1, "x"]},
-            "env argument stop_token_ids=[1, 'x']: expected a list (an integer each)",
+            "env argument stop_token_ids=[1, 'x']: expected a list (an integer each) or none",
         ),
         (
-            {"allowed_special_tokens": "some"},
-            "env argument allowed_special_tokens='some': expected a list (an integer or a "
-            "string each) or one of 'all'",
+            {"allowed_special_tokens": {"pad": 0}},
+            "env argument allowed_special_tokens={'pad': 0}: expected a list (an integer or a "
+            "string each) or one of ['all']",
         ),
         (
             {"prompt_order": "random"},
-            "env argument prompt_order='random': expected one of 'shuffle', 'sequential'",
+            "env argument prompt_order='random' is not one of ['shuffle', 'sequential']",
+        ),
+        (
+            {"unfinished_penalty": "nan"},
+            "env argument unfinished_penalty='nan': must be a finite number",
         ),
     ],
 )
@@ -94,8 +103,3 @@ def test_a_task_parameter_is_typed_by_its_annotation():
     assert check_env_kwargs("lmgym/LengthControl-v0", {"max_length": "5"}) == {"max_length": 5}
     with pytest.raises(ValueError, match=r"env argument tolerance='wide': expected a number"):
         check_env_kwargs("lmgym/LengthControl-v0", {"tolerance": "wide"})
-
-
-def test_an_unknown_type_is_left_to_the_factory():
-    marker = object()
-    assert coerce_value("x", marker, object) is marker
