@@ -16,24 +16,27 @@ always accepted for the action it numbers. An invalid turn costs
   each observation is your position, ``"row 2 col 5"``. Moves ``up right down
   left`` (0-3). Reward -1 per move, -100 for stepping onto the cliff (back to the
   start). ``invalid_penalty`` -1, the cost of a move, so that writing nonsense never
-  beats walking. One game for every seed; the optimal return is -13. Solved:
-  ``R >= -13``.
+  beats walking; an episode cut at ``max_turns`` or the budget returns -100.
+  One game for every seed; the optimal return is -13. Solved: ``R >= -13``.
 - ``lmgym/Taxi-v0`` (``Taxi-v4``): the map and the stops in the prompt; each
   observation ``"taxi row 2 col 1, passenger at y, destination g."`` (``in the
   taxi`` once picked up). Moves ``south north east west pickup dropoff`` (0-5;
   ``down up right left`` too). Reward -1 per move, +20 for the delivery, -10 for a
-  wrong pickup or dropoff; ``invalid_penalty`` -1. The seed draws the start.
+  wrong pickup or dropoff; ``invalid_penalty`` -1; an episode cut at ``max_turns``
+  or the budget returns -20. The seed draws the start.
   Solved: ``R >= 8`` (Gymnasium's threshold for Taxi).
 - ``lmgym/Blackjack-v0`` (``Blackjack-v1``, Sutton & Barto rules): ``"your sum 14,
   dealer shows 10, usable ace: no."``. Moves ``stick hit`` (0-1; ``stand`` too).
   Reward +1 win, -1 loss, 0 draw, when the hand ends. ``invalid_penalty`` -0.1.
-  The seed draws the cards. Even perfect play loses on average, so no return
-  counts as solved; the listed threshold, 0, means beating the house.
+  The seed draws the cards. Even perfect play loses on average: basic strategy
+  returns -0.045 (measured directly on ``Blackjack-v1``, seeds 0-39999, standard
+  error 0.005), always sticking -0.18. Solved: ``R >= -0.07``, near basic strategy.
 
 Each task takes ``num_games`` (game seeds ``0 .. num_games - 1``, one prompt each,
 column ``seed``), ``invalid_penalty``, ``split``/``eval_fraction``/``data_seed`` (a
 train/eval split of the seeds), ``chat`` and every env option; ``max_turns`` and
-``max_new_tokens`` default per game (``DEFAULTS``).
+``max_new_tokens`` default per game (``OPTIONS``; ``lmgym tasks`` lists the reward
+ranges at these defaults, ``lmgym.envs.registration.register_multi_turn_tasks``).
 """
 
 from __future__ import annotations
@@ -147,20 +150,34 @@ GAMES: dict[str, TextGame] = {
     ),
 }
 
-#: Per game: ``(max_turns, max_new_tokens, invalid_penalty)`` defaults.
-DEFAULTS: dict[str, tuple[int, int, float]] = {
-    "FrozenLake": (10, 320, -0.1),
-    "CliffWalking": (20, 448, -1.0),
-    "Taxi": (20, 1280, -1.0),
-    "Blackjack": (5, 320, -0.1),
+#: Per game: its env option defaults. A truncated CliffWalking or Taxi episode
+#: returns exactly ``unfinished_penalty`` (the env's ``unfinished="penalty"``): their
+#: rewards are costs, and without it a policy that babbles until the budget runs out
+#: would pay less than one that walks to the goal.
+OPTIONS: dict[str, dict[str, Any]] = {
+    "FrozenLake": {"max_turns": 10, "max_new_tokens": 320},
+    "CliffWalking": {
+        "max_turns": 20,
+        "max_new_tokens": 448,
+        "unfinished": "penalty",
+        "unfinished_penalty": -100.0,
+    },
+    "Taxi": {
+        "max_turns": 20,
+        "max_new_tokens": 1280,
+        "unfinished": "penalty",
+        "unfinished_penalty": -20.0,
+    },
+    "Blackjack": {"max_turns": 5, "max_new_tokens": 320},
 }
 
-#: Per game: ``(reward_range, solved_threshold)`` at the defaults, for ``lmgym tasks``.
-SCORES: dict[str, tuple[tuple[float, float], float]] = {
-    "FrozenLake": ((-1.0, 1.0), 0.9),
-    "CliffWalking": ((-2000.0, -13.0), -13.0),
-    "Taxi": ((-200.0, 20.0), 8.0),
-    "Blackjack": ((-1.5, 1.0), 0.0),
+#: Per game: the reward of a turn that names no valid move (a move's cost where
+#: moves cost, so that nonsense never beats walking).
+INVALID_PENALTY: dict[str, float] = {
+    "FrozenLake": -0.1,
+    "CliffWalking": -1.0,
+    "Taxi": -1.0,
+    "Blackjack": -0.1,
 }
 
 
@@ -183,73 +200,73 @@ def _game_env(
         eval_fraction=eval_fraction,
         data_seed=data_seed,
         chat=chat,
-        max_new_tokens=DEFAULTS[name][1],
+        max_new_tokens=OPTIONS[name]["max_new_tokens"],
     )
 
 
-@task_factory(max_turns=DEFAULTS["FrozenLake"][0], max_new_tokens=DEFAULTS["FrozenLake"][1])
+@task_factory(**OPTIONS["FrozenLake"])
 def make_frozen_lake_vector(
     options: EnvOptions,
     num_games: int = 16,
-    invalid_penalty: float = DEFAULTS["FrozenLake"][2],
+    invalid_penalty: float = INVALID_PENALTY["FrozenLake"],
     split: Split = "train",
     eval_fraction: float = 0.25,
     data_seed: int = 0,
     chat: bool | None = None,
 ) -> TokenVectorEnv:
     """``lmgym/FrozenLake-v0``, ``FrozenLake-v1`` bridged, as a native vector env (the
-    parameters: ``build_game_env``; the defaults: ``DEFAULTS['FrozenLake']``)."""
+    parameters: ``build_game_env``; the defaults: ``OPTIONS['FrozenLake']``)."""
     return _game_env(
         "FrozenLake", options, num_games, invalid_penalty, split, eval_fraction, data_seed, chat
     )
 
 
-@task_factory(max_turns=DEFAULTS["CliffWalking"][0], max_new_tokens=DEFAULTS["CliffWalking"][1])
+@task_factory(**OPTIONS["CliffWalking"])
 def make_cliff_walking_vector(
     options: EnvOptions,
     num_games: int = 16,
-    invalid_penalty: float = DEFAULTS["CliffWalking"][2],
+    invalid_penalty: float = INVALID_PENALTY["CliffWalking"],
     split: Split = "train",
     eval_fraction: float = 0.25,
     data_seed: int = 0,
     chat: bool | None = None,
 ) -> TokenVectorEnv:
     """``lmgym/CliffWalking-v0``, ``CliffWalking-v1`` bridged, as a native vector env (the
-    parameters: ``build_game_env``; the defaults: ``DEFAULTS['CliffWalking']``)."""
+    parameters: ``build_game_env``; the defaults: ``OPTIONS['CliffWalking']``)."""
     return _game_env(
         "CliffWalking", options, num_games, invalid_penalty, split, eval_fraction, data_seed, chat
     )
 
 
-@task_factory(max_turns=DEFAULTS["Taxi"][0], max_new_tokens=DEFAULTS["Taxi"][1])
+@task_factory(**OPTIONS["Taxi"])
 def make_taxi_vector(
     options: EnvOptions,
     num_games: int = 256,
-    invalid_penalty: float = DEFAULTS["Taxi"][2],
+    invalid_penalty: float = INVALID_PENALTY["Taxi"],
     split: Split = "train",
     eval_fraction: float = 0.25,
     data_seed: int = 0,
     chat: bool | None = None,
 ) -> TokenVectorEnv:
     """``lmgym/Taxi-v0``, ``Taxi-v4`` bridged, as a native vector env (the
-    parameters: ``build_game_env``; the defaults: ``DEFAULTS['Taxi']``)."""
+    parameters: ``build_game_env``; the defaults: ``OPTIONS['Taxi']``)."""
     return _game_env(
         "Taxi", options, num_games, invalid_penalty, split, eval_fraction, data_seed, chat
     )
 
 
-@task_factory(max_turns=DEFAULTS["Blackjack"][0], max_new_tokens=DEFAULTS["Blackjack"][1])
+@task_factory(**OPTIONS["Blackjack"])
 def make_blackjack_vector(
     options: EnvOptions,
     num_games: int = 256,
-    invalid_penalty: float = DEFAULTS["Blackjack"][2],
+    invalid_penalty: float = INVALID_PENALTY["Blackjack"],
     split: Split = "train",
     eval_fraction: float = 0.25,
     data_seed: int = 0,
     chat: bool | None = None,
 ) -> TokenVectorEnv:
     """``lmgym/Blackjack-v0``, ``Blackjack-v1`` bridged, as a native vector env (the
-    parameters: ``build_game_env``; the defaults: ``DEFAULTS['Blackjack']``)."""
+    parameters: ``build_game_env``; the defaults: ``OPTIONS['Blackjack']``)."""
     return _game_env(
         "Blackjack", options, num_games, invalid_penalty, split, eval_fraction, data_seed, chat
     )
