@@ -4,8 +4,11 @@ faces of one task.
 
 ``TASKS`` holds what ``lmgym tasks`` lists (``format_task_table``): reward range,
 random-policy baseline, solved threshold, the reward modes where the task is
-meaningful and, for the chat tasks, a real model's measured base score. ``register_reward_env`` turns any reward into a registered env (and
+meaningful and, for the chat tasks, a real model's measured base score.
+``register_reward_env`` turns any reward into a registered env (and
 ``reward_env_factory`` into a vector entry point for ``gymnasium.register``);
+``register_responder_env`` (and ``responder_env_factory``) does the same for a
+multi-turn env over a responder of your own (``lmgym.envs.turns``);
 ``env_option_names`` lists the options a task's ``make_vec`` takes.
 """
 
@@ -29,6 +32,7 @@ from lmgym.envs.task_factory import (
     task_factory,
 )
 from lmgym.envs.token_env import TokenVectorEnv
+from lmgym.envs.turns import Responder
 from lmgym.types import Prompt, PromptSource, RewardModel
 
 
@@ -206,6 +210,7 @@ def register_all() -> None:
         description="cosine similarity to a reference under all-MiniLM-L6-v2 ('pet that purrs:' ~ 'cat')",
     )
     register_chat_tasks()
+    register_multi_turn_tasks()
 
 
 REAL_MODEL = "smollm2-135m-instruct"
@@ -258,6 +263,58 @@ def register_chat_tasks() -> None:
         description="chat: continue a movie review's opening; VADER compound sentiment of "
         "the continuation (run with a KL penalty)",
     )
+
+
+def register_multi_turn_tasks() -> None:
+    """The multi-turn tasks (issue 28): a responder answers between the policy's turns
+    (``lmgym.envs.tasks.multi_turn``); their rewards are turn rewards, so bandit mode."""
+    tasks = "lmgym.envs.tasks.multi_turn"
+    register_task(
+        "GuessNumber",
+        f"{tasks}.guess_number",
+        "make_guess_number",
+        "make_guess_number_vector",
+        solved_threshold=0.7,
+        random_baseline=0.07,
+        modes=("bandit",),
+        description="multi-turn: guess a secret in 1..8, told higher/lower after each guess; "
+        "1 - (k-1)/max_turns for a hit on turn k, else 0",
+    )
+    register_task(
+        "Calculator",
+        f"{tasks}.calculator",
+        "make_calculator",
+        "make_calculator_vector",
+        solved_threshold=0.9,
+        random_baseline=0.0,
+        modes=("bandit",),
+        description="multi-turn tool use: 'what is 37*23+19?'; calc: EXPR (or <calc>) gets the "
+        "value back, answer: N (or <answer>) ends it; 1 if N is right, else 0",
+    )
+    # Ranges at each game's default max_turns and invalid_penalty (games.OPTIONS);
+    # random baselines measured with random_policy_return (64 rows x 4 batches).
+    for name, factory, reward_range, solved, random, what in (
+        ("FrozenLake", "frozen_lake", (-1.0, 1.0), 0.9, -0.28,
+         "FrozenLake-v1 4x4, not slippery; 1 at the goal"),
+        ("CliffWalking", "cliff_walking", (-2000.0, -13.0), -13.0, -100.0,
+         "CliffWalking-v1; -1 a move, -100 the cliff or a cut-off episode (optimal -13)"),
+        ("Taxi", "taxi", (-200.0, 20.0), 8.0, -20.0,
+         "Taxi-v4; -1 a move, +20 the delivery, -20 a cut-off episode"),
+        ("Blackjack", "blackjack", (-1.5, 1.0), -0.07, -0.3,
+         "Blackjack-v1, hit or stick; +1 win, -1 loss (basic strategy -0.045)"),
+    ):  # fmt: skip
+        register_task(
+            name,
+            f"{tasks}.games",
+            f"make_{factory}",
+            f"make_{factory}_vector",
+            solved_threshold=solved,
+            reward_range=reward_range,
+            random_baseline=random,
+            modes=("bandit",),
+            description=f"multi-turn: {what}; the game as text, a move per turn, an "
+            "unparseable move penalised",
+        )
 
 
 def available_tasks() -> list[str]:
@@ -335,6 +392,29 @@ def _check_reward_model(reward: object) -> None:
             )
 
 
+def _check_prompts(prompts: object) -> None:
+    if isinstance(prompts, str | bytes):
+        raise TypeError("prompts: got a single string; pass a list of prompts, e.g. [prompt]")
+
+
+def _custom_factory(
+    name: str,
+    prompts: PromptSource | Sequence[Prompt],
+    reward: RewardModel | None,
+    responder: Responder | None,
+    defaults: dict[str, Any],
+) -> VectorFactory:
+    """The vector factory behind ``reward_env_factory`` and ``responder_env_factory``."""
+    source = prompts
+    # A closure, not kwargs in the spec: Gymnasium deep-copies spec kwargs on every make.
+
+    def body(options: EnvOptions) -> TokenVectorEnv:
+        return build_env(options, source, reward, responder=responder)
+
+    body.__name__ = body.__qualname__ = name
+    return task_factory(**defaults)(body)
+
+
 def reward_env_factory(
     reward: RewardModel, prompts: PromptSource | Sequence[Prompt], **defaults: Any
 ) -> VectorFactory:
@@ -360,17 +440,71 @@ def reward_env_factory(
             ``prompts`` is a single string, or a default is not an ``EnvOptions`` field.
     """
     _check_reward_model(reward)
-    if isinstance(prompts, str | bytes):
-        raise TypeError("prompts: got a single string; pass a list of prompts, e.g. [prompt]")
+    _check_prompts(prompts)
     check_option_defaults(defaults, "register_reward_env")
-    source = prompts
-    # A closure, not kwargs in the spec: Gymnasium deep-copies spec kwargs on every make.
+    return _custom_factory(
+        "make_reward_env_vector", prompts, reward, None, {"max_new_tokens": 16, **defaults}
+    )
 
-    @task_factory(**{"max_new_tokens": 16, **defaults})
-    def make_reward_env_vector(options: EnvOptions) -> TokenVectorEnv:
-        return build_env(options, source, reward)
 
-    return make_reward_env_vector
+def responder_env_factory(
+    responder: Responder,
+    prompts: PromptSource | Sequence[Prompt],
+    *,
+    reward: RewardModel | None = None,
+    **defaults: Any,
+) -> VectorFactory:
+    """The vector factory of a multi-turn env over ``responder`` and ``prompts``, for
+    ``gymnasium.register(vector_entry_point=...)`` (``single_env_factory(factory)``
+    is the matching ``entry_point``), as ``reward_env_factory`` is for a reward.
+
+    Args:
+        responder: a ``Responder`` (``lmgym.envs.turns``): ``role``, ``start`` and
+            ``respond``, functional over its per-episode states.
+        prompts: any prompt source; its columns reach the responder (``columns``).
+        reward: an optional reward model scoring the whole episode at its end, on
+            top of the turn rewards.
+        defaults: defaults for ``EnvOptions`` fields (``max_new_tokens`` defaults
+            to 64: the policy's turns and the responder's observations share it).
+
+    Raises:
+        TypeError: ``responder`` is not a ``Responder``, ``reward`` a plain function,
+            ``prompts`` a single string, or a default not an ``EnvOptions`` field.
+    """
+    if not isinstance(responder, Responder):
+        raise TypeError(
+            f"responder: expected a Responder (a role, start(EpisodeStart) and "
+            f"respond(TurnInput); lmgym.envs.turns), got {type(responder).__name__}"
+        )
+    if reward is not None:
+        _check_reward_model(reward)
+    _check_prompts(prompts)
+    check_option_defaults(defaults, "register_responder_env")
+    return _custom_factory(
+        "make_responder_env_vector", prompts, reward, responder, {"max_new_tokens": 64, **defaults}
+    )
+
+
+def _custom_id(name: str) -> str:
+    """``"CountA"`` -> ``lmgym/CountA-v0``; a full id (``"myns/CountA-v2"``) as is."""
+    return name if re.fullmatch(r"(.+/)?[^/]+-v\d+", name) else f"lmgym/{name}-v0"
+
+
+def _register_custom(env_id: str, factory: VectorFactory, info: TaskInfo) -> str:
+    """Register a custom env's two faces under ``env_id`` (replacing an earlier
+    registration of it) and list it in ``TASKS``."""
+    if env_id in gym.registry:
+        del gym.registry[env_id]
+    gym.register(id=env_id, entry_point=single_env_factory(factory), vector_entry_point=factory)
+    TASKS[env_id] = info
+    return env_id
+
+
+def _check_custom_name(name: str) -> str:
+    env_id = _custom_id(name)
+    if env_id in _BUILTIN:
+        raise ValueError(f"name={name!r}: {env_id} is a built-in task; pick another name")
+    return env_id
 
 
 def register_reward_env(
@@ -415,24 +549,80 @@ def register_reward_env(
             an ``EnvOptions`` field.
         ValueError: ``name`` is a built-in task's id.
     """
-    env_id = name if re.fullmatch(r"(.+/)?[^/]+-v\d+", name) else f"lmgym/{name}-v0"
-    if env_id in _BUILTIN:
-        raise ValueError(f"name={name!r}: {env_id} is a built-in task; pick another name")
-    vector_entry = reward_env_factory(reward, prompts, **defaults)
-    if env_id in gym.registry:
-        del gym.registry[env_id]
-    gym.register(
-        id=env_id, entry_point=single_env_factory(vector_entry), vector_entry_point=vector_entry
+    env_id = _check_custom_name(name)
+    factory = reward_env_factory(reward, prompts, **defaults)
+    mode = defaults.get("reward_mode", EnvOptions.reward_mode)
+    info = TaskInfo(env_id, solved_threshold, description, reward_range, random_baseline, (mode,))
+    return _register_custom(env_id, factory, info)
+
+
+def register_responder_env(
+    name: str,
+    responder: Responder,
+    prompts: PromptSource | Sequence[Prompt],
+    *,
+    reward: RewardModel | None = None,
+    max_turns: int | None = None,
+    solved_threshold: float | None = None,
+    reward_range: tuple[float, float] = (0.0, 1.0),
+    random_baseline: float | None = None,
+    description: str = "custom responder (multi-turn)",
+    **defaults: Any,
+) -> str:
+    """Register a multi-turn env over your own responder, with both Gymnasium faces;
+    returns its id. The multi-turn counterpart of ``register_reward_env``::
+
+        @dataclass(frozen=True)
+        class Echo:                        # says back what the policy wrote, 3 times
+            role: str = "user"
+            def start(self, episodes):
+                return [0] * len(episodes.prompts)
+            def respond(self, turns):
+                done = [n + 1 >= 3 for n in turns.states]
+                return TurnOutput([t + "\n" for t in turns.turn_texts],
+                                  [float("a" in t) for t in turns.turn_texts], done,
+                                  [n + 1 for n in turns.states])
+
+        env_id = register_responder_env("Echo", Echo(), ["say something:"], max_turns=3)
+        env = gymnasium.make_vec(env_id, num_envs=8, group_size=4)
+
+    ``make``/``make_vec`` take every ``EnvOptions`` field, as for any task; the
+    reward mode is ``"bandit"`` (a multi-turn env's rewards are the turn rewards,
+    plus ``reward``'s score of the whole episode at its end, if given). Registering
+    the same custom name again replaces it. ``lmgym train --task your_module:Echo-v0``
+    trains on it when ``your_module`` makes this call at import.
+
+    Args:
+        name: ``"Echo"`` registers ``lmgym/Echo-v0``; a full id is used as is.
+        responder: a ``Responder`` (``lmgym.envs.turns``): ``role`` (``"user"`` or
+            ``"tool"``), ``start(EpisodeStart) -> states``, ``respond(TurnInput) ->
+            TurnOutput``; functional (never mutate a state it is given).
+        prompts: any prompt source; its columns reach the responder (a game seed,
+            a secret, a reference answer).
+        reward: an optional reward model for the whole episode.
+        max_turns: default limit on the policy's turns (``None``: only the token
+            budget bounds an episode); ``make_vec(..., max_turns=...)`` overrides it.
+        solved_threshold: listed by ``lmgym tasks`` if given.
+        reward_range: listed by ``lmgym tasks``.
+        random_baseline: the uniform random policy's mean return, if measured.
+        description: listed by ``lmgym tasks``.
+        defaults: defaults for other ``EnvOptions`` fields, e.g. ``max_new_tokens=128``
+            (default 64, for the turns and the observations together),
+            ``stop_token_ids=policy.stop_token_ids``, ``tokenizer=policy.tokenizer``.
+
+    Raises:
+        TypeError: ``responder`` is not a ``Responder``, ``reward`` a plain function,
+            ``prompts`` a single string, or a default not an ``EnvOptions`` field.
+        ValueError: ``name`` is a built-in task's id.
+    """
+    env_id = _check_custom_name(name)
+    if max_turns is not None:
+        defaults["max_turns"] = max_turns
+    factory = responder_env_factory(responder, prompts, reward=reward, **defaults)
+    info = TaskInfo(
+        env_id, solved_threshold, description, reward_range, random_baseline, ("bandit",)
     )
-    TASKS[env_id] = TaskInfo(
-        env_id,
-        solved_threshold,
-        description,
-        reward_range,
-        random_baseline,
-        (defaults.get("reward_mode", EnvOptions.reward_mode),),
-    )
-    return env_id
+    return _register_custom(env_id, factory, info)
 
 
 def vector_entry_point(task: str) -> VectorFactory:
