@@ -18,7 +18,9 @@ def error(command: str, message: str) -> int:
 
 
 def parse_env_kwarg(text: str) -> tuple[str, Any]:
-    """``KEY=VALUE`` as ``(key, value)``, the value read as JSON when it parses."""
+    """``KEY=VALUE`` as ``(key, value)``, the value read as JSON when it parses (``[1, 2]``,
+    ``5``, ``true``), else kept as text; ``lmgym.training.env_args`` then converts it to
+    the argument's type (``lmgym.typed_values.parse_value``)."""
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
