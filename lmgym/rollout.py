@@ -353,7 +353,8 @@ def score_policy(
             not be it, whose prompt stream and in-flight episodes would move.
 
     Returns:
-        ``reward_mean``, ``reward_std``, ``completion_length``.
+        ``reward_mean``, ``reward_std``, ``completion_length`` (the policy's tokens:
+        a multi-turn episode's observations are not counted).
     """
     if training_env is not None and env is training_env:
         raise ValueError(
@@ -369,7 +370,7 @@ def score_policy(
         for i in range(num_batches)
     ]
     scores = torch.cat([b.scores for b in batches])
-    lengths = torch.cat([b.lengths for b in batches]).float()
+    lengths = torch.cat([b.policy_lengths for b in batches]).float()
     return {
         "reward_mean": scores.mean().item(),
         "reward_std": scores.std().item() if scores.numel() > 1 else 0.0,
