@@ -287,3 +287,41 @@ def test_a_normaliser_that_counts_observation_tokens_fails_the_check(tokenizer, 
     b = update_counting_observations(ROWS_B)
     with pytest.raises(AssertionError):
         assert_same_update(a, b)
+
+
+@pytest.mark.parametrize("autoreset", [False, True])
+def test_every_agent_learns_an_iteration_on_a_multi_turn_env(tokenizer, autoreset):
+    # End to end: collect (synchronous or continuous) -> prepare -> update. Every
+    # count is of the policy's tokens: tokens_generated and completion_length.
+    from lmgym.rollout import collect
+
+    class Echo(NoReplies):
+        def respond(self, turns: TurnInput) -> TurnOutput:
+            k = turns.rows.numel()
+            done = [t >= 2 for t in turns.turn_index.tolist()]
+            return TurnOutput(
+                ["ok"] * k, [float(len(t)) for t in turns.turn_texts], done, [None] * k
+            )
+
+    for name in ALGORITHMS:
+        env = TokenVectorEnv(
+            tokenizer, PROMPTS, None, responder=Echo(), num_prompts=2, group_size=2,
+            max_new_tokens=L, autoreset=autoreset,
+        )  # fmt: skip
+        policy = context_free_policy(tokenizer)
+        agent = ALGORITHMS[name](policy, env, max_grad_norm=None)
+        metrics = agent.learn(1)[0]
+        assert all(math.isfinite(v) for v in metrics.values()), name
+        if not autoreset and name != "remax":  # (ReMax also counts its greedy rollouts)
+            # The same batch again, from the same seeds, to count its tokens.
+            again = TokenVectorEnv(
+                tokenizer, PROMPTS, None, responder=Echo(), num_prompts=2, group_size=2,
+                max_new_tokens=L,
+            )  # fmt: skip
+            generator = torch.Generator().manual_seed(0)
+            batch = collect(again, context_free_policy(tokenizer), seed=0, generator=generator)
+            assert (batch.completion_mask & ~batch.policy_mask).any()  # there were turns
+            assert metrics["tokens_generated"] == float(batch.policy_lengths.sum()), name
+            assert math.isclose(
+                metrics["completion_length"], float(batch.policy_lengths.float().mean())
+            ), name
