@@ -191,6 +191,18 @@ def test_builtin_multi_turn_tasks_are_listed_and_make(env_id):
     gym.make(env_id).reset(seed=0)
 
 
+@pytest.mark.parametrize("env_id", MULTI_TURN)
+def test_random_policy_is_below_the_solved_threshold_and_matches_the_table(env_id):
+    """As tests/envs/test_tasks.py checks the single-turn tasks' baselines."""
+    from lmgym.envs.tasks import random_policy_return
+
+    info = TASKS[env_id]
+    random_return = random_policy_return(gym.make_vec(env_id, num_envs=64), num_batches=2)
+    assert random_return < info.solved_threshold
+    scale = max(1.0, abs(info.random_baseline))
+    assert random_return == pytest.approx(info.random_baseline, abs=0.06 * scale)
+
+
 # ------------------------------------------------------------ lmgym train
 USER_MODULE = """
 from lmgym.envs.prompts import RecordPrompts
