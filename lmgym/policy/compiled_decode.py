@@ -16,8 +16,9 @@ first ``W`` columns, the mask's width:
 
 Row ``i`` writes its new key/value at column ``cols[i]`` in place (``SlotLayer``),
 so the step mutates its inputs and allocates no cache memory. A step that also
-carries restarted rows' text (``kv_engine``'s ``PackedText``) has as many inputs as
-that text has tokens: it compiles once more, with dynamic shapes.
+carries appended text (``kv_engine``'s ``PackedText``: restarted rows' new
+episodes, a multi-turn env's actions and observations) has as many inputs as that
+text has tokens: it compiles once more, with dynamic shapes.
 
 Attention is ``slot_attention``, registered with transformers' ``AttentionInterface``
 as ``"lmgym_slots"`` and switched on only around the compiled call: a plain
@@ -71,7 +72,7 @@ def slot_attention(
         scaling: the score scale (default ``D ** -0.5``).
         dropout: must be 0 (the policy runs in eval mode).
         lmgym_packed: ``(rows [T] int64, allowed [T, W] bool)``: ``T`` more
-            one-token queries after the first ``N`` (restarted rows' text, packed
+            one-token queries after the first ``N`` (appended text, packed
             into the decode step): query ``N + t`` reads columns ``[0, W)`` of cache
             row ``rows[t]`` where ``allowed[t]``.
 
@@ -177,7 +178,7 @@ def _only_differentiating_guards(on: bool) -> contextlib.AbstractContextManager:
 def compile_step(mode: str | None, packed: bool = False) -> Callable[..., Tensor]:
     """``torch.compile(_step)``, made once per mode and kind (dynamo keeps one graph
     per model and shape under it). Sizes the caller marks dynamic (the read width on
-    CPU; a packed step's number of inputs and restart width) become symbolic, the
+    CPU; a packed step's number of inputs and appended width) become symbolic, the
     rest stay fixed. The CPU's default mode writes the graph's call function in C++
     (``cpp_wrapper``: ~5% of a small model's step is the Python that launches each
     kernel). Tests replace this function to run the step uncompiled."""

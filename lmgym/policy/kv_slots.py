@@ -9,14 +9,15 @@ Two ways to write a step:
 
 - *shared column* (``cols is None``, episode-synchronous rollouts): every row's new
   columns go to ``[filled, filled + S)``, as in a growing cache.
-- *per-row columns* (continuous batching, after a row restarted): one new column per
-  row, row ``i``'s at ``cols[i]``; a restarted row's new text sits in its own first
-  columns, so every row's columns run from 0 and ``filled`` is about the longest
-  in-flight row. No column is ever moved or compacted. The caller sets
-  ``cols`` and ``filled`` before the forward (``set_step``); the attention mask
-  hides the columns of other rows' lengths and of stopped rows. A restarted row's
-  text comes in the same forward as extra one-token inputs that write their own
-  row's columns (``set_step(..., rows=...)``).
+- *per-row columns* (continuous batching, after a row restarted, or once a
+  multi-turn row took in an observation): one new column per row, row ``i``'s at
+  ``cols[i]``; a restarted row's new text sits in its own first columns, so every
+  row's columns run from 0 and ``filled`` is about the longest in-flight row. No
+  column is ever moved or compacted. The caller sets ``cols`` and ``filled`` before
+  the forward (``set_step``); the attention mask hides the columns of other rows'
+  lengths and of stopped rows. A restarted row's text, or a multi-turn row's action
+  and observation, comes in the same forward as extra one-token inputs that write
+  their own row's columns (``set_step(..., rows=...)``).
 
 The compiled decode step (``compiled_decode``) writes per-row columns too, and
 takes the whole buffers (``set_step(..., read_all=True)``): its attention reads as
@@ -147,7 +148,8 @@ def set_step(
 
     ``rows``: ``[B] int64``, the row each of the step's ``B`` one-token inputs writes
     (``cols`` is then ``[B]`` too); default one input per row, in order. A packed
-    step (``kv_engine``) adds restarted rows' text as extra one-token inputs."""
+    step (``kv_engine``) adds appended text (restarts, observations) as extra
+    one-token inputs."""
     for layer in cache.layers:
         layer.cols = cols
         layer.read_all = read_all
