@@ -32,10 +32,10 @@ class RolloutBatch:
     ``i`` sits at ``completion_ids[i, t]``; position ``t`` is real iff
     ``completion_mask[i, t]``.
 
-    Multi-turn episodes (``EnvOptions.max_turns``): the completion region holds the
-    policy's turn 1, the environment's observation 1, the policy's turn 2, ...
-    interleaved, as the env's buffer held them; ``policy_mask`` marks the tokens the
-    policy sampled. Environment tokens are state, not actions: their sampler log-prob
+    Multi-turn episodes (a ``TokenVectorEnv`` with a responder): the completion
+    region holds the policy's turn 1, the environment's observation 1, the policy's
+    turn 2, ... interleaved, as the env's buffer held them; ``policy_mask`` marks the
+    tokens the policy sampled. Environment tokens are state, not actions: their sampler log-prob
     and reward are 0, and the loss, its normalisers and the metrics count policy
     tokens only. The last token of an episode is always a policy token.
 
@@ -59,8 +59,10 @@ class RolloutBatch:
         lengths: ``[B] int64`` number of completion tokens (``T_i``; in a multi-turn
             episode the observation tokens too, as the env's ``info["length"]``:
             the columns the row spans; ``policy_lengths`` counts the policy's).
-        terminated: ``[B] bool`` ended on a stop id.
-        truncated: ``[B] bool`` cut at ``max_new_tokens`` without a stop id.
+        terminated: ``[B] bool`` ended on a stop id (multi-turn: the responder ended
+            the episode).
+        truncated: ``[B] bool`` cut at ``max_new_tokens`` without a stop id
+            (multi-turn: also at ``max_turns``, or for want of budget).
         valid: ``[B] bool`` False for rows the env's unfinished-completion policy
             ``"mask"`` dropped from the loss.
         special_mass: ``[B] float32`` probability the policy's special-token mask
