@@ -154,17 +154,6 @@ def check_observation_size(
 
 
 # ------------------------------------------------------------------ the adapter
-class _FullBuffer(FullObservation):
-    """``FullObservation`` with a multi-turn env's ``policy_mask`` (``[B, S] int8``) too,
-    so the view matches ``env.single_observation_space``."""
-
-    def __call__(self, env: TokenVectorEnv, obs: dict[str, Tensor]) -> dict[str, Tensor]:
-        out = dict(super().__call__(env, obs))  # type: ignore[arg-type]
-        if "policy_mask" in obs:
-            out["policy_mask"] = obs["policy_mask"].to(torch.int8)
-        return out
-
-
 class SB3VecEnv(VecEnv):
     """A ``TokenVectorEnv`` as a Stable-Baselines3 ``VecEnv`` (same-step autoreset).
 
@@ -207,7 +196,7 @@ class SB3VecEnv(VecEnv):
                 "observation go in `observation=` instead"
             )
         self.env = env
-        self.view = observation if observation is not None else _FullBuffer()
+        self.view = observation if observation is not None else FullObservation()
         observation_space = self.view.observation_space(env)
         check_observation_size(observation_space, env.vocab_size, env.max_new_tokens, max_features)
         self.bootstrap_truncated = bootstrap_truncated

@@ -70,7 +70,8 @@ class ObservationView(ABC):
 
 
 class FullObservation(ObservationView):
-    """The whole buffer: ``{"input_ids": [B, S] int64, "attention_mask": [B, S] int8}``.
+    """The whole buffer: ``{"input_ids": [B, S] int64, "attention_mask": [B, S] int8}``,
+    and for a multi-turn env ``"policy_mask": [B, S] int8`` (the policy's tokens).
 
     The same space and dtypes as the single env ``lmgym.envs.TokenEnv``.
     """
@@ -79,10 +80,13 @@ class FullObservation(ObservationView):
         return env.single_observation_space
 
     def __call__(self, env: TokenVectorEnv, obs: dict[str, Tensor]) -> TensorObs:
-        return {
+        out = {
             "input_ids": obs["input_ids"].long(),
             "attention_mask": obs["attention_mask"].to(torch.int8),
         }
+        if "policy_mask" in obs:
+            out["policy_mask"] = obs["policy_mask"].to(torch.int8)
+        return out
 
 
 class TokenIdsObservation(ObservationView):
@@ -174,8 +178,10 @@ class TokenObservationWrapper(gym.ObservationWrapper, gym.utils.RecordConstructo
 
     def observation(self, observation: dict[str, np.ndarray]) -> Any:
         batch = {
-            "input_ids": torch.as_tensor(observation["input_ids"], dtype=torch.long)[None],
-            "attention_mask": torch.as_tensor(observation["attention_mask"]).bool()[None],
+            name: torch.as_tensor(value, dtype=torch.long if name == "input_ids" else torch.bool)[
+                None
+            ]
+            for name, value in observation.items()
         }
         return _to_numpy(self.view(self._vector_env, batch), row=0)
 

@@ -105,8 +105,10 @@ def test_flatten_and_filter_observation(env_id):
     vocab = base.unwrapped.vector_env.vocab_size
     flat = gym.wrappers.FlattenObservation(base)
     obs, _ = flat.reset(seed=0)
-    # Gymnasium flattens MultiDiscrete one-hot and MultiBinary as is.
-    assert obs.shape == (seq_len * vocab + seq_len,)
+    # Gymnasium flattens MultiDiscrete one-hot and MultiBinary as is: the attention
+    # mask, and a multi-turn env's policy mask.
+    masks = 2 if base.unwrapped.vector_env.responder is not None else 1
+    assert obs.shape == (seq_len * vocab + masks * seq_len,)
     assert flat.observation_space.contains(obs)
     only_ids = gym.wrappers.FilterObservation(gym.make(env_id), ["input_ids"])
     obs, _ = only_ids.reset(seed=0)
@@ -146,6 +148,8 @@ def _drive(env: gym.vector.VectorEnv, actions: list[np.ndarray]):
 @pytest.mark.parametrize("env_id", TASK_IDS)
 def test_vector_record_episode_statistics_over_torch_to_numpy(env_id, make_actions):
     native = gym.make_vec(env_id, num_envs=4)
+    if native.max_new_tokens > 32:  # a game's long budget: 40 random steps must end one
+        native = gym.make_vec(env_id, num_envs=4, max_new_tokens=32)
     env = vector_wrappers.RecordEpisodeStatistics(TorchToNumpy(native))
     obs, info = env.reset(seed=0)
     assert isinstance(obs["input_ids"], np.ndarray) and obs["attention_mask"].dtype == np.int8

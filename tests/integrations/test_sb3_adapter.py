@@ -87,9 +87,9 @@ def test_adapter_equals_native_env_restarting_finished_rows(
     assert native.metadata["autoreset_mode"] == AutoresetMode.DISABLED
 
     def numpy_obs(obs):
+        # ids as they are, the masks (attention, and a multi-turn env's policy) as int8
         return {
-            "input_ids": obs["input_ids"].numpy(),
-            "attention_mask": obs["attention_mask"].numpy().astype(np.int8),
+            k: v.numpy() if k == "input_ids" else v.numpy().astype(np.int8) for k, v in obs.items()
         }
 
     adapter.seed(11)
