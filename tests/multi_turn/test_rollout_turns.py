@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from transformers import MistralConfig, MistralForCausalLM
 
 from lmgym.agents import GRPO
 from lmgym.asynchronous.sampler import AdmissionCollector
@@ -268,6 +269,50 @@ def test_rows_admitted_while_others_end_turns_keep_matching_teacher_forcing(toke
         if len(batches) >= 3:
             break
     assert len(batches) >= 3 and any(both)  # a step packed a restart beside a turn's end
+    for batch in batches:
+        check_interleaved(batch)
+        assert logprob_gap(policy, batch) < 1e-4
+
+
+def rotary_policy(tokenizer, sliding_window: int | None) -> CausalLMPolicy:
+    """A tiny Mistral (rotary positions, grouped KV heads), EOS-biased: the absorbed
+    observations' positions must follow the row's exactly. A sliding window gives a
+    cache kind lmgym does not move into slots (rebuilt from the text instead)."""
+    config = MistralConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        sliding_window=sliding_window,
+        tie_word_embeddings=False,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(0)
+    model = MistralForCausalLM(config).eval()
+    head = torch.nn.Linear(config.hidden_size, config.vocab_size, bias=True)
+    with torch.no_grad():
+        head.bias.zero_()
+        head.bias[tokenizer.eos_token_id] = 2.0
+    model.lm_head = head
+    return CausalLMPolicy(model, tokenizer)
+
+
+@pytest.mark.parametrize("sliding_window", [None, 4])
+@pytest.mark.parametrize("autoreset", [False, True])
+def test_a_rotary_model_absorbs_observations_at_the_right_positions(
+    tokenizer, sliding_window, autoreset
+):
+    policy = rotary_policy(tokenizer, sliding_window)
+    env = turn_env(tokenizer, num_prompts=2, group_size=2, autoreset=autoreset)
+    if autoreset:
+        collector = ContinuousCollector(env, policy, seed=0)
+        batches = [collector.collect(num_groups=2) for _ in range(2)]
+    else:
+        batches = [collect(env, policy, seed=0)]
     for batch in batches:
         check_interleaved(batch)
         assert logprob_gap(policy, batch) < 1e-4
