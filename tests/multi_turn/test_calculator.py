@@ -212,3 +212,23 @@ def test_chat_prompts_render_the_tool_answer_through_the_template():
     )
     text = tok.decode(obs["input_ids"][0][obs["attention_mask"][0].bool()])
     assert f"<eos><unk>tool: {answers[0]}<unk>assistant: answer: 0<eos>" in text, text
+
+
+def test_a_real_chat_tokenizer_hears_the_tool_as_a_tool_turn(smollm2_tokenizer):
+    tok = smollm2_tokenizer
+    stop = tok.convert_tokens_to_ids("<|im_end|>")
+    env = make_calculator_vector(
+        num_envs=1, group_size=1, autoreset=False, split="all", tokenizer=tok, stop_token_ids=[stop]
+    )
+    env.reset(seed=0)
+    reward = terminated = None
+    for turn in ("<calc>2+3</calc>", "<answer>5</answer>"):
+        for token in tok(turn, add_special_tokens=False)["input_ids"] + [stop]:
+            obs, reward, terminated, _, _ = env.step(torch.tensor([token]))
+    text = tok.decode(obs["input_ids"][0][obs["attention_mask"][0].bool()])
+    assert "Give your final answer as <answer>number</answer>.<|im_end|>\n" in text
+    assert text.endswith(
+        "<|im_start|>assistant\n<calc>2+3</calc><|im_end|>\n<|im_start|>tool\n5<|im_end|>\n"
+        "<|im_start|>assistant\n<answer>5</answer><|im_end|>"
+    )
+    assert bool(terminated[0]) and float(reward[0]) in (0.0, 1.0)
