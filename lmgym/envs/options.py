@@ -14,7 +14,6 @@ from its fields (``OPTION_TYPES``), and every task's factory takes them all
 
 from __future__ import annotations
 
-import types
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
@@ -26,6 +25,7 @@ from transformers import PreTrainedTokenizerBase
 
 from lmgym.char_tokenizer import make_char_tokenizer
 from lmgym.special_tokens import AllowedSpecialTokens
+from lmgym.typed_values import literal_choices
 
 RewardMode = Literal["bandit", "per_token"]
 PerTokenForm = Literal["potential", "dense"]
@@ -196,23 +196,11 @@ ENV_OPTION_NAMES: tuple[str, ...] = tuple(f.name for f in fields(EnvOptions))
 OPTION_TYPES: dict[str, Any] = typing.get_type_hints(EnvOptions)
 
 
-def _literal_choices(hint: Any) -> tuple[Any, ...] | None:
-    """The values a ``Literal`` or ``Literal | None`` type allows, else ``None``."""
-    if typing.get_origin(hint) is Literal:
-        return typing.get_args(hint)
-    args = typing.get_args(hint)
-    if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args:
-        inner = [a for a in args if a is not type(None)]
-        if len(inner) == 1 and typing.get_origin(inner[0]) is Literal:
-            return (*typing.get_args(inner[0]), None)
-    return None
-
-
 #: The fields whose type is a ``Literal``, and the values each allows.
 _LITERAL_CHOICES: dict[str, tuple[Any, ...]] = {
-    name: choices
+    name: (*choices, None) if type(None) in typing.get_args(hint) else choices
     for name, hint in OPTION_TYPES.items()
-    if (choices := _literal_choices(hint)) is not None
+    if (choices := literal_choices(hint)) is not None
 }
 
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from lmgym.agents.config import AgentConfig
+from lmgym.agents.config import AgentConfig, check_types
 from lmgym.persistence import atomic
 from lmgym.persistence.atomic import (
     append_line,
@@ -130,7 +130,9 @@ class TrainConfig:
     """Custom callbacks, 'package.module:name'; a class is instantiated with no arguments."""
 
     def check(self) -> None:
-        """Raise ``ValueError`` naming the field for values no run can use."""
+        """Raise ``ValueError`` naming the field for values no run can use (its type
+        first: a ``TrainConfig`` built in Python is checked like a parsed one)."""
+        check_types(self)
         for name in ("iterations", "save_every", "keep_checkpoints", "log_interval"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)}: must be >= 0")

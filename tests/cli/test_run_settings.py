@@ -204,3 +204,17 @@ def test_a_callback_given_again_on_resume_runs_once(tmp_path, monkeypatch):
     import count_calls
 
     assert count_calls.calls == [1, 2]
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"iterations": "5"}, "iterations='5': expected an integer"),
+        ({"early_stop": "false"}, "early_stop='false': expected"),
+        ({"stop_window": 2.5}, "stop_window=2.5"),
+    ],
+)
+def test_a_config_built_in_python_is_type_checked_by_name(changes, message):
+    # "false" would count as True and "5" < 0 raises a bare TypeError without the check.
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(**changes).check()
