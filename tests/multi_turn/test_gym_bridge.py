@@ -4,7 +4,12 @@ and the four bridged games played through the env by a scripted policy."""
 
 from __future__ import annotations
 
+import copy
+import pickle
+from concurrent.futures import ThreadPoolExecutor
+
 import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 
@@ -164,6 +169,27 @@ def test_states_are_values_a_failed_step_can_retry():
     first, second = responder.respond(turns), responder.respond(turns)
     assert first == second
     assert turns.states == [GameState(5), GameState(6, (1,)), GameState(7)]
+
+
+def test_a_copy_or_another_thread_plays_the_same_games():
+    """Pickled, deep-copied or called from several threads at once, the responder
+    answers exactly as it does alone (each thread replays on its own Gymnasium env)."""
+    responder = GymResponder(GAMES["Taxi"])
+    states = [GameState(seed, (1, 3, 0)[: seed % 4]) for seed in range(24)]
+    turns = turn_input(["east"] * 24, states)
+    alone = responder.respond(turns)
+    assert pickle.loads(pickle.dumps(responder)).respond(turns) == alone
+    assert copy.deepcopy(responder).respond(turns) == alone
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda _: responder.respond(turns), range(16)))
+    assert all(answer == alone for answer in answers)
+
+
+def test_numpy_integer_seeds_are_seeds():
+    responder = GymResponder(LAKE)
+    episodes = EpisodeStart(["p"], torch.zeros(1, dtype=torch.long), {"seed": [np.int64(3)]})
+    assert responder.start(episodes) == [GameState(3)]
+    assert type(responder.start(episodes)[0].seed) is int
 
 
 def test_blackjack_text_matches_the_envs_draws():

@@ -27,6 +27,7 @@ of ``group_size`` episodes shares one secret.
 
 from __future__ import annotations
 
+import numbers
 import random
 import re
 from dataclasses import dataclass
@@ -99,8 +100,9 @@ class GuessNumber:
         secrets = column(episodes.columns, self.column, "GuessNumber")
         out = []
         for j, secret in enumerate(secrets):
-            if isinstance(secret, bool) or not isinstance(secret, int):
+            if isinstance(secret, bool) or not isinstance(secret, numbers.Integral):
                 raise ValueError(f"GuessNumber: row {j}: secret {secret!r} is not an integer")
+            secret = int(secret)
             if not self.low <= secret <= self.high:
                 raise ValueError(
                     f"GuessNumber: row {j}: secret {secret} is outside [{self.low}, {self.high}]; "

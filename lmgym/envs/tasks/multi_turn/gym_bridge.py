@@ -16,10 +16,10 @@ write one of left, down, right, up, or 0-3"``); the episode goes on, and the
 env's ``max_turns`` bounds how long.
 
 State. A row's responder state is ``GameState(seed, actions)``: the game seed and
-the actions taken so far. ``respond`` replays them on a Gymnasium env made once
-per responder, from ``reset(seed=seed)`` (the toy-text envs are tiny and, given the
-seed, deterministic, their randomness included), so states are immutable values
-and nothing leaks between rows or survives a failed step.
+the actions taken so far. ``respond`` replays them on a Gymnasium env the
+responder keeps (one per thread), from ``reset(seed=seed)`` (the toy-text envs are
+tiny and, given the seed, deterministic, their randomness included), so states are
+immutable values and nothing leaks between rows or survives a failed step.
 
 The built-in games (FrozenLake, CliffWalking, Taxi, Blackjack) and how each reads
 as text are in ``lmgym.envs.tasks.multi_turn.games``. Any other discrete env: ``TextGame.generic(env_id)`` (numbers as moves,
@@ -30,7 +30,9 @@ split into train/eval like the other tasks.
 
 from __future__ import annotations
 
+import numbers
 import string
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -50,6 +52,11 @@ _STRIP = string.whitespace + ".,!?:;'\"`"
 
 #: ``render(unwrapped_env, observation) -> text``.
 Renderer = Callable[[Any, Any], str]
+
+
+def render_generic(env: Any, obs: Any) -> str:
+    """Any observation as ``"observation: <str(obs)>"``."""
+    return f"observation: {obs}"
 
 
 @dataclass(frozen=True)
@@ -100,7 +107,7 @@ class TextGame:
             env_id,
             tuple((str(i),) for i in range(n)),
             f"{env_id.lower()}: one move per turn, a number from 0 to {n - 1}.",
-            lambda env, obs: f"observation: {obs}",
+            render_generic,
             dict(kwargs),
         )
 
@@ -146,32 +153,41 @@ class GymResponder:
         self.game = game
         self.invalid_penalty = float(invalid_penalty)
         self.column = column
-        self._env: gym.Env | None = None
+        self._local = threading.local()  # one Gymnasium env per thread, made on first use
 
     def __repr__(self) -> str:
         return f"GymResponder({self.game.env_id!r}, invalid_penalty={self.invalid_penalty})"
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (or deep-copied) without its Gymnasium envs; a copy makes its own."""
+        return {k: v for k, v in self.__dict__.items() if k != "_local"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._local = threading.local()
+
     @property
     def env(self) -> gym.Env:
-        """The Gymnasium env every replay runs on (made on first use)."""
-        if self._env is None:
-            self._env = gym.make(self.game.env_id, **self.game.kwargs)
-        return self._env
+        """This thread's Gymnasium env, which every replay resets (made on first use)."""
+        env = getattr(self._local, "env", None)
+        if env is None:
+            env = self._local.env = gym.make(self.game.env_id, **self.game.kwargs)
+        return env
 
-    def replay(self, state: GameState) -> tuple[Any, float, bool]:
-        """``(observation, reward of the last action, episode over)`` after
-        ``reset(seed=state.seed)`` and ``state.actions``."""
-        obs, _ = self.env.reset(seed=state.seed)
+    def play(self, state: GameState) -> tuple[str, float, bool]:
+        """``(observation text, reward of the last action, episode over)`` after
+        ``reset(seed=state.seed)`` and ``state.actions``, replayed on a fresh episode."""
+        env = self.env
+        obs, _ = env.reset(seed=state.seed)
         reward, over = 0.0, False
         for action in state.actions:
-            obs, step_reward, terminated, truncated, _ = self.env.step(action)
+            obs, step_reward, terminated, truncated, _ = env.step(action)
             reward, over = float(step_reward), bool(terminated or truncated)
-        return obs, reward, over
+        return self.game.render(env.unwrapped, obs), reward, over
 
     def first_observation(self, seed: int) -> str:
         """The text of the game's first observation under ``seed``."""
-        obs, _, _ = self.replay(GameState(seed))
-        return self.game.render(self.env.unwrapped, obs)
+        return self.play(GameState(seed))[0]
 
     def start(self, episodes: EpisodeStart) -> list[GameState]:
         """A fresh ``GameState`` per episode, from the ``column`` column's seeds.
@@ -183,9 +199,9 @@ class GymResponder:
         seeds = column(episodes.columns, self.column, f"GymResponder({self.game.env_id})")
         states = []
         for j, seed in enumerate(seeds):
-            if isinstance(seed, bool) or not isinstance(seed, int):
+            if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
                 raise ValueError(f"GymResponder: row {j}: seed {seed!r} is not an integer")
-            states.append(GameState(seed))
+            states.append(GameState(int(seed)))
         return states
 
     def reply(self, text: str, state: GameState) -> Reply:
@@ -195,9 +211,8 @@ class GymResponder:
         except ValueError as err:
             return Reply(str(err), self.invalid_penalty, False, state)
         moved = GameState(state.seed, (*state.actions, action))
-        obs, reward, over = self.replay(moved)
-        observation = None if over else self.game.render(self.env.unwrapped, obs)
-        return Reply(observation, reward, over, moved)
+        text, reward, over = self.play(moved)
+        return Reply(None if over else text, reward, over, moved)
 
     def respond(self, turns: TurnInput) -> TurnOutput:
         """Answer each row's move (see the module docstring)."""
