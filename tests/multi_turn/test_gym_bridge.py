@@ -69,6 +69,12 @@ def test_anything_else_is_refused_naming_the_moves(text):
         LAKE.parse(text)
 
 
+def test_names_of_your_own_game_match_in_any_case():
+    game = TextGame("CartPole-v1", (("Push-Left",), ("Push-Right",)), "cart", render_taxi)
+    assert game.parse("push-right") == game.parse("PUSH-RIGHT.") == 1
+    assert game.move_list() == "Push-Left, Push-Right, or 0-1"
+
+
 def test_generic_game_uses_numbers_and_refuses_a_continuous_env():
     game = TextGame.generic("CartPole-v1")
     assert game.actions == (("0",), ("1",))

@@ -74,7 +74,8 @@ class TextGame:
     Attributes:
         env_id: the Gymnasium id (``gymnasium.make(env_id, **kwargs)``).
         actions: per action index, its names (the first is the one error messages
-            show); the action's number is always accepted too.
+            show; matched case-insensitively); the action's number is always
+            accepted too.
         intro: the prompt's first line(s): the game, the moves, the rewards.
         render: ``(env.unwrapped, observation) -> text``: what the policy reads.
         kwargs: keyword arguments for ``gymnasium.make``.
@@ -126,7 +127,7 @@ class TextGame:
         """
         word = text.strip(_STRIP).lower()
         for index, names in enumerate(self.actions):
-            if word == str(index) or word in names:
+            if word == str(index) or word in (name.lower() for name in names):
                 return index
         shown = word if len(word) <= 20 else word[:20] + "..."
         raise ValueError(f"unknown move: {shown or 'nothing'}. write one of {self.move_list()}")
