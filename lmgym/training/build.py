@@ -28,12 +28,13 @@ from lmgym.training.run import TrainConfig
 from lmgym.training.user_code import import_object, resolve_task
 
 
-def check_algo(algo: str) -> None:
-    """Raise ``ValueError`` listing the valid names if ``algo`` is unknown."""
+def check_algo(algo: str, given: str = "algo") -> None:
+    """Raise ``ValueError`` listing the valid names if ``algo`` is unknown; ``given``
+    names where it came from (``"--algo"``, ``"algo (in run.toml)"``)."""
     from lmgym.agents import ALGORITHMS
 
     if algo not in ALGORITHMS:
-        raise ValueError(f"unknown algo {algo!r}; valid: {', '.join(sorted(ALGORITHMS))}")
+        raise ValueError(f"unknown {given} {algo!r}; valid: {', '.join(sorted(ALGORITHMS))}")
 
 
 def check_task(task: str) -> str:

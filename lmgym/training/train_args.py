@@ -210,7 +210,7 @@ def parse_train(argv: Sequence[str]) -> TrainRequest:
         UsageError: a refused combination or value (one line).
         SystemExit: argparse's ``--help`` (0) or usage error (2).
     """
-    from lmgym.agents import ALGORITHMS
+    from lmgym.training.build import check_algo
     from lmgym.training.flags import given_fields
 
     nproc, argv = pop_nproc(list(argv))
@@ -230,9 +230,10 @@ def parse_train(argv: Sequence[str]) -> TrainRequest:
         raise UsageError("--config and --resume cannot be combined (a run keeps its config)")
     values, source = _file_values(known)
     algo = known.algo or values.get("algo") or "grpo"
-    if algo not in ALGORITHMS:  # checked here, before the parser (it is built for the algo)
-        given = "--algo" if known.algo is not None else f"algo (in {source})"
-        raise UsageError(f"unknown {given} {algo!r}; valid: {', '.join(sorted(ALGORITHMS))}")
+    try:  # checked here, before the parser (it is built for the algo)
+        check_algo(algo, "--algo" if known.algo is not None else f"algo (in {source})")
+    except ValueError as err:
+        raise UsageError(str(err)) from None
     if known.resume is not None and known.algo is not None and known.algo != values["algo"]:
         raise UsageError(f"--algo {known.algo} differs from the resumed run's {values['algo']}")
     values["algo"] = algo
