@@ -93,6 +93,13 @@ class RolloutBatch:
     def __post_init__(self) -> None:
         if self.policy_mask is None:
             object.__setattr__(self, "policy_mask", self.completion_mask)
+        mask, like = self.policy_mask, self.completion_mask
+        if mask.shape != like.shape or mask.dtype != torch.bool:
+            raise ValueError(
+                f"RolloutBatch.policy_mask: expected a bool tensor shaped like "
+                f"completion_mask {tuple(like.shape)}, got {mask.dtype} "
+                f"{tuple(mask.shape)}; leave it out for a single-turn batch"
+            )
 
     @property
     def batch_size(self) -> int:
