@@ -16,7 +16,8 @@ a policy token of turn ``k``:
   and gets advantage 0.
 
 A turn is a maximal run of policy tokens: it starts at a policy token whose
-predecessor is not one (an observation token, or the prompt). Turns are counted and
+predecessor is not one (an observation token, or the prompt). An observation of no
+tokens therefore joins the turns around it into one (their rewards summed). Turns are counted and
 their returns computed with batched scatter, gather and a ``[K, K]`` matrix of
 discounts (``K`` the batch's most turns), never a loop over rows.
 """
