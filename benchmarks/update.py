@@ -81,7 +81,13 @@ def bimodal_batch(tok: object, seed: int = 0) -> RolloutBatch:
         valid=torch.ones(rows, dtype=torch.bool),
     )
     # Per-row statistics the update does not read (e.g. ``special_mass``): zeros.
-    rest = {f.name: torch.zeros(rows) for f in dataclasses.fields(RolloutBatch)}
+    # Fields with a default (``policy_mask``: a single-turn batch's is its completion
+    # mask) keep it.
+    rest = {
+        f.name: torch.zeros(rows)
+        for f in dataclasses.fields(RolloutBatch)
+        if f.default is dataclasses.MISSING
+    }
     return RolloutBatch(**{**rest, **values})
 
 
