@@ -1,5 +1,6 @@
 """Environments: the token-level vector env, its single-env facade, the env options
-every task shares, rewards, prompt sources, tasks and registration."""
+every task shares, rewards, prompt sources, tasks and registration, and the
+multi-turn responder protocol (``Responder`` and its records, ``register_responder_env``)."""
 
 from lmgym.envs.action_space import TokenActionSpace, TokenActionsSpace
 from lmgym.envs.options import ENV_OPTION_NAMES, EnvOptions
@@ -19,7 +20,9 @@ from lmgym.envs.registration import (
     format_task_table,
     make_reward_env_vector,
     register_all,
+    register_responder_env,
     register_reward_env,
+    responder_env_factory,
     reward_env_factory,
     vector_entry_point,
 )
@@ -35,6 +38,7 @@ from lmgym.envs.rewards import (
 from lmgym.envs.single import TokenEnv, single_env_factory
 from lmgym.envs.task_factory import build_env, task_factory
 from lmgym.envs.token_env import TokenVectorEnv
+from lmgym.envs.turns import EpisodeStart, Responder, ResponderError, TurnInput, TurnOutput
 from lmgym.special_tokens import stop_ids_for
 
 register_all()
@@ -45,10 +49,13 @@ __all__ = [
     "CombinedReward",
     "DatasetColumn",
     "EnvOptions",
+    "EpisodeStart",
     "FunctionReward",
     "JsonlPrompts",
     "PromptSubset",
     "RecordPrompts",
+    "Responder",
+    "ResponderError",
     "RewardError",
     "SequenceClassifierReward",
     "TaskInfo",
@@ -58,13 +65,17 @@ __all__ = [
     "TokenModuleReward",
     "TokenScoreReward",
     "TokenVectorEnv",
+    "TurnInput",
+    "TurnOutput",
     "available_tasks",
     "build_env",
     "env_option_names",
     "format_task_table",
     "make_reward_env_vector",
+    "register_responder_env",
     "register_reward_env",
     "reward_component_means",
+    "responder_env_factory",
     "reward_env_factory",
     "shuffle_prompts",
     "single_env_factory",
