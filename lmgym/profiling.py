@@ -10,7 +10,10 @@ label                   phase
 ``lmgym.act``           ``CausalLMPolicy.act`` (its own time: masks, positions, copies)
 ``lmgym.prefill``       ``act`` builds a fresh KV cache from the text
 ``lmgym.decode``        ``act`` feeds each row its one new token
-``lmgym.restart``       ``act`` packs new episodes' text into the others' decode step
+``lmgym.restart``       ``act`` packs new text into the others' decode step: new
+                        episodes' prompts and, in a multi-turn env, a row's ended
+                        turn and the environment's observation (one packed step
+                        may carry both, so one label covers both)
 ``lmgym.trunk``         the model's trunk forward (``hidden_states``), in any phase
 ``lmgym.lm_head``       the LM head on the last hidden states (``act``)
 ``lmgym.sample``        temperature/top-k/top-p and the draw (``act``)

@@ -34,7 +34,7 @@ from lmgym.training.evaluation import EvalResult, HeldOut, derived_seed
 from lmgym.training.logger import record_metrics
 from lmgym.training.ranks import Ranks
 from lmgym.training.run import RunDirectory
-from lmgym.training.sample_text import prompt_label, sample_line
+from lmgym.training.sample_text import episode_texts, prompt_label, sample_line
 
 Printer = Callable[[str], None]
 
@@ -214,7 +214,7 @@ class SamplePrinter(TrainingCallback):
         with torch.no_grad():
             batch = collect(self.env, agent.policy, seed=seed, generator=generator)
         k = self.env.group_size
-        texts = self.env.decode_completions(batch.completion_ids)
+        texts = episode_texts(self.env, batch)
         order = sorted(range(len(texts)), key=lambda i: (i % k, i // k))[: self.count]
         table = self.env.prompt_table
         index = [int(batch.prompt_index[i]) for i in order]

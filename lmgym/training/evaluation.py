@@ -33,7 +33,7 @@ from lmgym.envs.registration import vector_entry_point
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.policy.causal_lm import CausalLMPolicy
 from lmgym.rollout import collect
-from lmgym.training.sample_text import prompt_label
+from lmgym.training.sample_text import episode_texts, prompt_label
 
 VERIFIED_TASKS: dict[str, str] = {
     "lmgym/TargetString-v0": "the completion starts with the target string",
@@ -139,13 +139,16 @@ class EvalResult:
 
     Attributes:
         reward_mean, reward_std: over every sampled completion's episode return.
-        completion_length: mean completion tokens (EOS included).
+        completion_length: mean number of tokens the policy sampled per episode (EOS
+            included; a multi-turn episode's observations are not the policy's), as
+            the update's ``completion_length`` counts them.
         pass_at_1, pass_at_k: ``None`` when the task has no verifier.
         num_prompts, samples_per_prompt: ``n`` prompts times ``k`` completions.
         split: which prompts (see ``make_eval_env``).
         correct_threshold: the reward counted as correct, if any.
         samples: a few ``(prompt, completion, reward)``, one per prompt first; a chat
-            prompt as its last user message (``sample_text.prompt_label``).
+            prompt as its last user message (``sample_text.prompt_label``), a
+            multi-turn completion as its whole episode (``sample_text.episode_texts``).
     """
 
     reward_mean: float
@@ -233,10 +236,10 @@ def evaluate_policy(
         keep = batch.group_ids < num_prompts  # group ids count from 0 after reset(seed)
         batch = batch.select(keep)
         scores.append(batch.scores.cpu())
-        lengths.append(batch.lengths.cpu())
+        lengths.append(batch.policy_lengths.cpu())
         groups.append(batch.group_ids.cpu())
         prompt_index.append(batch.prompt_index.cpu())
-        completions += env.decode_completions(batch.completion_ids)
+        completions += episode_texts(env, batch)
         have = int(torch.cat(groups).unique().numel())
     score = torch.cat(scores)
     group = torch.cat(groups)

@@ -20,7 +20,8 @@ class TrainResult:
             on data-parallel ranks other than 0: rank 0 evaluates).
         seconds: wall time of ``learn``.
         iteration: the agent's iteration count at the end (all sessions).
-        tokens_generated: completion tokens sampled (all sessions, all ranks).
+        tokens_generated: tokens the policy sampled (all sessions, all ranks; a
+            multi-turn episode's observations not counted).
         checkpoint: the final checkpoint.
         stopped_early: whether early stopping ended it.
         agent: the trained agent.
