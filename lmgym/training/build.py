@@ -8,6 +8,7 @@ where (device, shard) and when (fresh run, resume, rank) each piece is built.
 from __future__ import annotations
 
 import inspect
+import json
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,10 @@ from lmgym.training.evaluation import make_eval_env
 from lmgym.training.model_source import resolve_model
 from lmgym.training.run import TrainConfig
 from lmgym.training.user_code import import_object, resolve_task
+
+TINY_POSITIONS = 256
+"""The built-in tiny GPT-2's context (``make_tiny_model``'s default) for a task that
+fits in it; a longer task gets a longer one (``tiny_positions``)."""
 
 
 def check_algo(algo: str, given: str = "algo") -> None:
@@ -54,6 +59,7 @@ def load_policy(
     peft_config: Any = None,
     autocast_dtype: str | None = None,
     gradient_checkpointing: bool = False,
+    tiny_positions: int = TINY_POSITIONS,
 ) -> CausalLMPolicy:
     """The policy for ``model`` (hub name or directory); ``None``: the tiny GPT-2, built
     locally and round-tripped through ``save_pretrained`` / ``from_pretrained``.
@@ -61,12 +67,14 @@ def load_policy(
     Args:
         peft_config, autocast_dtype, gradient_checkpointing: as
             ``CausalLMPolicy.from_pretrained`` (``TrainConfig.peft_config()``, ...).
+        tiny_positions: the tiny GPT-2's context (``tiny_positions``); ignored for a
+            ``model``.
 
     Raises:
         ModelNotFoundError: a missing directory, or a hub name while offline and not
             cached (``resolve_model``); one line saying what to pass instead.
     """
-    from lmgym.policy import save_tiny
+    from lmgym.policy import make_tiny_lm, save_tiny
 
     settings = {
         "device": device,
@@ -78,12 +86,52 @@ def load_policy(
     if model is not None:
         return CausalLMPolicy.from_pretrained(resolve_model(model), **settings)
     with tempfile.TemporaryDirectory() as tmp:
-        path = save_tiny(f"{tmp}/tiny-gpt2")
+        path = save_tiny(f"{tmp}/tiny-gpt2", make_tiny_lm(n_positions=tiny_positions))
         return CausalLMPolicy.from_pretrained(path, **settings)
 
 
+def tiny_positions(config: TrainConfig, env_id: str, env: TokenVectorEnv | None = None) -> int:
+    """The context of the built-in tiny GPT-2 for a run: ``TINY_POSITIONS``, or, for a
+    task whose prompt plus budget is longer (the Gymnasium games as text: FrozenLake
+    needs 475 positions, Taxi 1758), one more than the longer ``seq_len`` of its
+    training and evaluation envs, so that every built-in task trains with the demo
+    model. A task that fits keeps exactly the model it always had (same size, same
+    seed, same weights); the evaluation env is built only for one that does not.
+
+    The one more: in an episode-synchronous multi-turn rollout a row can end at the
+    buffer's last column while others go on, and the KV engine feeds a finished row
+    again at its next position, ``seq_len``: a learned position table of exactly
+    ``seq_len`` rows would be indexed past its end.
+
+    Args:
+        config: the run's config (task options, evaluation size).
+        env_id: the task's registered id.
+        env: the run's training env over the tiny model's tokenizer, if at hand;
+            otherwise one is built (unsharded, on the CPU) to measure.
+    """
+    from lmgym.policy import make_char_tokenizer
+
+    tokenizer = make_char_tokenizer()
+    if env is None:
+        env = make_train_env(config, tokenizer, env_id, device="cpu")
+    if env.seq_len <= TINY_POSITIONS:
+        return TINY_POSITIONS
+    eval_env, _ = eval_env_for(config, env_id, tokenizer, "cpu")
+    return max(env.seq_len, eval_env.seq_len) + 1
+
+
+def checkpoint_positions(checkpoint: Path) -> int:
+    """The context a checkpoint's tiny GPT-2 was built with (``n_positions`` of its
+    policy's ``config.json``; ``TINY_POSITIONS`` when it records none)."""
+    saved = json.loads((checkpoint / "agent" / "policy" / "config.json").read_text())
+    return int(saved.get("n_positions", TINY_POSITIONS))
+
+
 def policy_for(
-    config: TrainConfig, device: str | None = None, model: str | None = None
+    config: TrainConfig,
+    device: str | None = None,
+    model: str | None = None,
+    positions: int = TINY_POSITIONS,
 ) -> CausalLMPolicy:
     """The run's initial policy: ``config.model`` with its LoRA, dtype and checkpointing.
 
@@ -92,6 +140,7 @@ def policy_for(
         model: load this directory instead of ``config.model`` (the tiny GPT-2 saved
             before the process group started: ``save_pretrained`` writes nothing on
             ranks other than 0 once one has).
+        positions: the tiny GPT-2's context, when it is the model (``tiny_positions``).
     """
     policy = load_policy(
         model or config.model,
@@ -100,6 +149,7 @@ def policy_for(
         peft_config=config.peft_config(),
         autocast_dtype=config.autocast_dtype,
         gradient_checkpointing=config.gradient_checkpointing,
+        tiny_positions=positions,
     )
     config.mark_base_storage(policy)
     return policy
@@ -133,12 +183,14 @@ def reference_for(
         return frozen_copy(policy)
     if checkpoint is not None and is_adapter_dir(checkpoint / "agent" / "policy"):
         return None
-    # The reference is the initial model, not the checkpoint's: rebuild it.
+    # The reference is the initial model, not the checkpoint's: rebuild it (the tiny
+    # GPT-2 with the context the checkpoint's was built with).
     initial = load_policy(
         model or config.model,
         config.temperature,
         device or config.device,
         autocast_dtype=config.autocast_dtype,
+        tiny_positions=TINY_POSITIONS if checkpoint is None else checkpoint_positions(checkpoint),
     )
     return frozen_copy(initial)
 
@@ -203,6 +255,11 @@ def build_agent(
     policy = policy_for(config, device, model)
     config.env_kwargs = with_policy_stop_ids(env_id, config.env_kwargs, policy)
     env = make_train_env(config, policy.tokenizer, env_id, device=device, shard=shard)
+    context = policy.context_length
+    if config.model is None and model is None and context is not None and env.seq_len > context:
+        # The tiny demo model, too short for this task: the same model, longer.
+        torch.manual_seed(agent_config.seed)
+        policy = policy_for(config, device, positions=tiny_positions(config, env_id, env))
     torch.manual_seed(agent_config.seed)
     reference = reference_for(config, agent_config.beta, policy=policy)
     return ALGORITHMS[config.algo](

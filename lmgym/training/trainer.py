@@ -50,6 +50,7 @@ from lmgym.training.build import (  # noqa: F401 (re-exported: their home before
     make_train_env,
     policy_for,
     reference_for,
+    tiny_positions,
 )
 from lmgym.training.callbacks import Printer, check_callback, tqdm_print
 from lmgym.training.checkpoint import CheckpointManager
@@ -152,10 +153,11 @@ class Trainer:
         if config.model is None and launched_ranks() > 1:
             # Before the process group: transformers' save_pretrained then writes on
             # every rank (afterwards only on rank 0).
-            from lmgym.policy import save_tiny
+            from lmgym.policy import make_tiny_lm, save_tiny
 
+            tiny = make_tiny_lm(n_positions=tiny_positions(config, self.env_id))
             self._tiny = tempfile.TemporaryDirectory()
-            self._model = str(save_tiny(f"{self._tiny.name}/tiny-gpt2"))
+            self._model = str(save_tiny(f"{self._tiny.name}/tiny-gpt2", tiny))
 
     find_run = staticmethod(find_run)
     find_checkpoint = staticmethod(find_checkpoint)

@@ -107,3 +107,26 @@ def test_train_eval_and_resume_on_a_multi_turn_task(tmp_path: Path, capsys):
     assert f"on {TASK}" in out and "mean length" in out and "  reward " in out
     data = json.loads(report.read_text())
     assert data["completion_length"] <= 64 and data["samples"]
+
+
+@pytest.mark.heavy
+def test_a_task_longer_than_the_tiny_models_context_trains_and_resumes(tmp_path: Path):
+    """FrozenLake's prompt plus budget (475 tokens) exceeds the tiny GPT-2's 256
+    positions: lmgym train builds the tiny model one position longer than the task
+    needs, and a resumed run (its KL reference rebuilt at that size) equals an
+    uninterrupted one."""
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    common = [*SMALL[2:], "--task", "lmgym/FrozenLake-v0", "--beta", "0.05", "--save-every", "1"]
+    assert main(["train", *common, "--iterations", "2", "--run-dir", str(whole)]) == 0
+    assert main(["train", *common, "--iterations", "1", "--run-dir", str(split)]) == 0
+    assert main(["train", "--resume", str(split), "--iterations", "2"]) == 0
+    policy = whole / "checkpoints" / "iter_000002" / "agent" / "policy" / "config.json"
+    assert json.loads(policy.read_text())["n_positions"] == 476
+    drop = ("time/",)
+    assert [
+        {k: v for k, v in r.items() if not k.startswith(drop)}
+        for r in read_progress(split / "progress.csv")
+    ] == [
+        {k: v for k, v in r.items() if not k.startswith(drop)}
+        for r in read_progress(whole / "progress.csv")
+    ]
