@@ -291,6 +291,17 @@ def register_multi_turn_tasks() -> None:
         description="multi-turn tool use: 'what is 37*23+19?'; calc: EXPR (or <calc>) gets the "
         "value back, answer: N (or <answer>) ends it; 1 if N is right, else 0",
     )
+    register_task(
+        "EchoTurn",
+        f"{tasks}.echo",
+        "make_echo_turn",
+        "make_echo_turn_vector",
+        solved_threshold=0.9,
+        random_baseline=0.0,
+        modes=("bandit",),
+        description="multi-turn sanity check: turn 1 anything, the env says a letter (a-d), "
+        "turn 2 must repeat it; 1 if it does, else 0 (observation-blind at best 0.25)",
+    )
     # Ranges at each game's default max_turns and invalid_penalty (games.OPTIONS);
     # random baselines measured with random_policy_return (64 rows x 4 batches).
     for name, factory, reward_range, solved, random, what in (
