@@ -1,7 +1,10 @@
 """Every agent must learn: from random-level reward to >= 0.9 of the maximum on a toy task.
 
 TargetString "hello" (reward = fraction of the 5 characters in place, max 1; a
-random policy scores about 1/49). Fixed seed, CPU, fixed iteration budget.
+random policy scores about 1/49). Each agent runs at its documented defaults (the
+learning rate included) on seeds 0, 1 and 2, the first three rather than chosen
+ones, and must pass on every one (issue 26): a default that learns only on a lucky
+seed fails here. CPU, fixed iteration budget, stopped early once solved.
 """
 
 from __future__ import annotations
@@ -15,33 +18,37 @@ from lmgym.policy import CausalLMPolicy, make_char_tokenizer, make_tiny_model
 
 pytestmark = pytest.mark.learning
 
-# algorithm -> (config overrides, env reward mode, iteration budget)
+SEEDS = (0, 1, 2)
+
+# algorithm -> (config overrides, env reward mode, iteration budget). Budgets: about
+# 1.5x the most iterations any of the seeds needed when measured (76-97 for the
+# critic-free agents and VAPO, 33-49 for the PPO family, 182-201 for ReMax).
 CASES = {
-    "reinforce": ({"learning_rate": 2e-3}, "per_token", 100),
-    "rloo": ({"learning_rate": 2e-3}, "bandit", 110),
-    "grpo": ({"learning_rate": 2e-3}, "bandit", 110),
-    "drgrpo": ({"learning_rate": 1e-3}, "bandit", 200),
-    "gspo": ({"learning_rate": 2e-3}, "bandit", 110),
-    "cispo": ({"learning_rate": 1e-3}, "bandit", 200),
-    "ppo": ({}, "bandit", 120),
-    "ppo-per-token": ({}, "per_token", 120),
-    "reinforce_pp": ({"learning_rate": 2e-3}, "per_token", 100),
-    "gspo_token": ({"learning_rate": 2e-3}, "bandit", 110),
-    "dual_clip_ppo": ({}, "bandit", 120),
+    "reinforce": ({}, "per_token", 150),
+    "rloo": ({}, "bandit", 150),
+    "grpo": ({}, "bandit", 150),
+    "drgrpo": ({}, "bandit", 150),
+    "gspo": ({}, "bandit", 150),
+    "cispo": ({}, "bandit", 150),
+    "ppo": ({}, "bandit", 100),
+    "ppo-per-token": ({}, "per_token", 100),
+    "reinforce_pp": ({}, "per_token", 150),
+    "gspo_token": ({}, "bandit", 150),
+    "dual_clip_ppo": ({}, "bandit", 100),
     # Without the entropy bonus ReMax collapses onto its greedy completion at 0.4-0.8:
     # the near-uniform initial policy's greedy completion scores far above its samples,
     # so almost every sample gets a negative advantage (remax.py: "When the baseline misleads").
-    "remax": ({"learning_rate": 2e-3, "entropy_coef": 0.02}, "bandit", 260),
+    "remax": ({"entropy_coef": 0.02}, "bandit", 300),
     # The paper's defaults: 50 iterations of value pretraining (the policy frozen) first.
-    "vapo": ({}, "bandit", 120),
+    "vapo": ({}, "bandit", 150),
 }
 
 
-def train(name: str) -> list[dict[str, float]]:
-    torch.manual_seed(0)
+def train(name: str, seed: int) -> list[dict[str, float]]:
+    torch.manual_seed(seed)
     overrides, reward_mode, iterations = CASES[name]
     tokenizer = make_char_tokenizer()
-    policy = CausalLMPolicy(make_tiny_model(len(tokenizer), seed=0), tokenizer)
+    policy = CausalLMPolicy(make_tiny_model(len(tokenizer), seed=seed), tokenizer)
     env = make_target_string_vector(
         num_envs=64,
         group_size=16,
@@ -49,7 +56,7 @@ def train(name: str) -> list[dict[str, float]]:
         reward_mode=reward_mode,
         tokenizer=tokenizer,
     )
-    agent = ALGORITHMS[name.split("-")[0]](policy, env, seed=0, **overrides)
+    agent = ALGORITHMS[name.split("-")[0]](policy, env, seed=seed, **overrides)
 
     def stop_when_solved(agent, metrics):
         recent.append(metrics["reward_mean"])
@@ -59,10 +66,11 @@ def train(name: str) -> list[dict[str, float]]:
     return agent.learn(iterations, callback=stop_when_solved)
 
 
+@pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_agent_learns_the_target_string(name):
-    history = train(name)
+def test_agent_learns_the_target_string(name, seed):
+    history = train(name, seed)
     first = sum(m["reward_mean"] for m in history[:3]) / 3
     last = sum(m["reward_mean"] for m in history[-5:]) / 5
     assert first < 0.2, f"{name} should start near random level, got {first:.3f}"
-    assert last >= 0.9, f"{name} reached only {last:.3f} in {len(history)} iterations"
+    assert last >= 0.9, f"{name} seed {seed} reached only {last:.3f} in {len(history)} iterations"
