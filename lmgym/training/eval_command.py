@@ -278,7 +278,9 @@ def run_eval(argv: Sequence[str]) -> int:
         print(f"  pass@{args.k:<11d}{result.pass_at_k:.4f}")
     else:
         print("  pass@k          -  (no verifier for this task; see --correct-threshold)")
-    print(f"  mean length     {result.completion_length:.3f} tokens")
+    # A multi-turn episode's length counts the policy's turns, not the env's answers.
+    whose = " (the policy's turns)" if env.responder is not None else ""
+    print(f"  mean length     {result.completion_length:.3f} tokens{whose}")
     for sample in result.samples[: args.samples]:
         print(sample_line(*sample))
     if args.json:
