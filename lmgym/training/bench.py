@@ -71,8 +71,9 @@ def _rss_mib() -> float:
     return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def bench_policy(model: str | None, seed: int) -> Any:
-    """The policy of one run: ``model`` loaded afresh, or a tiny GPT-2 initialised with ``seed``."""
+def bench_policy(model: str | None, seed: int, positions: int = 256) -> Any:
+    """The policy of one run: ``model`` loaded afresh, or a tiny GPT-2 initialised with
+    ``seed`` with a context of ``positions`` (``make_tiny_model``'s 256 by default)."""
     from lmgym.policy import CausalLMPolicy, make_char_tokenizer, make_tiny_model
 
     if model is not None:
@@ -80,7 +81,8 @@ def bench_policy(model: str | None, seed: int) -> Any:
 
         return CausalLMPolicy.from_pretrained(resolve_model(model))
     tokenizer = make_char_tokenizer()
-    return CausalLMPolicy(make_tiny_model(len(tokenizer), seed=seed), tokenizer)
+    tiny = make_tiny_model(len(tokenizer), n_positions=positions, seed=seed)
+    return CausalLMPolicy(tiny, tokenizer)
 
 
 def run_job(job: dict[str, Any]) -> dict[str, Any]:
@@ -108,6 +110,12 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         tokenizer=tokenizer,
         **job["env_kwargs"],
     )
+    context = policy.context_length
+    if job.get("model") is None and context is not None and env.seq_len > context:
+        # A task longer than the tiny model (the Gymnasium games as text): the same
+        # model with one position more than the task needs (build.tiny_positions).
+        torch.manual_seed(seed)
+        policy = bench_policy(None, seed, positions=env.seq_len + 1)
     agent = ALGORITHMS[job["agent"]](policy, env, seed=seed, **job["overrides"])  # type: ignore[arg-type]
     start_rss = _rss_mib()
     start = time.perf_counter()

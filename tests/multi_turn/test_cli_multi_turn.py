@@ -131,3 +131,13 @@ def test_a_task_longer_than_the_tiny_models_context_trains_and_resumes(tmp_path:
         {k: v for k, v in r.items() if not k.startswith(drop)}
         for r in read_progress(whole / "progress.csv")
     ]
+
+
+@pytest.mark.heavy
+def test_lmgym_bench_runs_a_task_longer_than_the_tiny_model(tmp_path: Path):
+    """lmgym bench's tiny GPT-2 is sized to FrozenLake (475 tokens) as lmgym train's is."""
+    out = tmp_path / "bench"
+    args = ["bench", "--agents", "grpo", "--tasks", "lmgym/FrozenLake-v0", "--seeds", "1"]
+    args += ["--iterations", "1", "--num-prompts", "2", "--group-size", "2", "--workers", "0"]
+    assert main([*args, "--out", str(out)]) == 0
+    assert "| grpo |" in next(out.glob("*.md")).read_text()
