@@ -267,7 +267,51 @@ def plot(records: list[dict[str, Any]], out: Path) -> list[str]:
     return names
 
 
+def defaults_section(records: list[dict[str, Any]]) -> list[str]:
+    """What the parts say about ``lmgym.training.pretrained.PRETRAINED_DEFAULTS``: the
+    held-out gain (sampled) of each (LoRA or full fine-tune, learning rate) on each task."""
+    from lmgym.training.pretrained import PRETRAINED_DEFAULTS as d
+
+    gains: dict[tuple[str, str, float], list[float]] = {}
+    iterations: dict[tuple[str, str, float], list[int]] = {}
+    for r in records:
+        part = Part(**r["part"])
+        key = (
+            part.setting,
+            "LoRA" if part.lora else "full fine-tune",
+            r["overrides"]["learning_rate"],
+        )
+        iterations.setdefault(key, []).append(r["iterations"])
+        gains.setdefault(key, []).append(
+            r["after"]["sampled"]["reward"] - r["before"]["sampled"]["reward"]
+        )
+    rows = []
+    for (setting, kind, lr), g in sorted(gains.items()):
+        its = iterations[(setting, kind, lr)]
+        rows.append(
+            f"| {setting} | {kind} | {lr:g} | {len(g)} | {min(its)}-{max(its)} "
+            f"| {min(g):+.3f} .. {max(g):+.3f} |"
+        )
+    return [
+        "## Defaults for a pretrained model (`lmgym.training.pretrained`)",
+        "",
+        "`lmgym train --model M` uses these where the user set nothing: learning rate "
+        f"{d.learning_rate_lora:g} with LoRA and {d.learning_rate_full:g} for a full "
+        f"fine-tune, temperature {d.temperature:g}, {d.group_size} completions per prompt, "
+        f"KL coefficient {d.beta:g}. What the parts measured, per task, training kind and "
+        "learning rate (held-out gain, sampled, over the parts; every part samples at "
+        "temperature 1 with 8 completions per prompt, and only the continuation part "
+        "keeps a KL penalty, whose KL to the reference stayed at 0.009):",
+        "",
+        "| task | training | learning rate | parts | iterations | gain (sampled), min .. max |",
+        "|---|---|---:|---:|---|---|",
+        *rows,
+        "",
+    ]
+
+
 def report(out: Path) -> str:
+    out.mkdir(parents=True, exist_ok=True)
     records = load_records(out)
     lines = [
         "# Learning on a real pretrained chat model (CPU, LoRA)",
@@ -297,6 +341,7 @@ def report(out: Path) -> str:
         )
     missing = sorted(set(PARTS) - {Path(p).stem for p in map(str, out.glob("*.json"))})
     lines += ["", f"Parts not yet run: {', '.join(missing) if missing else 'none'}.", ""]
+    lines += defaults_section(records)
     if records:
         for name in plot(records, out):
             lines += [f"![{name}]({name})", ""]
