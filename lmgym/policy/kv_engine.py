@@ -385,7 +385,13 @@ class RolloutEngine:
             attention_mask = cache_mask[:, :filled]
             padded = True
         advanced = advanced[:, 0]
-        positions_in, write_cols, write_rows, attend = state.positions[:, None], cols, None, None
+        fed = state.positions
+        if padded:
+            # A row that did not advance feeds a masked-out dummy, whose position only
+            # has to exist: its next one is past the model's last when the row used its
+            # whole budget (a multi-turn row can, while others go on).
+            fed = torch.where(advanced, fed, (fed - 1).clamp(min=0))
+        positions_in, write_cols, write_rows, attend = fed[:, None], cols, None, None
         if packed is not None:
             tokens = torch.cat([tokens, packed.ids[:, None]])
             positions_in = torch.cat([positions_in, packed.positions[:, None]])

@@ -316,3 +316,22 @@ def test_a_rotary_model_absorbs_observations_at_the_right_positions(
     for batch in batches:
         check_interleaved(batch)
         assert logprob_gap(policy, batch) < 1e-4
+
+
+def test_a_model_exactly_as_long_as_the_env_survives_rows_that_end_at_the_budget_early(
+    tokenizer, decode
+):
+    # GuessNumber's rows run into their budget at different steps (their replies
+    # differ); a finished row's dummy input must not ask for position seq_len, which a
+    # GPT-2 of n_positions = seq_len does not have (IndexError in its position
+    # embedding before the fix).
+    import gymnasium as gym
+
+    env = gym.make_vec(
+        "lmgym/GuessNumber-v0", num_envs=8, group_size=4, tokenizer=tokenizer
+    ).unwrapped
+    model = make_tiny_model(len(tokenizer), n_positions=env.seq_len, seed=0)
+    policy = CausalLMPolicy(model, tokenizer, compile_decode=decode)
+    batch = collect(env, policy, seed=0)
+    assert int((batch.lengths == env.max_new_tokens).sum()) >= 2
+    assert logprob_gap(policy, batch) < 1e-4
