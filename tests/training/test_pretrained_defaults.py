@@ -34,7 +34,7 @@ def test_a_pretrained_full_fine_tune_gets_its_defaults_and_says_so(tmp_path, tin
     assert main(["train", *QUIET, "--model", str(tiny_model), "--run-dir", str(run)]) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[0] == (
-        "pretrained model defaults (full fine-tune): learning_rate 2e-06, temperature 1, "
+        "pretrained model defaults (full fine-tune): learning_rate 1e-05, temperature 1, "
         "group_size 8, beta 0 (set the flags to change them; docs/cli.md, Pretrained models)"
     )
     run_values, agent = saved(run)
