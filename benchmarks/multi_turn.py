@@ -1,0 +1,298 @@
+"""Multi-turn learning with a tiny model from scratch, on the CPU (issue 28).
+
+Two built-in multi-turn tasks: the Gymnasium FrozenLake played as text
+(``lmgym/FrozenLake-v0``: 4x4, not slippery, one move per turn, the lake
+redrawn after each) and the calculator tool task (``lmgym/Calculator-v0``: call
+``calc: EXPR``, read the value, answer ``answer: N``). A *part* is one (task,
+agent, seed): it evaluates the untrained policy on the task's held-out split,
+trains for at most ``--iterations`` or ``--max-minutes`` of wall time, whichever
+ends first, evaluates again and writes ``<out>/<part>.json`` atomically. A part
+whose file exists is skipped, so an interrupted set resumes where it stopped.
+``--report`` renders every finished part into ``<out>/README.md`` with a
+learning-curve PNG per task.
+
+Settings, equal for every part: the tiny GPT-2 of the tests (2 layers, 64 wide,
+``lmgym.policy.make_tiny_model``, its context widened to the task's prompt plus
+budget) over the character tokenizer, trained from random weights; the task's
+defaults (FrozenLake: 10 turns, budget 320 tokens, -0.1 per unparseable move;
+Calculator: two-digit operands, 3 turns, budget 96); 8 prompts x 8 episodes per
+iteration; temperature 1; the agent's documented defaults (learning rate 1e-3).
+Evaluation: 16 held-out prompts, one greedy episode each and 4 sampled at
+temperature 1, with a fixed seed, so the untrained and trained policies see the
+same prompts.
+
+    .venv/bin/python benchmarks/multi_turn.py --list
+    .venv/bin/python benchmarks/multi_turn.py frozenlake-grpo-s0 [more parts...]
+    .venv/bin/python benchmarks/multi_turn.py --all        # every part not yet run
+    .venv/bin/python benchmarks/multi_turn.py --report
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import harness  # noqa: F401  (puts the repository root on sys.path)
+import torch
+
+import lmgym  # noqa: F401  (registers the tasks)
+from lmgym.agents import ALGORITHMS
+from lmgym.envs import TASKS
+from lmgym.policy import CausalLMPolicy, make_char_tokenizer, make_tiny_model
+from lmgym.training.evaluation import evaluate_policy, make_eval_env
+
+PROMPTS, GROUP_SIZE = 8, 8
+EVAL_PROMPTS, EVAL_SAMPLES, EVAL_SEED = 16, 4, 1234
+DEFAULT_OUT = Path(__file__).parent / "results" / "multi_turn"
+TASK_IDS = {"frozenlake": "lmgym/FrozenLake-v0", "calculator": "lmgym/Calculator-v0"}
+
+
+@dataclass(frozen=True)
+class Part:
+    """One run of the set: a task, an agent and a seed."""
+
+    task: str
+    agent: str
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.task}-{self.agent}-s{self.seed}"
+
+
+PARTS = {
+    p.name: p
+    for p in (
+        Part("frozenlake", "grpo", 0),
+        Part("frozenlake", "grpo", 1),
+        Part("frozenlake", "ppo", 0),
+        Part("calculator", "grpo", 0),
+        Part("calculator", "ppo", 0),
+    )
+}
+
+
+@contextlib.contextmanager
+def temperature(policy: CausalLMPolicy, value: float) -> Iterator[None]:
+    """Sample at ``value`` inside the block (0: greedy), then restore the policy's."""
+    saved, policy.temperature = policy.temperature, value
+    try:
+        yield
+    finally:
+        policy.temperature = saved
+
+
+def evaluate(policy: CausalLMPolicy, task: str) -> dict[str, Any]:
+    """Held-out return: greedy (1 episode per prompt) and sampled at temperature 1."""
+    out: dict[str, Any] = {}
+    for label, temp, samples in (("greedy", 0.0, 1), ("sampled", 1.0, EVAL_SAMPLES)):
+        env, split = make_eval_env(TASK_IDS[task], policy.tokenizer, EVAL_PROMPTS, samples)
+        with temperature(policy, temp):
+            result = evaluate_policy(policy, env, EVAL_PROMPTS, seed=EVAL_SEED)
+        out[label] = {
+            "reward": result.reward_mean,
+            "length": result.completion_length,
+            "split": split,
+            "samples": [list(s) for s in result.samples[:2]],
+        }
+    return out
+
+
+def run_part(part: Part, max_minutes: float, iterations: int) -> dict[str, Any]:
+    """Evaluate, train, evaluate; return the record written to ``<out>/<part>.json``."""
+    torch.manual_seed(part.seed)
+    tokenizer = make_char_tokenizer()
+    env = gym.make_vec(
+        TASK_IDS[part.task], num_envs=PROMPTS * GROUP_SIZE, group_size=GROUP_SIZE
+    ).unwrapped
+    # One position past seq_len: a multi-turn row that ended at the buffer's last
+    # column is fed again at position seq_len (lmgym.training.build.tiny_positions).
+    model = make_tiny_model(len(tokenizer), n_positions=max(256, env.seq_len + 1), seed=part.seed)
+    policy = CausalLMPolicy(model, tokenizer)
+    agent = ALGORITHMS[part.agent](policy, env, seed=part.seed)
+    before = evaluate(policy, part.task)
+    history: list[dict[str, float]] = []
+    deadline = time.monotonic() + 60 * max_minutes
+    start = time.perf_counter()
+
+    def until_deadline(_agent: Any, metrics: dict[str, float]) -> bool:
+        metrics["wall_seconds"] = time.perf_counter() - start
+        history.append(dict(metrics))
+        if len(history) % 10 == 0:
+            print(
+                f"[{part.name}] it {len(history)} reward {metrics['reward_mean']:.3f} "
+                f"length {metrics['completion_length']:.1f} {metrics['wall_seconds']:.0f}s",
+                flush=True,
+            )
+        return time.monotonic() < deadline
+
+    agent.learn(iterations, callback=until_deadline)
+    train_seconds = time.perf_counter() - start
+    after = evaluate(policy, part.task)
+    return {
+        "part": asdict(part),
+        "task": TASK_IDS[part.task],
+        "n_positions": model.config.n_positions,
+        "threads": torch.get_num_threads(),
+        "load_average_end": os.getloadavg()[0],  # the machine's other load inflates s/it
+        "iterations": len(history),
+        "train_seconds": train_seconds,
+        "seconds_per_iteration": train_seconds / max(len(history), 1),
+        "before": before,
+        "after": after,
+        "history": [{k: v for k, v in m.items() if isinstance(v, int | float)} for m in history],
+        "date": time.strftime("%Y-%m-%d"),
+        "command": " ".join(["benchmarks/multi_turn.py", *sys.argv[1:]]),
+    }
+
+
+def write_atomic(path: Path, record: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(record, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def load_records(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))]
+
+
+def _rolling(values: list[float], width: int = 10) -> list[float]:
+    """Mean of each value and the ``width - 1`` before it (fewer at the start)."""
+    windows = (values[max(0, i - width + 1) : i + 1] for i in range(len(values)))
+    return [sum(w) / len(w) for w in windows]
+
+
+def plot(records: list[dict[str, Any]], out: Path) -> list[str]:
+    """One PNG per task: training return (rolling mean of 10) per part, with the
+    task's random-policy baseline and solved threshold."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = []
+    for task in sorted({r["part"]["task"] for r in records}):
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for r in (r for r in records if r["part"]["task"] == task):
+            rewards = [m["reward_mean"] for m in r["history"]]
+            label = Part(**r["part"]).name.removeprefix(f"{task}-")
+            ax.plot(range(1, len(rewards) + 1), _rolling(rewards), label=label)
+        info = TASKS[TASK_IDS[task]]
+        if info.random_baseline is not None:
+            ax.axhline(info.random_baseline, color="grey", ls=":", label="random policy")
+        if info.solved_threshold is not None:
+            ax.axhline(info.solved_threshold, color="grey", ls="--", label="solved")
+        ax.set_xlabel("iteration (64 episodes)")
+        ax.set_ylabel("train return (rolling mean of 10)")
+        ax.set_title(f"tiny GPT-2 from scratch, {TASK_IDS[task]}")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        name = f"{task}.png"
+        fig.savefig(out / name, dpi=100)
+        plt.close(fig)
+        names.append(name)
+    return names
+
+
+def _metric(r: dict[str, Any], key: str, first: bool) -> float:
+    """Mean of ``key`` over the first or last 10 iterations of a part."""
+    values = [m[key] for m in r["history"] if key in m]
+    window = values[:10] if first else values[-10:]
+    return sum(window) / max(len(window), 1)
+
+
+def report(out: Path, notes: str = "") -> str:
+    records = load_records(out)
+    lines = [
+        "# Multi-turn learning with a tiny model from scratch (CPU)",
+        "",
+        __doc__.split("\n\n")[2].replace("\n", " ").strip(),
+        "",
+        "Columns: *train return* = mean over the first / last 10 iterations of the "
+        "training batches' mean episode return; *policy tokens* = the policy's tokens per "
+        "episode, the environment's not counted (first / last 10 iterations); *held-out* = greedy / sampled (T=1) mean "
+        "return before and after training; *s/it* = wall seconds per iteration "
+        "(*load* = the machine's 1-minute load average at the end: above the 2 cores, "
+        "other processes slowed it down).",
+        "",
+        "| part | task | agent | iterations | s/it (load) | train return first / last "
+        "| policy tokens first / last | held-out before | held-out after |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in records:
+        b, a = r["before"], r["after"]
+        lines.append(
+            f"| {Part(**r['part']).name} | {r['task']} | {r['part']['agent']} "
+            f"| {r['iterations']} "
+            f"| {r['seconds_per_iteration']:.2f} ({r['load_average_end']:.1f}) "
+            f"| {_metric(r, 'reward_mean', True):.3f} / {_metric(r, 'reward_mean', False):.3f} "
+            f"| {_metric(r, 'completion_length', True):.1f} / "
+            f"{_metric(r, 'completion_length', False):.1f} "
+            f"| {b['greedy']['reward']:.3f} / {b['sampled']['reward']:.3f} "
+            f"| {a['greedy']['reward']:.3f} / {a['sampled']['reward']:.3f} |"
+        )
+    missing = sorted(set(PARTS) - {p.stem for p in out.glob("*.json")})
+    lines += ["", f"Parts not yet run: {', '.join(missing) if missing else 'none'}.", ""]
+    notes_path = out / "notes.md"
+    if notes_path.exists():
+        lines += [notes_path.read_text().strip(), ""]
+    if records:
+        for name in plot(records, out):
+            lines += [f"![{name}]({name})", ""]
+        lines += ["## Commands (one process per part; `--report` wrote this file)", ""]
+        commands = dict.fromkeys((r["date"], r["command"]) for r in records)  # once each
+        lines += [f"- {date}: `{command}`" for date, command in commands]
+        lines += ["", "## Samples (held-out, greedy, after training)", ""]
+        for r in records:
+            lines.append(f"- **{Part(**r['part']).name}**:")
+            for _prompt, completion, reward in r["after"]["greedy"]["samples"][:2]:
+                lines.append(f"  - `{completion[:160]!r}` ({reward:.2f})")
+        lines.append("")
+    text = "\n".join(lines)
+    (out / "README.md").write_text(text)
+    return text
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("parts", nargs="*", help="part names (--list shows them)")
+    parser.add_argument("--all", action="store_true", help="every part not yet run")
+    parser.add_argument("--list", action="store_true", help="list the parts and exit")
+    parser.add_argument("--report", action="store_true", help="render README.md from the parts")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--max-minutes", type=float, default=5.0)
+    parser.add_argument("--iterations", type=int, default=200)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--force", action="store_true", help="rerun parts that have results")
+    args = parser.parse_args()
+    if args.list:
+        for name in PARTS:
+            print(f"{name:24s} {'done' if (args.out / f'{name}.json').exists() else '-'}")
+        return
+    unknown = [p for p in args.parts if p not in PARTS]
+    if unknown:
+        parser.error(f"unknown part(s) {unknown}; --list shows them")
+    torch.set_num_threads(args.threads)
+    todo = list(PARTS) if args.all else args.parts
+    for name in todo:
+        path = args.out / f"{name}.json"
+        if path.exists() and not args.force:
+            print(f"[{name}] done already ({path}); --force reruns it")
+            continue
+        write_atomic(path, run_part(PARTS[name], args.max_minutes, args.iterations))
+    if args.report or todo:
+        print(report(args.out))
+
+
+if __name__ == "__main__":
+    main()
