@@ -62,7 +62,11 @@ def _checked(check, env: gym.Env, **kwargs) -> list[str]:
     return [str(w.message) for w in caught if "different from the unwrapped" not in str(w.message)]
 
 
-@pytest.mark.parametrize("view", [None, FullObservation(), TokenIdsObservation(), VIEW], ids=repr)
+@pytest.mark.parametrize(
+    "view",
+    [None, FullObservation(), TokenIdsObservation(), VIEW],
+    ids=["env", "full", "token_ids", "last2"],  # stable ids, the same in every xdist worker
+)
 def test_both_checkers_pass_on_the_multi_turn_single_env(view):
     env = gym.make(ENV_ID, letters=LETTERS, tokenizer=make_char_tokenizer(LETTERS))
     if view is not None:
