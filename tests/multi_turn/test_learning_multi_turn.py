@@ -22,7 +22,8 @@ import torch
 from lmgym.agents import ALGORITHMS
 from lmgym.envs import TASKS, TokenVectorEnv
 from lmgym.envs.tasks import random_policy_return
-from lmgym.envs.tasks.multi_turn.echo import make_echo_turn_vector
+from lmgym.envs.tasks.multi_turn.echo import EchoTurn, make_echo_turn_vector
+from lmgym.envs.turns import EpisodeStart
 from lmgym.policy import CausalLMPolicy, make_char_tokenizer, make_tiny_model
 
 LETTERS = "abcd"
@@ -31,7 +32,7 @@ ENV_ID = "lmgym/EchoTurn-v0"
 
 # algorithm -> iteration budget. Measured while writing this test (1 torch thread):
 # solved in 83-97 iterations (GRPO, RLOO) and 49-58 (PPO: 4 epochs a batch) on the
-# three seeds, 15-35 s each on a shared 2-core machine.
+# three seeds, 7-21 s each (up to 35 s with the 2-core machine under other load).
 CASES = {"grpo": 200, "rloo": 200, "ppo": 120}
 SEEDS = (0, 1, 2)
 
@@ -101,6 +102,27 @@ def test_a_policy_that_reads_the_letter_scores_one():
         returns += reward
     assert bool(terminated.all()) and returns.tolist() == [1.0] * env.num_envs
     assert set(env.tokenizer.convert_ids_to_tokens(heard.unique().tolist())) == set(LETTERS)
+
+
+def test_without_spread_a_group_hears_one_letter():
+    """``spread=False``: every row of a group hears its game's letter (the setting in
+    which a blind policy gets no group-relative advantage, see echo.py)."""
+    env = make_env(spread=False)
+    obs, info = env.reset(seed=0)
+    obs, *_ = env.step(torch.full((env.num_envs,), env.tokenizer.eos_token_id))
+    heard = obs["input_ids"][:, env.prompt_width + 1].view(-1, env.group_size)
+    assert bool((heard == heard[:, :1]).all())
+
+
+@pytest.mark.parametrize("letters", ["a", "abca", "ab1", "aA"])
+def test_letters_must_be_two_or_more_distinct_letters(letters):
+    with pytest.raises(ValueError, match="need at least two distinct letters"):
+        make_echo_turn_vector(letters=letters)
+
+
+def test_a_letter_outside_the_set_is_named():
+    with pytest.raises(ValueError, match=r"EchoTurn: row 0: letter 'z' is not one of 'ab'"):
+        EchoTurn("ab").start(EpisodeStart(["go"], torch.tensor([0]), {"letter": ["z"]}))
 
 
 def test_the_registered_random_baseline_is_measured():

@@ -39,7 +39,7 @@ ENV_ID = "lmgym/EchoTurn-v0"
 VIEW = LastTokensObservation(2)
 # Measured while writing this test (1 torch thread): after 20k env steps the last
 # 200 episodes averaged 1.0 on seeds 0, 1 and 2 (0.04, 0.04, 0.02 over the first
-# 200), 17-23 s each.
+# 200), 10-23 s each (up to 52 s with the 2-core machine under other load).
 ENV_STEPS = 20_000
 WINDOW = 200
 
