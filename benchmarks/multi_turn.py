@@ -29,9 +29,7 @@ same prompts.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
 import os
 import sys
 import time
@@ -42,6 +40,7 @@ from typing import Any
 
 import gymnasium as gym
 import harness  # noqa: F401  (puts the repository root on sys.path)
+import parts
 import torch
 
 import lmgym  # noqa: F401  (registers the tasks)
@@ -155,23 +154,6 @@ def run_part(part: Part, max_minutes: float, iterations: int) -> dict[str, Any]:
     }
 
 
-def write_atomic(path: Path, record: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(record, indent=1) + "\n")
-    os.replace(tmp, path)
-
-
-def load_records(out: Path) -> list[dict[str, Any]]:
-    return [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))]
-
-
-def _rolling(values: list[float], width: int = 10) -> list[float]:
-    """Mean of each value and the ``width - 1`` before it (fewer at the start)."""
-    windows = (values[max(0, i - width + 1) : i + 1] for i in range(len(values)))
-    return [sum(w) / len(w) for w in windows]
-
-
 def plot(records: list[dict[str, Any]], out: Path) -> list[str]:
     """One PNG per task: training return (rolling mean of 10) per part, with the
     task's random-policy baseline and solved threshold."""
@@ -186,7 +168,7 @@ def plot(records: list[dict[str, Any]], out: Path) -> list[str]:
         for r in (r for r in records if r["part"]["task"] == task):
             rewards = [m["reward_mean"] for m in r["history"]]
             label = Part(**r["part"]).name.removeprefix(f"{task}-")
-            ax.plot(range(1, len(rewards) + 1), _rolling(rewards), label=label)
+            ax.plot(range(1, len(rewards) + 1), parts.rolling(rewards), label=label)
         info = TASKS[TASK_IDS[task]]
         if info.random_baseline is not None:
             ax.axhline(info.random_baseline, color="grey", ls=":", label="random policy")
@@ -212,7 +194,7 @@ def _metric(r: dict[str, Any], key: str, first: bool) -> float:
 
 
 def report(out: Path, notes: str = "") -> str:
-    records = load_records(out)
+    records = parts.load_records(out)
     lines = [
         "# Multi-turn learning with a tiny model from scratch (CPU)",
         "",
@@ -241,7 +223,7 @@ def report(out: Path, notes: str = "") -> str:
             f"| {b['greedy']['reward']:.3f} / {b['sampled']['reward']:.3f} "
             f"| {a['greedy']['reward']:.3f} / {a['sampled']['reward']:.3f} |"
         )
-    missing = sorted(set(PARTS) - {p.stem for p in out.glob("*.json")})
+    missing = parts.missing(PARTS, out)
     lines += ["", f"Parts not yet run: {', '.join(missing) if missing else 'none'}.", ""]
     notes_path = out / "notes.md"
     if notes_path.exists():
@@ -264,34 +246,16 @@ def report(out: Path, notes: str = "") -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("parts", nargs="*", help="part names (--list shows them)")
-    parser.add_argument("--all", action="store_true", help="every part not yet run")
-    parser.add_argument("--list", action="store_true", help="list the parts and exit")
-    parser.add_argument("--report", action="store_true", help="render README.md from the parts")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    parser.add_argument("--max-minutes", type=float, default=5.0)
-    parser.add_argument("--iterations", type=int, default=200)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--force", action="store_true", help="rerun parts that have results")
-    args = parser.parse_args()
-    if args.list:
-        for name in PARTS:
-            print(f"{name:24s} {'done' if (args.out / f'{name}.json').exists() else '-'}")
-        return
-    unknown = [p for p in args.parts if p not in PARTS]
-    if unknown:
-        parser.error(f"unknown part(s) {unknown}; --list shows them")
-    torch.set_num_threads(args.threads)
-    todo = list(PARTS) if args.all else args.parts
-    for name in todo:
-        path = args.out / f"{name}.json"
-        if path.exists() and not args.force:
-            print(f"[{name}] done already ({path}); --force reruns it")
-            continue
-        write_atomic(path, run_part(PARTS[name], args.max_minutes, args.iterations))
-    if args.report or todo:
-        print(report(args.out))
+    parts.main(
+        __doc__,
+        PARTS,
+        lambda part, args: run_part(part, args.max_minutes, args.iterations),
+        report,
+        out=DEFAULT_OUT,
+        max_minutes=5.0,
+        iterations=200,
+        threads=1,
+    )
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ models see the same prompts.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -40,6 +39,7 @@ from typing import Any
 
 import gymnasium as gym
 import harness as h  # the repository root on sys.path
+import parts
 import torch
 
 import lmgym  # noqa: F401  (registers the tasks)
@@ -92,18 +92,18 @@ class Part:
 
 
 def _parts() -> dict[str, Part]:
-    parts = [Part("instructions", "grpo", s) for s in (0, 1, 2)]
-    parts += [
+    chosen = [Part("instructions", "grpo", s) for s in (0, 1, 2)]
+    chosen += [
         Part("instructions", a, 0) for a in ("drgrpo", "rloo", "cispo", "gspo", "reinforce_pp")
     ]
-    parts.append(Part("instructions", "ppo", 0))  # value head on the LM (the agent's critic)
-    parts += [Part("arithmetic", "grpo", s) for s in (0, 1)]
-    parts.append(Part("continuation", "grpo", 0, {"beta": 0.05}))
+    chosen.append(Part("instructions", "ppo", 0))  # value head on the LM (the agent's critic)
+    chosen += [Part("arithmetic", "grpo", s) for s in (0, 1)]
+    chosen.append(Part("continuation", "grpo", 0, {"beta": 0.05}))
     # The full fine-tune's learning rate (lmgym.training.pretrained), measured at two values.
-    parts += [
+    chosen += [
         Part("instructions", "grpo", 0, {"learning_rate": lr}, lora=False) for lr in (2e-6, 1e-5)
     ]
-    return {p.name: p for p in parts}
+    return {p.name: p for p in chosen}
 
 
 PARTS = _parts()
@@ -159,7 +159,7 @@ def base_evaluation(policy: CausalLMPolicy, setting: str, out: Path) -> dict[str
     plain = contextlib.nullcontext()
     with policy.model.disable_adapter() if policy.is_peft else plain:
         result = evaluate(policy, SETTINGS[setting])
-    write_atomic(path, result)
+    parts.write_atomic(path, result)
     return result
 
 
@@ -224,23 +224,6 @@ def run_part(part: Part, out: Path, max_minutes: float, iterations: int) -> dict
     }
 
 
-def write_atomic(path: Path, record: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(record, indent=1) + "\n")
-    os.replace(tmp, path)
-
-
-def load_records(out: Path) -> list[dict[str, Any]]:
-    return [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))]
-
-
-def _rolling(values: list[float], width: int = 10) -> list[float]:
-    """Mean of each value and the ``width - 1`` before it (fewer at the start)."""
-    windows = (values[max(0, i - width + 1) : i + 1] for i in range(len(values)))
-    return [sum(w) / len(w) for w in windows]
-
-
 def plot(records: list[dict[str, Any]], out: Path) -> list[str]:
     """One PNG per task setting: training reward (rolling mean of 10) per part."""
     import matplotlib
@@ -254,7 +237,7 @@ def plot(records: list[dict[str, Any]], out: Path) -> list[str]:
         for r in (r for r in records if r["part"]["setting"] == setting):
             rewards = [h["reward_mean"] for h in r["history"]]
             label = Part(**r["part"]).name.removeprefix(f"{setting}-")
-            ax.plot(range(1, len(rewards) + 1), _rolling(rewards), label=label)
+            ax.plot(range(1, len(rewards) + 1), parts.rolling(rewards), label=label)
         ax.set_xlabel("iteration")
         ax.set_ylabel("train reward (rolling mean of 10)")
         ax.set_title(f"SmolLM2-135M-Instruct + LoRA, {SETTINGS[setting].task}")
@@ -312,7 +295,7 @@ def defaults_section(records: list[dict[str, Any]]) -> list[str]:
 
 def report(out: Path) -> str:
     out.mkdir(parents=True, exist_ok=True)
-    records = load_records(out)
+    records = parts.load_records(out)
     lines = [
         "# Learning on a real pretrained chat model (CPU, LoRA)",
         "",
@@ -339,7 +322,7 @@ def report(out: Path) -> str:
             f"| {a['sampled']['reward'] - b['sampled']['reward']:+.3f} "
             f"| {r['peak_rss_mib']:.0f} |"
         )
-    missing = sorted(set(PARTS) - {Path(p).stem for p in map(str, out.glob("*.json"))})
+    missing = parts.missing(PARTS, out)
     lines += ["", f"Parts not yet run: {', '.join(missing) if missing else 'none'}.", ""]
     lines += defaults_section(records)
     if records:
@@ -359,35 +342,17 @@ def report(out: Path) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("parts", nargs="*", help="part names (--list shows them)")
-    parser.add_argument("--all", action="store_true", help="every part not yet run")
-    parser.add_argument("--list", action="store_true", help="list the parts and exit")
-    parser.add_argument("--report", action="store_true", help="render README.md from the parts")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    parser.add_argument("--max-minutes", type=float, default=10.0)
-    parser.add_argument("--iterations", type=int, default=1000)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--force", action="store_true", help="rerun parts that have results")
-    args = parser.parse_args()
-    if args.list:
-        for name, part in PARTS.items():
-            done = (args.out / f"{name}.json").exists()
-            print(f"{name:32s} {'done' if done else '-':5s} {part.overrides or ''}")
-        return
-    unknown = [p for p in args.parts if p not in PARTS]
-    if unknown:
-        parser.error(f"unknown part(s) {unknown}; --list shows them")
-    torch.set_num_threads(args.threads)
-    todo = list(PARTS) if args.all else args.parts
-    for name in todo:
-        path = args.out / f"{name}.json"
-        if path.exists() and not args.force:
-            print(f"[{name}] done already ({path}); --force reruns it")
-            continue
-        write_atomic(path, run_part(PARTS[name], args.out, args.max_minutes, args.iterations))
-    if args.report or todo:
-        print(report(args.out))
+    parts.main(
+        __doc__,
+        PARTS,
+        lambda part, args: run_part(part, args.out, args.max_minutes, args.iterations),
+        report,
+        out=DEFAULT_OUT,
+        max_minutes=10.0,
+        iterations=1000,
+        threads=2,
+        describe=lambda part: str(part.overrides or ""),
+    )
 
 
 if __name__ == "__main__":

@@ -1,0 +1,89 @@
+"""Benchmarks run in resumable *parts*: one JSON record per part, a part whose record
+exists is skipped, and a report is rendered from the records alone.
+
+``real_model.py`` and ``multi_turn.py`` are such benchmarks; this module is what they
+share: the atomic record write, reading the records back, the rolling mean of their
+curves and the command line (``parts...``, ``--all``, ``--list``, ``--report``,
+``--force``, ``--max-minutes``, ``--iterations``, ``--threads``, ``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def write_atomic(path: Path, record: dict[str, Any]) -> None:
+    """Write ``record`` as JSON to ``path`` through a temporary file and a rename, so an
+    interrupted part leaves no half-written record (and is run again next time)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(record, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def load_records(out: Path) -> list[dict[str, Any]]:
+    """Every part's record in ``out``, by file name."""
+    return [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))]
+
+
+def rolling(values: list[float], width: int = 10) -> list[float]:
+    """Mean of each value and the ``width - 1`` before it (fewer at the start)."""
+    windows = (values[max(0, i - width + 1) : i + 1] for i in range(len(values)))
+    return [sum(w) / len(w) for w in windows]
+
+
+def missing(parts: Mapping[str, Any], out: Path) -> list[str]:
+    """The names of the parts that have no record in ``out`` yet."""
+    return sorted(set(parts) - {p.stem for p in out.glob("*.json")})
+
+
+def main(
+    doc: str,
+    parts: Mapping[str, Any],
+    run_part: Callable[[Any, argparse.Namespace], dict[str, Any]],
+    report: Callable[[Path], str],
+    *,
+    out: Path,
+    max_minutes: float,
+    iterations: int,
+    threads: int,
+    describe: Callable[[Any], str] = lambda part: "",
+) -> None:
+    """The command line of a parts benchmark: run the named parts (or ``--all`` not yet
+    run; ``--force`` reruns), then render the report; ``--list`` shows what is done."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("parts", nargs="*", help="part names (--list shows them)")
+    parser.add_argument("--all", action="store_true", help="every part not yet run")
+    parser.add_argument("--list", action="store_true", help="list the parts and exit")
+    parser.add_argument("--report", action="store_true", help="render README.md from the parts")
+    parser.add_argument("--out", type=Path, default=out)
+    parser.add_argument("--max-minutes", type=float, default=max_minutes)
+    parser.add_argument("--iterations", type=int, default=iterations)
+    parser.add_argument("--threads", type=int, default=threads)
+    parser.add_argument("--force", action="store_true", help="rerun parts that have results")
+    args = parser.parse_args()
+    if args.list:
+        for name, part in parts.items():
+            done = (args.out / f"{name}.json").exists()
+            print(f"{name:32s} {'done' if done else '-':5s} {describe(part)}")
+        return
+    unknown = [p for p in args.parts if p not in parts]
+    if unknown:
+        parser.error(f"unknown part(s) {unknown}; --list shows them")
+    torch.set_num_threads(args.threads)
+    todo = list(parts) if args.all else args.parts
+    for name in todo:
+        path = args.out / f"{name}.json"
+        if path.exists() and not args.force:
+            print(f"[{name}] done already ({path}); --force reruns it")
+            continue
+        write_atomic(path, run_part(parts[name], args))
+    if args.report or todo:
+        print(report(args.out))
