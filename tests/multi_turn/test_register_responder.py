@@ -31,6 +31,7 @@ MULTI_TURN = [
     "lmgym/CliffWalking-v0",
     "lmgym/Taxi-v0",
     "lmgym/Blackjack-v0",
+    "lmgym/EchoTurn-v0",
 ]
 
 

@@ -9,7 +9,9 @@ Each module holds one job (see its docstring for prompts, observations, reward):
 - ``gym_bridge``: ``GymResponder`` and ``TextGame``, any discrete Gymnasium env
   played as text, one move per turn;
 - ``games``: the bridged FrozenLake, CliffWalking, Taxi and Blackjack
-  (``lmgym/FrozenLake-v0``, ...).
+  (``lmgym/FrozenLake-v0``, ...);
+- ``echo``: ``EchoTurn``, repeat the letter the environment said, the sanity task a
+  tiny model learns (``lmgym/EchoTurn-v0``).
 
 Responders are functional over an immutable per-episode state (``lmgym.envs.turns``).
 """
