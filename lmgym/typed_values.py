@@ -370,3 +370,10 @@ _SCALARS: dict[Any, Callable[[Any, _Reading], Any]] = {
     str: _to_str,
 }
 _WORDS = {int: "an integer", float: "a number", str: "a string"}
+
+
+def check_at_least(name: str, value: float, low: float = 1) -> None:
+    """Raise ``ValueError`` ``"{name}={value}: must be >= {low}"`` when ``value < low``:
+    the one wording of a lower bound on a count or a size."""
+    if value < low:
+        raise ValueError(f"{name}={value}: must be >= {low}")

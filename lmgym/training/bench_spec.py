@@ -14,6 +14,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from lmgym.typed_values import check_at_least
+
 DEFAULT_AGENTS: tuple[str, ...] = ("reinforce", "rloo", "ppo", "grpo", "gspo", "cispo")
 """The agents of the committed results (``lmgym bench --agents all`` runs every one of
 ``lmgym.agents.ALGORITHMS``; the default stays at these six to keep its ~14 minutes)."""
@@ -158,12 +160,10 @@ class BenchSpec:
         if not self.agents or not self.tasks or not self.seeds:
             raise ValueError("agents, tasks and seeds must each name at least one")
         for name in ("num_prompts", "group_size", "window"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)}: must be >= 1")
-        if self.iterations is not None and self.iterations < 1:
-            raise ValueError(f"iterations={self.iterations}: must be >= 1")
-        if self.workers < 0:
-            raise ValueError(f"workers={self.workers}: must be >= 0")
+            check_at_least(name, getattr(self, name))
+        if self.iterations is not None:
+            check_at_least("iterations", self.iterations)
+        check_at_least("workers", self.workers, 0)
 
     def overrides_for(self, agent: str) -> dict[str, Any]:
         """``agent``'s config overrides (``learning_rate`` replacing its rate when set)."""

@@ -35,6 +35,7 @@ from lmgym.training.logger import record_metrics
 from lmgym.training.ranks import Ranks
 from lmgym.training.run import RunDirectory
 from lmgym.training.sample_text import episode_texts, prompt_label, sample_line
+from lmgym.typed_values import check_at_least
 
 Printer = Callable[[str], None]
 
@@ -95,8 +96,7 @@ class EarlyStopAtThreshold(TrainingCallback):
         key: str = "reward_mean",
         out: Printer | None = tqdm_print,
     ) -> None:
-        if window < 1:
-            raise ValueError(f"window={window}: must be >= 1")
+        check_at_least("window", window)
         self.threshold, self.window, self.key, self.out = threshold, window, key, out
         self.recent: list[float] = []
         self.solved_at: int | None = None
@@ -146,8 +146,7 @@ class PeriodicEval(TrainingCallback):
         run: RunDirectory | None = None,
         out: Printer | None = tqdm_print,
     ) -> None:
-        if every < 1:
-            raise ValueError(f"every={every}: must be >= 1")
+        check_at_least("every", every)
         self.held_out, self.every, self.run, self.out = held_out, every, run, out
         self.results: list[tuple[int, EvalResult]] = []
 
@@ -193,8 +192,7 @@ class SamplePrinter(TrainingCallback):
         run: RunDirectory | None = None,
         out: Printer | None = tqdm_print,
     ) -> None:
-        if every < 1:
-            raise ValueError(f"every={every}: must be >= 1")
+        check_at_least("every", every)
         self.env, self.every, self.count, self.seed, self.run, self.out = (
             env,
             every,

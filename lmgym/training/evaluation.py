@@ -34,6 +34,7 @@ from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.policy.causal_lm import CausalLMPolicy
 from lmgym.rollout import collect
 from lmgym.training.sample_text import episode_texts, prompt_label
+from lmgym.typed_values import check_at_least
 
 VERIFIED_TASKS: dict[str, str] = {
     "lmgym/TargetString-v0": "the completion starts with the target string",
@@ -222,8 +223,7 @@ def evaluate_policy(
     Returns:
         An ``EvalResult``.
     """
-    if num_prompts < 1:
-        raise ValueError(f"num_prompts={num_prompts}: must be >= 1")
+    check_at_least("num_prompts", num_prompts)
     generator = torch.Generator(device=policy.device)
     generator.manual_seed(seed)
     k = env.group_size

@@ -49,6 +49,7 @@ from lmgym.persistence.atomic import (
 )
 from lmgym.persistence.lock import LOCK_FILES, DirectoryLock
 from lmgym.training.durations import parse_duration
+from lmgym.typed_values import check_at_least
 
 DEFAULT_TASK = "lmgym/TargetString-v0"
 RUN_MARKER = "lmgym_run"
@@ -133,21 +134,17 @@ class TrainConfig:
         """Raise ``ValueError`` naming the field for values no run can use (its type
         first: a ``TrainConfig`` built in Python is checked like a parsed one)."""
         check_types(self)
-        for name in ("iterations", "save_every", "keep_checkpoints", "log_interval"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name}={getattr(self, name)}: must be >= 0")
-        for name in ("sample_every", "samples", "eval_every"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name}={getattr(self, name)}: must be >= 0")
+        for name in (
+            *("iterations", "save_every", "keep_checkpoints", "log_interval"),
+            *("sample_every", "samples", "eval_every"),
+        ):
+            check_at_least(name, getattr(self, name), 0)
         if self.threads < 0:
             raise ValueError(
                 f"threads={self.threads}: must be >= 1, or 0 to choose from the machine"
             )
-        for name in ("num_prompts", "group_size", "eval_prompts", "eval_samples"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)}: must be >= 1")
-        if self.stop_window < 1:
-            raise ValueError(f"stop_window={self.stop_window}: must be >= 1")
+        for name in ("num_prompts", "group_size", "eval_prompts", "eval_samples", "stop_window"):
+            check_at_least(name, getattr(self, name))
         if self.temperature <= 0:
             raise ValueError(f"temperature={self.temperature}: must be > 0")
         if self.max_time is not None:

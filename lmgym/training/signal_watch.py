@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from lmgym.training.callbacks import Printer, TrainingCallback, tqdm_print
+from lmgym.typed_values import check_at_least
 
 NO_SIGNAL_PATIENCE = 20
 """Iterations in a row without signal before the warning."""
@@ -57,8 +58,7 @@ class NoSignalWarning(TrainingCallback):
         patience: int = NO_SIGNAL_PATIENCE,
         out: Printer | None = tqdm_print,
     ) -> None:
-        if patience < 1:
-            raise ValueError(f"patience={patience}: must be >= 1")
+        check_at_least("patience", patience)
         self.group_size, self.temperature, self.patience, self.out = (
             group_size,
             temperature,
