@@ -30,7 +30,7 @@ test: setup
 	$(BIN)/python -m pytest -n auto
 
 # The maintainers' inner loop: every module's unit tests, without learning runs,
-# torch.compile, multi-process runs or the real model (about 2 minutes on 2 cores).
+# torch.compile, multi-process runs or the real model (about 3 minutes on 2 cores).
 # loadscope keeps a module on one worker, so a module-scoped fixture (the data-parallel
 # torchrun) runs once.
 test-fast: setup
