@@ -63,7 +63,7 @@ def _row_text(batch: RewardInput, row: int) -> str:
     return f"prompt={batch.prompts[row]!r}, completion={batch.completions[row]!r}"
 
 
-def _to_float(value: Any) -> float:
+def to_float(value: Any) -> float:
     """One reward value as a float; ``TypeError`` for anything but a real number."""
     if isinstance(value, Real | np.number):  # bool is an int, so it counts
         return float(value)
@@ -78,7 +78,7 @@ def _first_non_number(values: Sequence[Any]) -> int | None:
     """Index of the first element that is not a real number, or ``None``."""
     for i, value in enumerate(values):
         try:
-            _to_float(value)
+            to_float(value)
         except TypeError:
             return i
     return None
@@ -308,7 +308,7 @@ class FunctionReward:
         floats = []
         for row, value in enumerate(values):
             try:
-                floats.append(_to_float(value))
+                floats.append(to_float(value))
             except TypeError as err:
                 raise RewardError(
                     f"reward {self.name!r} returned {value!r} for row {row} "

@@ -26,6 +26,7 @@ from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
 from lmgym.envs.prompts import PromptTable, RowColumns
+from lmgym.envs.rewards import to_float
 from lmgym.envs.text import completion_texts
 from lmgym.envs.turn_render import ObservationRenderer, pad_ids
 from lmgym.envs.turns import (
@@ -273,9 +274,9 @@ class TurnStepper:
                 )
         rewards = []
         for j, value in enumerate(answer.rewards):
-            try:
-                rewards.append(float(value))
-            except (TypeError, ValueError):
+            try:  # the reward models' rule: a real number (a string "1" is not one)
+                rewards.append(to_float(value))
+            except TypeError:
                 rewards.append(float("nan"))
             if not np.isfinite(rewards[-1]):
                 raise ResponderError(

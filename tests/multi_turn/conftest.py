@@ -33,7 +33,7 @@ class Scripted:
 
     ``fail`` makes call number ``fail_at`` (1-based, counting start and respond calls
     together) fail: ``"raise"``, ``"count"`` (one answer too few), ``"nan"`` (a NaN
-    reward), ``"none"`` (a ``None`` observation for a row that goes on) or
+    reward), ``"text"`` (the reward ``"1"``, a string), ``"none"`` (a ``None`` observation for a row that goes on) or
     ``"vocab"`` (an id outside the vocabulary). ``fail_at=None``: every call fails.
     """
 
@@ -78,6 +78,8 @@ class Scripted:
                 observations = observations[:-1]
             if self.fail == "nan":
                 rewards[-1] = float("nan")
+            if self.fail == "text":  # float("1") would take it; a reward model may not
+                rewards[-1] = "1"
             if self.fail in ("none", "vocab"):
                 done = [False] * len(done)
                 observations[-1] = None if self.fail == "none" else [10**6]

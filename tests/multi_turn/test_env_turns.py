@@ -297,7 +297,7 @@ def run(env, op):
 
 
 @pytest.mark.parametrize("autoreset", [False, True])
-@pytest.mark.parametrize("fail", ["raise", "count", "nan", "none", "vocab"])
+@pytest.mark.parametrize("fail", ["raise", "count", "nan", "text", "none", "vocab"])
 def test_a_failing_responder_leaves_the_env_as_it_was_and_names_the_row(
     scripted, make_turn_env, ids, fail, autoreset
 ):
@@ -346,6 +346,7 @@ def test_a_failing_responder_leaves_the_env_as_it_was_and_names_the_row(
         ),
         ("count", r"respond\(\) answered 0 observations for 1 rows \(env rows \[0\]\)"),
         ("nan", r"gave env row 0 the reward nan; a turn reward must be a finite number"),
+        ("text", r"gave env row 0 the reward '1'; a turn reward must be a finite number"),
         ("none", r"the observation for env row 0 is None but its episode is not over"),
         ("vocab", r"env row 0 holds 1000000, not a token id in \[0, 49\)"),
     ],
