@@ -113,8 +113,8 @@ def run_part(part: Part, max_minutes: float, iterations: int) -> dict[str, Any]:
     env = gym.make_vec(
         TASK_IDS[part.task], num_envs=PROMPTS * GROUP_SIZE, group_size=GROUP_SIZE
     ).unwrapped
-    # One position past seq_len: a multi-turn row that ended at the buffer's last
-    # column is fed again at position seq_len (lmgym.training.build.tiny_positions).
+    # One position past seq_len: what the committed results were measured with (the KV
+    # engine then fed a row that ended at the buffer's last column at seq_len).
     model = make_tiny_model(len(tokenizer), n_positions=max(256, env.seq_len + 1), seed=part.seed)
     policy = CausalLMPolicy(model, tokenizer)
     agent = ALGORITHMS[part.agent](policy, env, seed=part.seed)

@@ -113,9 +113,9 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     context = policy.context_length
     if job.get("model") is None and context is not None and env.seq_len > context:
         # A task longer than the tiny model (the Gymnasium games as text): the same
-        # model with one position more than the task needs (build.tiny_positions).
+        # model with as many positions as the task needs (build.tiny_positions).
         torch.manual_seed(seed)
-        policy = bench_policy(None, seed, positions=env.seq_len + 1)
+        policy = bench_policy(None, seed, positions=env.seq_len)
     agent = ALGORITHMS[job["agent"]](policy, env, seed=seed, **job["overrides"])  # type: ignore[arg-type]
     start_rss = _rss_mib()
     start = time.perf_counter()

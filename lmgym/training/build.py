@@ -93,15 +93,10 @@ def load_policy(
 def tiny_positions(config: TrainConfig, env_id: str, env: TokenVectorEnv | None = None) -> int:
     """The context of the built-in tiny GPT-2 for a run: ``TINY_POSITIONS``, or, for a
     task whose prompt plus budget is longer (the Gymnasium games as text: FrozenLake
-    needs 475 positions, Taxi 1758), one more than the longer ``seq_len`` of its
-    training and evaluation envs, so that every built-in task trains with the demo
+    needs 475 positions, Taxi 1758), the longer ``seq_len`` of its training and
+    evaluation envs, so that every built-in task trains with the demo
     model. A task that fits keeps exactly the model it always had (same size, same
     seed, same weights); the evaluation env is built only for one that does not.
-
-    The one more: in an episode-synchronous multi-turn rollout a row can end at the
-    buffer's last column while others go on, and the KV engine feeds a finished row
-    again at its next position, ``seq_len``: a learned position table of exactly
-    ``seq_len`` rows would be indexed past its end.
 
     Args:
         config: the run's config (task options, evaluation size).
@@ -117,7 +112,7 @@ def tiny_positions(config: TrainConfig, env_id: str, env: TokenVectorEnv | None 
     if env.seq_len <= TINY_POSITIONS:
         return TINY_POSITIONS
     eval_env, _ = eval_env_for(config, env_id, tokenizer, "cpu")
-    return max(env.seq_len, eval_env.seq_len) + 1
+    return max(env.seq_len, eval_env.seq_len)
 
 
 def checkpoint_positions(checkpoint: Path) -> int:
