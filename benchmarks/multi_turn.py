@@ -30,7 +30,6 @@ same prompts.
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import time
 from collections.abc import Iterator
@@ -119,36 +118,24 @@ def run_part(part: Part, max_minutes: float, iterations: int) -> dict[str, Any]:
     policy = CausalLMPolicy(model, tokenizer)
     agent = ALGORITHMS[part.agent](policy, env, seed=part.seed)
     before = evaluate(policy, part.task)
-    history: list[dict[str, float]] = []
-    deadline = time.monotonic() + 60 * max_minutes
-    start = time.perf_counter()
-
-    def until_deadline(_agent: Any, metrics: dict[str, float]) -> bool:
-        metrics["wall_seconds"] = time.perf_counter() - start
-        history.append(dict(metrics))
-        if len(history) % 10 == 0:
-            print(
-                f"[{part.name}] it {len(history)} reward {metrics['reward_mean']:.3f} "
-                f"length {metrics['completion_length']:.1f} {metrics['wall_seconds']:.0f}s",
-                flush=True,
-            )
-        return time.monotonic() < deadline
-
-    agent.learn(iterations, callback=until_deadline)
-    train_seconds = time.perf_counter() - start
+    history, train_seconds = parts.train(
+        agent,
+        part.name,
+        iterations,
+        max_minutes,
+        lambda m: (
+            f"reward {m['reward_mean']:.3f} length {m['completion_length']:.1f} "
+            f"{m['wall_seconds']:.0f}s"
+        ),
+    )
     after = evaluate(policy, part.task)
     return {
         "part": asdict(part),
         "task": TASK_IDS[part.task],
         "n_positions": model.config.n_positions,
-        "threads": torch.get_num_threads(),
-        "load_average_end": os.getloadavg()[0],  # the machine's other load inflates s/it
-        "iterations": len(history),
-        "train_seconds": train_seconds,
-        "seconds_per_iteration": train_seconds / max(len(history), 1),
+        **parts.run_fields(history, train_seconds),
         "before": before,
         "after": after,
-        "history": [{k: v for k, v in m.items() if isinstance(v, int | float)} for m in history],
         "date": time.strftime("%Y-%m-%d"),
         "command": " ".join(["benchmarks/multi_turn.py", *sys.argv[1:]]),
     }

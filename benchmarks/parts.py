@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,43 @@ def rolling(values: list[float], width: int = 10) -> list[float]:
     """Mean of each value and the ``width - 1`` before it (fewer at the start)."""
     windows = (values[max(0, i - width + 1) : i + 1] for i in range(len(values)))
     return [sum(w) / len(w) for w in windows]
+
+
+def train(
+    agent: Any, name: str, iterations: int, max_minutes: float, show: Callable[[dict], str]
+) -> tuple[list[dict[str, float]], float]:
+    """``agent.learn`` for ``iterations`` or until ``max_minutes`` have passed, whichever
+    ends first, printing ``show(metrics)`` every 10 iterations.
+
+    Returns:
+        ``(history, train_seconds)``: every iteration's metrics (``wall_seconds``
+        added), and the wall time of the training.
+    """
+    history: list[dict[str, float]] = []
+    deadline = time.monotonic() + 60 * max_minutes
+    start = time.perf_counter()
+
+    def until_deadline(_agent: Any, metrics: dict[str, float]) -> bool:
+        metrics["wall_seconds"] = time.perf_counter() - start
+        history.append(dict(metrics))
+        if len(history) % 10 == 0:
+            print(f"[{name}] it {len(history)} {show(metrics)}", flush=True)
+        return time.monotonic() < deadline
+
+    agent.learn(iterations, callback=until_deadline)
+    return history, time.perf_counter() - start
+
+
+def run_fields(history: list[dict[str, Any]], train_seconds: float) -> dict[str, Any]:
+    """The fields every part's record has about its training run."""
+    return {
+        "threads": torch.get_num_threads(),
+        "load_average_end": os.getloadavg()[0],  # the machine's other load inflates s/it
+        "iterations": len(history),
+        "train_seconds": train_seconds,
+        "seconds_per_iteration": train_seconds / max(len(history), 1),
+        "history": [{k: v for k, v in m.items() if isinstance(v, int | float)} for m in history],
+    }
 
 
 def missing(parts: Mapping[str, Any], out: Path) -> list[str]:

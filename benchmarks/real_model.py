@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import sys
 import time
 from collections.abc import Iterator
@@ -185,23 +184,13 @@ def run_part(part: Part, out: Path, max_minutes: float, iterations: int) -> dict
     ref = frozen_copy(policy) if beta > 0 else None
     agent = ALGORITHMS[part.agent](policy, env.unwrapped, ref, **overrides)
     before = base_evaluation(policy, part.setting, out)
-    history: list[dict[str, float]] = []
-    deadline = time.monotonic() + 60 * max_minutes
-    start = time.perf_counter()
-
-    def until_deadline(_agent: Any, metrics: dict[str, float]) -> bool:
-        metrics["wall_seconds"] = time.perf_counter() - start
-        history.append(dict(metrics))
-        if len(history) % 10 == 0:
-            print(
-                f"[{part.name}] it {len(history)} reward {metrics['reward_mean']:.3f} "
-                f"{metrics['wall_seconds']:.0f}s",
-                flush=True,
-            )
-        return time.monotonic() < deadline
-
-    agent.learn(iterations, callback=until_deadline)
-    train_seconds = time.perf_counter() - start
+    history, train_seconds = parts.train(
+        agent,
+        part.name,
+        iterations,
+        max_minutes,
+        lambda m: f"reward {m['reward_mean']:.3f} {m['wall_seconds']:.0f}s",
+    )
     print(f"[{part.name}] trained evaluation", flush=True)
     after = evaluate(policy, setting)
     return {
@@ -210,15 +199,10 @@ def run_part(part: Part, out: Path, max_minutes: float, iterations: int) -> dict
         "model": MODEL,
         "lora": LORA if part.lora else None,
         "overrides": overrides,
-        "threads": torch.get_num_threads(),
-        "load_average_end": os.getloadavg()[0],  # the machine's other load inflates s/it
-        "iterations": len(history),
-        "train_seconds": train_seconds,
-        "seconds_per_iteration": train_seconds / max(len(history), 1),
+        **parts.run_fields(history, train_seconds),
         "peak_rss_mib": h.status_kib("VmHWM") / 1024,
         "before": before,
         "after": after,
-        "history": [{k: v for k, v in h.items() if isinstance(v, int | float)} for h in history],
         "date": time.strftime("%Y-%m-%d"),
         "command": " ".join(["benchmarks/real_model.py", *sys.argv[1:]]),
     }
