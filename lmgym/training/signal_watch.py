@@ -11,7 +11,8 @@ change; it warns again only after the signal came back and went away again.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from lmgym.training.callbacks import Printer, TrainingCallback, tqdm_print
 from lmgym.typed_values import check_at_least
@@ -35,6 +36,7 @@ def has_no_signal(metrics: dict[str, float], max_reward: float | None = None) ->
     return (flat is not None and flat >= 1.0) or (grad is not None and grad == 0.0)
 
 
+@dataclass(eq=False)
 class NoSignalWarning(TrainingCallback):
     """Warn after ``patience`` iterations in a row without a learning signal.
 
@@ -48,26 +50,18 @@ class NoSignalWarning(TrainingCallback):
         warned_at: the iterations at which it warned.
     """
 
-    state_key = "no_signal"
+    state_key: ClassVar[str] = "no_signal"
 
-    def __init__(
-        self,
-        group_size: int,
-        temperature: float,
-        max_reward: float | None = None,
-        patience: int = NO_SIGNAL_PATIENCE,
-        out: Printer | None = tqdm_print,
-    ) -> None:
-        check_at_least("patience", patience)
-        self.group_size, self.temperature, self.patience, self.out = (
-            group_size,
-            temperature,
-            patience,
-            out,
-        )
-        self.max_reward = max_reward
-        self.streak = 0
-        self.warned_at: list[int] = []
+    group_size: int
+    temperature: float
+    max_reward: float | None = None
+    patience: int = NO_SIGNAL_PATIENCE
+    out: Printer | None = tqdm_print
+    streak: int = field(default=0, init=False)
+    warned_at: list[int] = field(default_factory=list, init=False)
+
+    def __post_init__(self) -> None:
+        check_at_least("patience", self.patience)
 
     def message(self, agent: Any, metrics: dict[str, float]) -> str:
         """The warning line for the iteration that completes the streak."""
