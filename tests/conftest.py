@@ -12,6 +12,39 @@ from lmgym.envs import FunctionReward, TokenVectorEnv
 from lmgym.policy import CausalLMPolicy, make_tiny_model
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--cases-per-test",
+        type=int,
+        default=0,
+        metavar="K",
+        help="run each parametrized test function on at most K of its cases, spread evenly "
+        "over its parameter list (first and last included); 0, the default, runs them all. "
+        "make test-fast uses it: every test function still runs, the matrices shrink.",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    k = config.getoption("--cases-per-test")
+    if k < 0:
+        raise pytest.UsageError(f"--cases-per-test must be >= 0, got {k}")
+    if not k:
+        return
+    cases: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        if getattr(item, "callspec", None) is not None:
+            cases.setdefault(f"{item.parent.nodeid}::{item.originalname}", []).append(item)
+    dropped: set[int] = set()
+    for group in cases.values():
+        n = len(group)
+        if n > k:
+            kept = {round(i * (n - 1) / (k - 1)) for i in range(k)} if k > 1 else {0}
+            dropped.update(id(item) for i, item in enumerate(group) if i not in kept)
+    if dropped:
+        config.hook.pytest_deselected(items=[item for item in items if id(item) in dropped])
+        items[:] = [item for item in items if id(item) not in dropped]
+
+
 @pytest.fixture(autouse=True)
 def _one_thread() -> None:
     # Tiny models: one thread is several times faster than two (OpenMP overhead

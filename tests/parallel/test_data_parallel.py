@@ -32,6 +32,7 @@ def two_rank_results(tmp_path_factory):
     return [torch.load(out / f"rank{r}.pt") for r in range(2)]
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("case", CASES, ids=["-".join(c) for c in CASES])
 def test_two_ranks_give_the_gradient_and_metrics_of_one_process(case, two_rank_results):
     """Rank 0 holds 2 groups, rank 1 one group with 2 masked rows and a flat reward:
@@ -52,6 +53,7 @@ def test_two_ranks_give_the_gradient_and_metrics_of_one_process(case, two_rank_r
             assert got["metrics"][key] == pytest.approx(value, rel=1e-4, abs=1e-6), (r, key)
 
 
+@pytest.mark.heavy
 def test_a_trainable_parameter_the_loss_never_reaches_is_refused_on_every_rank(two_rank_results):
     for results in two_rank_results:
         assert results["unused"] == (
@@ -61,6 +63,7 @@ def test_a_trainable_parameter_the_loss_never_reaches_is_refused_on_every_rank(t
         )
 
 
+@pytest.mark.heavy
 def test_fsdp_optimizer_state_is_this_rank_s_shard_and_loads_back_on_that_rank_only(
     two_rank_results,
 ):
