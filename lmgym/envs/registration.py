@@ -305,14 +305,15 @@ def register_multi_turn_tasks() -> None:
     # Ranges at each game's default max_turns and invalid_penalty (games.OPTIONS);
     # random baselines measured with random_policy_return (64 rows x 4 batches).
     for name, factory, reward_range, solved, random, what in (
-        ("FrozenLake", "frozen_lake", (-1.0, 1.0), 0.9, -0.28,
-         "FrozenLake-v1 4x4, not slippery; 1 at the goal"),
+        ("FrozenLake", "frozen_lake", (-1.0, 1.0), 0.9, -1.0,
+         "FrozenLake-v1 4x4, not slippery; 1 at the goal, -1 a cut-off episode"),
         ("CliffWalking", "cliff_walking", (-2000.0, -13.0), -13.0, -100.0,
          "CliffWalking-v1; -1 a move, -100 the cliff or a cut-off episode (optimal -13)"),
         ("Taxi", "taxi", (-200.0, 20.0), 8.0, -20.0,
          "Taxi-v4; -1 a move, +20 the delivery, -20 a cut-off episode"),
-        ("Blackjack", "blackjack", (-1.5, 1.0), -0.07, -0.3,
-         "Blackjack-v1, hit or stick; +1 win, -1 loss (basic strategy -0.045)"),
+        ("Blackjack", "blackjack", (-1.5, 1.0), -0.07, -1.0,
+         "Blackjack-v1, hit or stick; +1 win, -1 loss or a cut-off episode (basic "
+         "strategy -0.045)"),
     ):  # fmt: skip
         register_task(
             name,

@@ -271,3 +271,19 @@ def test_taxi_and_blackjack_end_when_the_game_does():
     returns, terminated, truncated, _ = play(env, [["dropoff"] * 3, ["nonsense"] * 3])
     assert truncated.all() and not terminated.any()
     assert returns.tolist() == [-20.0, -20.0]  # a cut-off episode returns unfinished_penalty
+
+
+def test_a_frozen_lake_or_blackjack_episode_cut_off_returns_minus_one():
+    """Without the cut-off penalty, a policy that never ends a turn scored 0 at the
+    budget, above any unparseable move (-0.1): a tiny model learned exactly that."""
+    babble = ["l" * 400]  # one turn longer than the whole budget
+    lake = make_frozen_lake_vector(num_envs=3, group_size=1, autoreset=False, split="all")
+    returns, terminated, truncated, _ = play(
+        lake,
+        [babble, ["jump"] * 10, ["right", "left"] * 5],  # budget, max_turns twice
+    )
+    assert truncated.all() and not terminated.any()
+    assert returns.tolist() == [-1.0, -1.0, -1.0]
+    blackjack = make_blackjack_vector(num_envs=2, group_size=1, autoreset=False, split="all")
+    returns, _, truncated, _ = play(blackjack, [babble, ["jump"] * 5])
+    assert truncated.all() and returns.tolist() == [-1.0, -1.0]

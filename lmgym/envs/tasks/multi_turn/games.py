@@ -11,7 +11,8 @@ always accepted for the action it numbers. An invalid turn costs
   row per line. Moves ``left down right up`` (0-3). Reward 1 on reaching the goal,
   else 0; falling into a hole ends the episode. ``invalid_penalty`` -0.1. The map
   does not depend on the seed, so every game is the same one: the optimal return
-  is 1 (six moves). Range ``[-0.1 * max_turns, 1]``. Solved: ``R >= 0.9``.
+  is 1 (six moves). An episode cut at ``max_turns`` or the budget returns -1.
+  Range ``[-0.1 * max_turns, 1]``. Solved: ``R >= 0.9``.
 - ``lmgym/CliffWalking-v0`` (``CliffWalking-v1``): the 4x12 map in the prompt;
   each observation is your position, ``"row 2 col 5"``. Moves ``up right down
   left`` (0-3). Reward -1 per move, -100 for stepping onto the cliff (back to the
@@ -27,7 +28,8 @@ always accepted for the action it numbers. An invalid turn costs
   Solved: ``R >= 8`` (Gymnasium's threshold for Taxi).
 - ``lmgym/Blackjack-v0`` (``Blackjack-v1``, Sutton & Barto rules): ``"your sum 14,
   dealer shows 10, usable ace: no."``. Moves ``stick hit`` (0-1; ``stand`` too).
-  Reward +1 win, -1 loss, 0 draw, when the hand ends. ``invalid_penalty`` -0.1.
+  Reward +1 win, -1 loss, 0 draw, when the hand ends. ``invalid_penalty`` -0.1; an
+  episode cut at ``max_turns`` or the budget returns -1, a lost hand.
   The seed draws the cards. Even perfect play loses on average: basic strategy
   returns -0.045 (measured directly on ``Blackjack-v1``, seeds 0-39999, standard
   error 0.005), always sticking -0.18. Solved: ``R >= -0.07``, near basic strategy.
@@ -150,12 +152,21 @@ GAMES: dict[str, TextGame] = {
     ),
 }
 
-#: Per game: its env option defaults. A truncated CliffWalking or Taxi episode
-#: returns exactly ``unfinished_penalty`` (the env's ``unfinished="penalty"``): their
-#: rewards are costs, and without it a policy that babbles until the budget runs out
-#: would pay less than one that walks to the goal.
+#: Per game: its env option defaults. A truncated episode (cut at ``max_turns`` or
+#: the budget) returns exactly ``unfinished_penalty`` (the env's
+#: ``unfinished="penalty"``), no better than the worst played episode: without it a
+#: policy that babbles until the budget runs out, ending no turn, pays less than one
+#: that plays (CliffWalking and Taxi count costs; FrozenLake and Blackjack penalise
+#: unparseable moves, and a tiny model trained without the penalty learned exactly
+#: that, benchmarks/results/multi_turn). FrozenLake's -1 is ten invalid moves,
+#: Blackjack's -1 a lost hand.
 OPTIONS: dict[str, dict[str, Any]] = {
-    "FrozenLake": {"max_turns": 10, "max_new_tokens": 320},
+    "FrozenLake": {
+        "max_turns": 10,
+        "max_new_tokens": 320,
+        "unfinished": "penalty",
+        "unfinished_penalty": -1.0,
+    },
     "CliffWalking": {
         "max_turns": 20,
         "max_new_tokens": 448,
@@ -168,7 +179,12 @@ OPTIONS: dict[str, dict[str, Any]] = {
         "unfinished": "penalty",
         "unfinished_penalty": -20.0,
     },
-    "Blackjack": {"max_turns": 5, "max_new_tokens": 320},
+    "Blackjack": {
+        "max_turns": 5,
+        "max_new_tokens": 320,
+        "unfinished": "penalty",
+        "unfinished_penalty": -1.0,
+    },
 }
 
 #: Per game: the reward of a turn that names no valid move (a move's cost where
