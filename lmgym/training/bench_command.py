@@ -6,6 +6,7 @@ import argparse
 from collections.abc import Sequence
 
 from lmgym.training.cli_common import error, quiet_transformers
+from lmgym.training.flags import FlagType
 
 
 def _csv_list(text: str) -> list[str]:
@@ -41,27 +42,38 @@ def _bench_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--learning-rate",
-        type=float,
+        type=FlagType("learning_rate", float),
         default=None,
         help="every agent's learning rate (default: the learning tests' rates, tuned for the "
         "tiny GPT-2; a pretrained model wants far less: docs/cli.md, Pretrained models)",
     )
     parser.add_argument(
         "--seeds",
-        type=lambda t: [int(s) for s in _csv_list(t)],
+        type=lambda t: [FlagType("seeds", int)(s) for s in _csv_list(t)],
         default=None,
         help=f"comma list (default: {','.join(map(str, DEFAULT_SEEDS))})",
     )
     parser.add_argument(
-        "--iterations", type=int, default=None, help="iterations for every task (default: per task)"
+        "--iterations",
+        type=FlagType("iterations", int),
+        default=None,
+        help="iterations for every task (default: per task)",
     )
-    parser.add_argument("--num-prompts", type=int, default=4, help="prompts per batch (default: 4)")
     parser.add_argument(
-        "--group-size", type=int, default=8, help="completions per prompt (default: 8)"
+        "--num-prompts",
+        type=FlagType("num_prompts", int),
+        default=4,
+        help="prompts per batch (default: 4)",
+    )
+    parser.add_argument(
+        "--group-size",
+        type=FlagType("group_size", int),
+        default=8,
+        help="completions per prompt (default: 8)",
     )
     parser.add_argument(
         "--workers",
-        type=int,
+        type=FlagType("workers", int),
         default=None,
         help="runs at once, each in its own process with one torch thread; 0 runs them in "
         "this process (default: 1; 0 with --quick)",

@@ -31,6 +31,7 @@ def add_launch_flags(parser: argparse.ArgumentParser) -> None:
     """``--nproc-per-node`` (data parallel) and the asynchronous actor-learner's flags."""
     from lmgym.agents.config import field_help
     from lmgym.asynchronous import AsyncConfig
+    from lmgym.training.flags import FlagType
 
     helps = field_help(AsyncConfig)  # type: ignore[arg-type]
     group = parser.add_argument_group(
@@ -38,7 +39,7 @@ def add_launch_flags(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--nproc-per-node",
-        type=int,
+        type=FlagType("nproc_per_node", int),
         default=None,
         metavar="N",
         help="start N data-parallel processes on this machine through torch's launcher "
@@ -47,7 +48,10 @@ def add_launch_flags(parser: argparse.ArgumentParser) -> None:
     )
     for name, kind in (("actors", int), ("learners", int), ("max_staleness", int)):
         group.add_argument(
-            flag(name), type=kind, default=None, help=f"async: {helps[name]} (default: 1)"
+            flag(name),
+            type=FlagType(name, kind),
+            default=None,
+            help=f"async: {helps[name]} (default: 1)",
         )
     group.add_argument(
         "--stale-policy", choices=["wait", "drop"], default=None, help=helps["stale_policy"]
@@ -60,14 +64,14 @@ def add_launch_flags(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--keep-kv-cache",
-        type=lambda text: text.lower() in ("1", "true", "yes", "y", "t"),
+        type=FlagType("keep_kv_cache", bool),
         default=None,
         metavar="BOOL",
         help=helps["keep_kv_cache"],
     )
     group.add_argument(
         "--async-timeout-s",
-        type=float,
+        type=FlagType("async_timeout_s", float),
         default=None,
         help="async: " + helps["timeout_s"],
     )
@@ -93,8 +97,11 @@ def async_config(args: argparse.Namespace) -> Any:
 
 def pop_nproc(argv: list[str]) -> tuple[int | None, list[str]]:
     """``(--nproc-per-node N or None, argv without it)``."""
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=None)
+    from lmgym.training.flags import FlagType
+
+    pre = argparse.ArgumentParser(prog="lmgym train", add_help=False)
+    nproc = FlagType("nproc_per_node", int)
+    pre.add_argument("--nproc-per-node", "--nproc_per_node", type=nproc, default=None)
     known, _ = pre.parse_known_args(argv)
     if known.nproc_per_node is None:
         return None, argv
@@ -136,7 +143,7 @@ def _peek_device(argv: Sequence[str]) -> str:
     """``--device`` of a command line that could not be read whole (default ``cpu``)."""
     import torch
 
-    pre = argparse.ArgumentParser(add_help=False)
+    pre = argparse.ArgumentParser(prog="lmgym train", add_help=False)
     pre.add_argument("--device", default="cpu")
     device = pre.parse_known_args(list(argv))[0].device
     try:

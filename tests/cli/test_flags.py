@@ -195,3 +195,22 @@ def test_a_config_file_sets_model_settings_and_flags_override_it(tmp_path):
     _apply_file_values(parser, json.loads(config.read_text()), str(config))
     args = parser.parse_args(["--dtype", "float32"])
     assert args.lora_target_modules == ["c_attn"] and args.dtype == "float32"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["eval", "--seed", "2.5"], "seed='2.5': expected an integer"),
+        (["eval", "--temperature", "nan"], "temperature='nan': must be a finite number"),
+        (["bench", "--seeds", "0,x"], "seeds='x': expected an integer"),
+        (["bench", "--learning-rate", "fast"], "learning_rate='fast': expected a number"),
+        (["train", "--keep-kv-cache", "maybe"], "keep_kv_cache='maybe': expected true or false"),
+        (["train", "--actors", "1.5"], "actors='1.5': expected an integer"),
+        (["train", "--nproc-per-node", "two"], "nproc_per_node='two': expected an integer"),
+    ],
+)
+def test_eval_bench_and_launch_flags_use_the_one_converter(capsys, argv, message):
+    """Their numbers and booleans follow the train flags' rules (lmgym.typed_values): a
+    NaN is refused, and a boolean is a bool word, not "anything else is false"."""
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
