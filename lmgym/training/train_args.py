@@ -15,7 +15,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from lmgym.training.cli_common import parse_env_kwarg, quiet_transformers
-from lmgym.training.launch import add_launch_flags, async_config, flag, pop_nproc
+from lmgym.training.launch import (
+    LAUNCH_FLAGS,
+    add_launch_flags,
+    async_config,
+    flag,
+    pop_nproc,
+)
 from lmgym.training.ranks import launched_ranks
 from lmgym.training.run import TrainConfig
 
@@ -103,7 +109,8 @@ def _apply_file_values(
 
     where = f"--config {source}"
     hints = typing.get_type_hints(TrainConfig)
-    annotations = {**flag_annotations(parser), **{f: hints[f] for f in _SPECIAL_FIELDS}}
+    typed = {f: kind for f, kind in flag_annotations(parser).items() if f not in LAUNCH_FLAGS}
+    annotations = {**typed, **{f: hints[f] for f in _SPECIAL_FIELDS}}
     unknown = sorted(set(values) - set(annotations))
     if unknown:
         raise ValueError(
