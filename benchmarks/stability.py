@@ -1,9 +1,9 @@
 """Seed robustness: does each agent reach the solved threshold, and keep it?
 
 Every agent x TargetString and LengthControl x 5 seeds, with the settings of
-``lmgym bench`` (``lmgym.training.bench``: a fresh tiny GPT-2 per seed, 4 prompts x 8
-completions, bandit reward, each agent's documented defaults except the learning
-rates of ``AGENT_OVERRIDES``, 150 / 250 iterations). Per agent and task the table
+``lmgym bench`` (``lmgym.training.bench``: a fresh tiny GPT-2 per seed, its batch
+shape, 4 prompts x 16 completions, bandit reward, each agent's documented defaults,
+150 / 250 iterations). Per agent and task the table
 counts the seeds that *reached* the threshold (rolling mean over 5 iterations), that
 *kept* it (mean of the last 10 iterations at the threshold) and that ended on a
 *plateau* (not kept, last 10 iterations within 0.05: stuck at a local optimum); the
@@ -12,8 +12,11 @@ same ones ``lmgym bench`` reports. Target (issue 26): every agent keeps the solu
 on at least 4 of 5 seeds on both tasks.
 
 Each finished run is appended to ``--runs`` (JSON lines) at once, and a rerun skips
-the runs already there, so a long table can be filled in several sittings; the
-Markdown table is rendered from that file alone (``--render-only``).
+the runs already there (a run is its agent, task, seed, batch shape and overrides,
+so runs at other settings stay in the file but are neither skipped nor shown), so a
+long table can be filled in several sittings; the Markdown table is rendered from
+that file alone (``--render-only``). ``--workers 2`` runs two at once: the table
+counts rewards, which do not depend on the load, only the wall times do.
 
     .venv/bin/python benchmarks/stability.py                      # everything (~1-2 h on 2 cores)
     .venv/bin/python benchmarks/stability.py --agents ppo,vapo --tasks lmgym/TargetString-v0
@@ -41,8 +44,13 @@ TARGET_KEPT = 4
 """Seeds of 5 on which every agent must keep the solution (issue 26)."""
 
 
-def job_key(job: dict[str, Any]) -> tuple[str, str, int]:
-    return job["agent"], job["task"], job["seed"]
+def job_key(job: dict[str, Any]) -> tuple[Any, ...]:
+    """What makes two runs the same run: agent, task, seed and settings."""
+    settings = json.dumps(
+        [job["num_prompts"], job["group_size"], job["overrides"], job["iterations"]],
+        sort_keys=True,
+    )
+    return job["agent"], job["task"], job["seed"], settings
 
 
 def load_runs(path: Path) -> list[dict[str, Any]]:
@@ -59,7 +67,7 @@ def commit() -> str:
     return head.stdout.strip() + ("+dirty" if dirty else "")
 
 
-def run_missing(spec: BenchSpec, path: Path, done: list[dict[str, Any]]) -> None:
+def run_missing(spec: BenchSpec, path: Path, done: list[dict[str, Any]], workers: int = 1) -> None:
     """Run every job of ``spec`` not in ``done``, one fresh process each, appending each
     record (with the commit measured) to ``path`` as it finishes."""
     measured = commit()
@@ -72,7 +80,7 @@ def run_missing(spec: BenchSpec, path: Path, done: list[dict[str, Any]]) -> None
     )
     print(f"stability: {len(jobs)} runs to do, {len(have)} already in {path}", flush=True)
     context = multiprocessing.get_context("spawn")
-    with context.Pool(1, maxtasksperchild=1) as pool, path.open("a") as out:
+    with context.Pool(workers, maxtasksperchild=1) as pool, path.open("a") as out:
         for index, result in enumerate(pool.imap_unordered(run_job, jobs), 1):
             result["commit"] = measured
             out.write(json.dumps(result) + "\n")
@@ -102,12 +110,13 @@ def render(runs: list[dict[str, Any]], spec: BenchSpec, command: str) -> str:
         "",
         "Settings: those of `lmgym bench` (a fresh tiny GPT-2 per seed, "
         f"{spec.num_prompts} prompts x {spec.group_size} completions, bandit reward, each "
-        "agent's documented defaults except "
+        "agent's documented defaults"
         + (
-            "the learning rates of `lmgym.training.bench.AGENT_OVERRIDES`"
-            if spec.learning_rate is None
-            else f"learning_rate={spec.learning_rate:g} for every agent"
+            " except `lmgym.training.bench.AGENT_OVERRIDES`"
+            if spec.learning_rate is None and any(spec.agent_overrides.values())
+            else ""
         )
+        + (f", learning_rate={spec.learning_rate:g} for every agent" if spec.learning_rate else "")
         + "), iterations: "
         + ", ".join(f"{t.split('/')[-1]} {spec.iterations_for(t)}" for t in spec.tasks)
         + ".",
@@ -151,6 +160,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--runs", default="benchmarks/results/stability.jsonl")
     parser.add_argument("--out", default="benchmarks/results/stability.md")
     parser.add_argument("--render-only", action="store_true", help="no runs: render --runs")
+    parser.add_argument("--workers", type=int, default=1, help="runs at once (default 1)")
     args = parser.parse_args(argv)
     agents = tuple(sorted(ALGORITHMS)) if args.agents == "all" else tuple(args.agents.split(","))
     spec = BenchSpec(
@@ -164,7 +174,7 @@ def main(argv: list[str]) -> int:
     path = Path(args.runs)
     runs = load_runs(path)
     if not args.render_only:
-        run_missing(spec, path, runs)
+        run_missing(spec, path, runs, args.workers)
         runs = load_runs(path)
     mine = [r for r in runs if job_key(r) in {job_key(j) for j in spec.jobs()}]
     command = shlex.join([".venv/bin/python", "benchmarks/stability.py", *argv])

@@ -15,6 +15,7 @@ def _csv_list(text: str) -> list[str]:
 
 def _bench_parser() -> argparse.ArgumentParser:
     from lmgym.training.bench import DEFAULT_AGENTS, DEFAULT_OUT, DEFAULT_SEEDS, DEFAULT_TASKS
+    from lmgym.training.bench_spec import DEFAULT_GROUP_SIZE, DEFAULT_NUM_PROMPTS
 
     parser = argparse.ArgumentParser(
         prog="lmgym bench",
@@ -62,14 +63,14 @@ def _bench_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--num-prompts",
         type=FlagType("num_prompts", int),
-        default=4,
-        help="prompts per batch (default: 4)",
+        default=DEFAULT_NUM_PROMPTS,
+        help=f"prompts per batch (default: {DEFAULT_NUM_PROMPTS}, as lmgym train)",
     )
     parser.add_argument(
         "--group-size",
         type=FlagType("group_size", int),
-        default=8,
-        help="completions per prompt (default: 8)",
+        default=DEFAULT_GROUP_SIZE,
+        help=f"completions per prompt (default: {DEFAULT_GROUP_SIZE}, as lmgym train)",
     )
     parser.add_argument(
         "--workers",

@@ -5,9 +5,10 @@ solution when it trains on.
 The solved policy is trained once per session with REINFORCE (per-token rewards,
 64 completions per iteration) and stopped as soon as the rolling mean of 5 iterations
 reaches 0.95: solved, but not saturated (its mean token entropy is about 0.2), which
-is where the collapses of issue 26 happened. Every agent then runs at the settings of
-``lmgym bench`` (4 prompts x 8 completions, bandit reward, documented defaults except
-``AGENT_OVERRIDES``' learning rates).
+is where the collapses of issue 26 happened. Every agent then runs at the issue's
+settings, 4 prompts x 8 completions (half ``lmgym bench``'s batch: the harder case, the
+noisier batch), bandit reward, at its documented defaults (``AGENT_OVERRIDES`` would
+hold exceptions, and holds none).
 """
 
 from __future__ import annotations
@@ -154,10 +155,12 @@ def check_kept(name: str, history: list[dict[str, float]]) -> None:
 
 
 FRESH_CRITIC = pytest.mark.xfail(
-    strict=True,
+    strict=False,
     reason="a fresh critic on a solved policy: until it fits (about 10 iterations) its "
-    "errors, std 0.15-0.2, are advantages above whiten_min_std, whitened, and knock the "
-    "reward to 0.66 before it recovers (VAPO's value pretraining avoids this)",
+    "errors, std 0.15-0.2, are advantages above whiten_min_std, whitened, and can knock "
+    "the reward to 0.66 before it recovers (VAPO's value pretraining avoids this). "
+    "Chaotic: in a full suite run it dipped, alone (this file, or these two cases) it "
+    "kept the solution, on the same commit; hence not strict",
 )
 KEEP_CASES = [
     pytest.param(name, marks=FRESH_CRITIC) if name in ("ppo", "dual_clip_ppo") else name
