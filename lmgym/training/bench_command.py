@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Sequence
 
 from lmgym.training.cli_common import error, quiet_transformers
-from lmgym.training.flags import FlagType
+from lmgym.training.flags import FlagType, add_typed_flag
 
 
 def _csv_list(text: str) -> list[str]:
@@ -41,9 +41,10 @@ def _bench_parser() -> argparse.ArgumentParser:
         help="local directory or hub name of your causal LM, loaded afresh for every run "
         "(default: a tiny GPT-2 initialised with the run's seed)",
     )
-    parser.add_argument(
+    add_typed_flag(
+        parser,
         "--learning-rate",
-        type=FlagType("learning_rate", float),
+        kind=float,
         default=None,
         help="every agent's learning rate (default: the learning tests' rates, tuned for the "
         "tiny GPT-2; a pretrained model wants far less: docs/cli.md, Pretrained models)",
@@ -54,27 +55,31 @@ def _bench_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"comma list (default: {','.join(map(str, DEFAULT_SEEDS))})",
     )
-    parser.add_argument(
+    add_typed_flag(
+        parser,
         "--iterations",
-        type=FlagType("iterations", int),
+        kind=int,
         default=None,
         help="iterations for every task (default: per task)",
     )
-    parser.add_argument(
+    add_typed_flag(
+        parser,
         "--num-prompts",
-        type=FlagType("num_prompts", int),
+        kind=int,
         default=DEFAULT_NUM_PROMPTS,
         help=f"prompts per batch (default: {DEFAULT_NUM_PROMPTS}, as lmgym train)",
     )
-    parser.add_argument(
+    add_typed_flag(
+        parser,
         "--group-size",
-        type=FlagType("group_size", int),
+        kind=int,
         default=DEFAULT_GROUP_SIZE,
         help=f"completions per prompt (default: {DEFAULT_GROUP_SIZE}, as lmgym train)",
     )
-    parser.add_argument(
+    add_typed_flag(
+        parser,
         "--workers",
-        type=FlagType("workers", int),
+        kind=int,
         default=None,
         help="runs at once, each in its own process with one torch thread; 0 runs them in "
         "this process (default: 1; 0 with --quick)",

@@ -25,7 +25,7 @@ from typing import Any
 
 from lmgym.agents.config import config_from_dict
 from lmgym.training.cli_common import error, parse_env_kwarg, quiet_transformers
-from lmgym.training.flags import FlagType
+from lmgym.training.flags import add_typed_flag
 from lmgym.training.run import DEFAULT_TASK, TrainConfig
 from lmgym.training.sample_text import sample_line
 from lmgym.training.threads import auto_threads
@@ -93,10 +93,11 @@ def eval_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="prompts drawn (default: 64)",
     )
-    parser.add_argument(
+    add_typed_flag(
+        parser,
         "-k",
         "--k",
-        type=FlagType("k", int),
+        kind=int,
         default=8,
         help="completions per prompt, the k of pass@k (default: 8)",
     )
@@ -106,18 +107,18 @@ def eval_parser() -> argparse.ArgumentParser:
         default="eval",
         help="which prompts, where the task has a split (default: eval)",
     )
-    parser.add_argument(
-        "--seed", type=FlagType("seed", int), default=0, help="seed of prompt order and sampler"
-    )
-    parser.add_argument(
+    add_typed_flag(parser, "--seed", kind=int, default=0, help="seed of prompt order and sampler")
+    add_typed_flag(
+        parser,
         "--temperature",
-        type=FlagType("temperature", float),
+        kind=float,
         default=None,
         help="sampling temperature; 0 is greedy decoding (default: the run's, or 1)",
     )
-    parser.add_argument(
+    add_typed_flag(
+        parser,
         "--correct-threshold",
-        type=FlagType("correct_threshold", float),
+        kind=float,
         default=None,
         help="reward counted as correct for pass@k (default: the task's maximum on verified tasks)",
     )
@@ -129,19 +130,17 @@ def eval_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="an argument of the task's env factory (default: the run's); repeatable",
     )
-    parser.add_argument(
-        "--samples",
-        type=FlagType("samples", int),
-        default=4,
-        help="completions printed (default: 4)",
+    add_typed_flag(
+        parser, "--samples", kind=int, default=4, help="completions printed (default: 4)"
     )
     parser.add_argument(
         "--json", default=None, metavar="FILE", help="also write the result as JSON"
     )
     parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
-    parser.add_argument(
+    add_typed_flag(
+        parser,
         "--threads",
-        type=FlagType("threads", int),
+        kind=int,
         default=1,
         help="torch CPU threads; 0 chooses from the cores and the load (default: 1)",
     )

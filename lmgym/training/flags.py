@@ -57,6 +57,16 @@ class FlagType:
             raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def add_typed_flag(
+    parser: argparse.ArgumentParser | Any, *names: str, kind: Any, **kwargs: Any
+) -> None:
+    """``parser.add_argument(*names, **kwargs)`` with the value converted by
+    ``parse_value`` as ``kind`` (``FlagType``), named by the last, long name's field:
+    ``add_typed_flag(parser, "--seed", kind=int, default=0)``."""
+    field = names[-1].lstrip("-").replace("-", "_")
+    parser.add_argument(*names, type=FlagType(field, kind), **kwargs)
+
+
 def _metavar(annotation: Any) -> str:
     """``INT``, ``FLOAT``, ``STR`` or ``{a,b}`` for a field's (item) annotation."""
     choices = literal_choices(annotation)

@@ -31,15 +31,16 @@ def add_launch_flags(parser: argparse.ArgumentParser) -> None:
     """``--nproc-per-node`` (data parallel) and the asynchronous actor-learner's flags."""
     from lmgym.agents.config import field_help
     from lmgym.asynchronous import AsyncConfig
-    from lmgym.training.flags import FlagType
+    from lmgym.training.flags import add_typed_flag
 
     helps = field_help(AsyncConfig)  # type: ignore[arg-type]
     group = parser.add_argument_group(
         "processes", "data parallel (docs/distributed.md) and asynchronous (docs/async.md)"
     )
-    group.add_argument(
+    add_typed_flag(
+        group,
         "--nproc-per-node",
-        type=FlagType("nproc_per_node", int),
+        kind=int,
         default=None,
         metavar="N",
         help="start N data-parallel processes on this machine through torch's launcher "
@@ -47,11 +48,8 @@ def add_launch_flags(parser: argparse.ArgumentParser) -> None:
         "--nnodes ... -m lmgym train yourself (docs/distributed.md)",
     )
     for name, kind in (("actors", int), ("learners", int), ("max_staleness", int)):
-        group.add_argument(
-            flag(name),
-            type=FlagType(name, kind),
-            default=None,
-            help=f"async: {helps[name]} (default: 1)",
+        add_typed_flag(
+            group, flag(name), kind=kind, default=None, help=f"async: {helps[name]} (default: 1)"
         )
     group.add_argument(
         "--stale-policy", choices=["wait", "drop"], default=None, help=helps["stale_policy"]
@@ -62,18 +60,16 @@ def add_launch_flags(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=helps["weight_sync"],
     )
-    group.add_argument(
+    add_typed_flag(
+        group,
         "--keep-kv-cache",
-        type=FlagType("keep_kv_cache", bool),
+        kind=bool,
         default=None,
         metavar="BOOL",
         help=helps["keep_kv_cache"],
     )
-    group.add_argument(
-        "--async-timeout-s",
-        type=FlagType("async_timeout_s", float),
-        default=None,
-        help="async: " + helps["timeout_s"],
+    add_typed_flag(
+        group, "--async-timeout-s", kind=float, default=None, help="async: " + helps["timeout_s"]
     )
 
 
@@ -97,11 +93,10 @@ def async_config(args: argparse.Namespace) -> Any:
 
 def pop_nproc(argv: list[str]) -> tuple[int | None, list[str]]:
     """``(--nproc-per-node N or None, argv without it)``."""
-    from lmgym.training.flags import FlagType
+    from lmgym.training.flags import add_typed_flag
 
     pre = argparse.ArgumentParser(prog="lmgym train", add_help=False)
-    nproc = FlagType("nproc_per_node", int)
-    pre.add_argument("--nproc-per-node", "--nproc_per_node", type=nproc, default=None)
+    add_typed_flag(pre, "--nproc-per-node", "--nproc_per_node", kind=int, default=None)
     known, _ = pre.parse_known_args(argv)
     if known.nproc_per_node is None:
         return None, argv
