@@ -29,10 +29,8 @@ same prompts.
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -46,7 +44,7 @@ import lmgym  # noqa: F401  (registers the tasks)
 from lmgym.agents import ALGORITHMS
 from lmgym.envs import TASKS
 from lmgym.policy import CausalLMPolicy, make_char_tokenizer, make_tiny_model
-from lmgym.training.evaluation import evaluate_policy, make_eval_env
+from lmgym.training.evaluation import make_eval_env
 
 PROMPTS, GROUP_SIZE = 8, 8
 EVAL_PROMPTS, EVAL_SAMPLES, EVAL_SEED = 16, 4, 1234
@@ -79,30 +77,16 @@ PARTS = {
 }
 
 
-@contextlib.contextmanager
-def temperature(policy: CausalLMPolicy, value: float) -> Iterator[None]:
-    """Sample at ``value`` inside the block (0: greedy), then restore the policy's."""
-    saved, policy.temperature = policy.temperature, value
-    try:
-        yield
-    finally:
-        policy.temperature = saved
-
-
 def evaluate(policy: CausalLMPolicy, task: str) -> dict[str, Any]:
     """Held-out return: greedy (1 episode per prompt) and sampled at temperature 1."""
-    out: dict[str, Any] = {}
-    for label, temp, samples in (("greedy", 0.0, 1), ("sampled", 1.0, EVAL_SAMPLES)):
-        env, split = make_eval_env(TASK_IDS[task], policy.tokenizer, EVAL_PROMPTS, samples)
-        with temperature(policy, temp):
-            result = evaluate_policy(policy, env, EVAL_PROMPTS, seed=EVAL_SEED)
-        out[label] = {
-            "reward": result.reward_mean,
-            "length": result.completion_length,
-            "split": split,
-            "samples": [list(s) for s in result.samples[:2]],
-        }
-    return out
+    return parts.held_out(
+        policy,
+        lambda samples: make_eval_env(TASK_IDS[task], policy.tokenizer, EVAL_PROMPTS, samples),
+        EVAL_PROMPTS,
+        EVAL_SEED,
+        EVAL_SAMPLES,
+        keep=2,
+    )
 
 
 def run_part(part: Part, max_minutes: float, iterations: int) -> dict[str, Any]:
@@ -144,18 +128,8 @@ def run_part(part: Part, max_minutes: float, iterations: int) -> dict[str, Any]:
 def plot(records: list[dict[str, Any]], out: Path) -> list[str]:
     """One PNG per task: training return (rolling mean of 10) per part, with the
     task's random-policy baseline and solved threshold."""
-    import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = []
-    for task in sorted({r["part"]["task"] for r in records}):
-        fig, ax = plt.subplots(figsize=(7, 4))
-        for r in (r for r in records if r["part"]["task"] == task):
-            rewards = [m["reward_mean"] for m in r["history"]]
-            label = Part(**r["part"]).name.removeprefix(f"{task}-")
-            ax.plot(range(1, len(rewards) + 1), parts.rolling(rewards), label=label)
+    def style(ax: Any, task: str) -> None:
         info = TASKS[TASK_IDS[task]]
         if info.random_baseline is not None:
             ax.axhline(info.random_baseline, color="grey", ls=":", label="random policy")
@@ -164,13 +138,14 @@ def plot(records: list[dict[str, Any]], out: Path) -> list[str]:
         ax.set_xlabel("iteration (64 episodes)")
         ax.set_ylabel("train return (rolling mean of 10)")
         ax.set_title(f"tiny GPT-2 from scratch, {TASK_IDS[task]}")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        name = f"{task}.png"
-        fig.savefig(out / name, dpi=100)
-        plt.close(fig)
-        names.append(name)
-    return names
+
+    return parts.plot_curves(
+        records,
+        out,
+        lambda r: r["part"]["task"],
+        lambda r: Part(**r["part"]).name.removeprefix(f"{r['part']['task']}-"),
+        style,
+    )
 
 
 def _metric(r: dict[str, Any], key: str, first: bool) -> float:
@@ -216,17 +191,12 @@ def report(out: Path, notes: str = "") -> str:
     if notes_path.exists():
         lines += [notes_path.read_text().strip(), ""]
     if records:
-        for name in plot(records, out):
-            lines += [f"![{name}]({name})", ""]
-        lines += ["## Commands (one process per part; `--report` wrote this file)", ""]
-        commands = dict.fromkeys((r["date"], r["command"]) for r in records)  # once each
-        lines += [f"- {date}: `{command}`" for date, command in commands]
-        lines += ["", "## Samples (held-out, greedy, after training)", ""]
-        for r in records:
-            lines.append(f"- **{Part(**r['part']).name}**:")
-            for _prompt, completion, reward in r["after"]["greedy"]["samples"][:2]:
-                lines.append(f"  - `{completion[:160]!r}` ({reward:.2f})")
-        lines.append("")
+        lines += parts.closing_sections(
+            records,
+            plot(records, out),
+            lambda r: Part(**r["part"]).name,
+            lambda _prompt, completion: f"`{completion[:160]!r}`",
+        )
     text = "\n".join(lines)
     (out / "README.md").write_text(text)
     return text

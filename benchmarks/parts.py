@@ -3,21 +3,26 @@ exists is skipped, and a report is rendered from the records alone.
 
 ``real_model.py`` and ``multi_turn.py`` are such benchmarks; this module is what they
 share: the atomic record write, reading the records back, the rolling mean of their
-curves and the command line (``parts...``, ``--all``, ``--list``, ``--report``,
-``--force``, ``--max-minutes``, ``--iterations``, ``--threads``, ``--out``).
+curves, the held-out evaluation (greedy and sampled), the learning-curve PNGs, the
+report's closing sections and the command line (``parts...``, ``--all``, ``--list``,
+``--report``, ``--force``, ``--max-minutes``, ``--iterations``, ``--threads``,
+``--out``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from lmgym.training.evaluation import evaluate_policy
 
 
 def write_atomic(path: Path, record: dict[str, Any]) -> None:
@@ -75,6 +80,95 @@ def run_fields(history: list[dict[str, Any]], train_seconds: float) -> dict[str,
         "seconds_per_iteration": train_seconds / max(len(history), 1),
         "history": [{k: v for k, v in m.items() if isinstance(v, int | float)} for m in history],
     }
+
+
+@contextlib.contextmanager
+def temperature(policy: Any, value: float) -> Iterator[None]:
+    """Sample at ``value`` inside the block (0: greedy), then restore the policy's."""
+    saved, policy.temperature = policy.temperature, value
+    try:
+        yield
+    finally:
+        policy.temperature = saved
+
+
+def held_out(
+    policy: Any,
+    make_env: Callable[[int], tuple[Any, str]],
+    prompts: int,
+    seed: int,
+    samples: int,
+    keep: int,
+) -> dict[str, Any]:
+    """Held-out reward: greedy (1 completion per prompt) and sampled at temperature 1
+    (``samples`` per prompt), each on ``make_env(completions per prompt)``'s
+    ``(env, split)`` with the same ``seed``, keeping ``keep`` samples of each."""
+    out: dict[str, Any] = {}
+    for label, temp, per_prompt in (("greedy", 0.0, 1), ("sampled", 1.0, samples)):
+        env, split = make_env(per_prompt)
+        start = time.perf_counter()
+        with temperature(policy, temp):
+            result = evaluate_policy(policy, env, prompts, seed=seed)
+        out[label] = {
+            "reward": result.reward_mean,
+            "length": result.completion_length,
+            "split": split,
+            "seconds": time.perf_counter() - start,
+            "samples": [list(s) for s in result.samples[:keep]],
+        }
+    return out
+
+
+def plot_curves(
+    records: list[dict[str, Any]],
+    out: Path,
+    group_of: Callable[[dict[str, Any]], str],
+    label_of: Callable[[dict[str, Any]], str],
+    style: Callable[[Any, str], None],
+) -> list[str]:
+    """One PNG per group of records (``<group>.png``): the training reward, rolling mean
+    of 10, one line per record; ``style(ax, group)`` adds the axes' labels, title and any
+    reference lines. Returns the file names."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = []
+    for group in sorted({group_of(r) for r in records}):
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for r in (r for r in records if group_of(r) == group):
+            rewards = [m["reward_mean"] for m in r["history"]]
+            ax.plot(range(1, len(rewards) + 1), rolling(rewards), label=label_of(r))
+        style(ax, group)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        name = f"{group}.png"
+        fig.savefig(out / name, dpi=100)
+        plt.close(fig)
+        names.append(name)
+    return names
+
+
+def closing_sections(
+    records: list[dict[str, Any]],
+    pictures: list[str],
+    name_of: Callable[[dict[str, Any]], str],
+    sample_text: Callable[[str, str], str],
+) -> list[str]:
+    """The report's end: the PNGs, the commands that made the parts (each once) and
+    two held-out greedy samples of each part after training (``sample_text(prompt,
+    completion)``)."""
+    lines = [line for name in pictures for line in (f"![{name}]({name})", "")]
+    lines += ["## Commands (one process per part; `--report` wrote this file)", ""]
+    commands = dict.fromkeys((r["date"], r["command"]) for r in records)
+    lines += [f"- {date}: `{command}`" for date, command in commands]
+    lines += ["", "## Samples (held-out, greedy, after training)", ""]
+    for r in records:
+        lines.append(f"- **{name_of(r)}**:")
+        for prompt, completion, reward in r["after"]["greedy"]["samples"][:2]:
+            lines.append(f"  - {sample_text(prompt, completion)} ({reward:.2f})")
+    return [*lines, ""]
 
 
 def missing(parts: Mapping[str, Any], out: Path) -> list[str]:

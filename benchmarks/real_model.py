@@ -31,7 +31,6 @@ import contextlib
 import json
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,7 +44,7 @@ import lmgym  # noqa: F401  (registers the tasks)
 from lmgym.agents import ALGORITHMS
 from lmgym.policy import CausalLMPolicy
 from lmgym.policy.value import frozen_copy
-from lmgym.training.evaluation import evaluate_policy, make_eval_env
+from lmgym.training.evaluation import make_eval_env
 
 MODEL = "smollm2-135m-instruct"
 LORA = {"r": 16, "lora_alpha": 32, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
@@ -69,6 +68,9 @@ SETTINGS = {
     "instructions": TaskSetting("lmgym/Instructions-v0", max_new_tokens=32),
     "arithmetic": TaskSetting("lmgym/ChatArithmetic-v0", max_new_tokens=12),
     "continuation": TaskSetting("lmgym/PositiveContinuation-v0", max_new_tokens=24),
+    # Multi-turn (issue 28): guess a number in 1..8 told higher/lower, chat turns; the
+    # budget holds the policy's turns and the user turns the chat template renders.
+    "guess": TaskSetting("lmgym/GuessNumber-v0", max_new_tokens=192),
 }
 
 
@@ -98,6 +100,7 @@ def _parts() -> dict[str, Part]:
     chosen.append(Part("instructions", "ppo", 0))  # value head on the LM (the agent's critic)
     chosen += [Part("arithmetic", "grpo", s) for s in (0, 1)]
     chosen.append(Part("continuation", "grpo", 0, {"beta": 0.05}))
+    chosen.append(Part("guess", "grpo", 0))  # multi-turn: the env answers every guess
     # The full fine-tune's learning rate (lmgym.training.pretrained), measured at two values.
     chosen += [
         Part("instructions", "grpo", 0, {"learning_rate": lr}, lora=False) for lr in (2e-6, 1e-5)
@@ -108,42 +111,23 @@ def _parts() -> dict[str, Part]:
 PARTS = _parts()
 
 
-@contextlib.contextmanager
-def temperature(policy: CausalLMPolicy, value: float) -> Iterator[None]:
-    """Sample at ``value`` inside the block (0: greedy), then restore the policy's."""
-    saved, policy.temperature = policy.temperature, value
-    try:
-        yield
-    finally:
-        policy.temperature = saved
-
-
 def evaluate(policy: CausalLMPolicy, setting: TaskSetting) -> dict[str, Any]:
     """Held-out reward: greedy (1 completion per prompt) and sampled at temperature 1."""
-    out: dict[str, Any] = {}
-    for label, temp, samples in (("greedy", 0.0, 1), ("sampled", 1.0, EVAL_SAMPLES)):
-        env, split = make_eval_env(
-            setting.task,
-            policy.tokenizer,
-            EVAL_PROMPTS,
-            samples,
-            env_kwargs={
-                "max_new_tokens": setting.max_new_tokens,
-                "stop_token_ids": policy.stop_token_ids,
-                **setting.env_kwargs,
-            },
-        )
-        start = time.perf_counter()
-        with temperature(policy, temp):
-            result = evaluate_policy(policy, env, EVAL_PROMPTS, seed=EVAL_SEED)
-        out[label] = {
-            "reward": result.reward_mean,
-            "length": result.completion_length,
-            "split": split,
-            "seconds": time.perf_counter() - start,
-            "samples": [list(s) for s in result.samples[:4]],
-        }
-    return out
+    env_kwargs = {
+        "max_new_tokens": setting.max_new_tokens,
+        "stop_token_ids": policy.stop_token_ids,
+        **setting.env_kwargs,
+    }
+    return parts.held_out(
+        policy,
+        lambda samples: make_eval_env(
+            setting.task, policy.tokenizer, EVAL_PROMPTS, samples, env_kwargs=env_kwargs
+        ),
+        EVAL_PROMPTS,
+        EVAL_SEED,
+        EVAL_SAMPLES,
+        keep=4,
+    )
 
 
 def base_evaluation(policy: CausalLMPolicy, setting: str, out: Path) -> dict[str, Any]:
@@ -210,28 +194,19 @@ def run_part(part: Part, out: Path, max_minutes: float, iterations: int) -> dict
 
 def plot(records: list[dict[str, Any]], out: Path) -> list[str]:
     """One PNG per task setting: training reward (rolling mean of 10) per part."""
-    import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = []
-    for setting in sorted({r["part"]["setting"] for r in records}):
-        fig, ax = plt.subplots(figsize=(7, 4))
-        for r in (r for r in records if r["part"]["setting"] == setting):
-            rewards = [h["reward_mean"] for h in r["history"]]
-            label = Part(**r["part"]).name.removeprefix(f"{setting}-")
-            ax.plot(range(1, len(rewards) + 1), parts.rolling(rewards), label=label)
+    def style(ax: Any, setting: str) -> None:
         ax.set_xlabel("iteration")
         ax.set_ylabel("train reward (rolling mean of 10)")
         ax.set_title(f"SmolLM2-135M-Instruct + LoRA, {SETTINGS[setting].task}")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        name = f"{setting}.png"
-        fig.savefig(out / name, dpi=100)
-        plt.close(fig)
-        names.append(name)
-    return names
+
+    return parts.plot_curves(
+        records,
+        out,
+        lambda r: r["part"]["setting"],
+        lambda r: Part(**r["part"]).name.removeprefix(f"{r['part']['setting']}-"),
+        style,
+    )
 
 
 def defaults_section(records: list[dict[str, Any]]) -> list[str]:
@@ -310,16 +285,12 @@ def report(out: Path) -> str:
     lines += ["", f"Parts not yet run: {', '.join(missing) if missing else 'none'}.", ""]
     lines += defaults_section(records)
     if records:
-        for name in plot(records, out):
-            lines += [f"![{name}]({name})", ""]
-        lines += ["## Commands (one process per part; `--report` wrote this file)", ""]
-        lines += [f"- {r['date']}: `{r['command']}`" for r in records]
-        lines += ["", "## Samples (held-out, greedy, after training)", ""]
-        for r in records:
-            lines.append(f"- **{Part(**r['part']).name}**:")
-            for prompt, completion, reward in r["after"]["greedy"]["samples"][:2]:
-                lines.append(f"  - `{prompt[-80:]!r}` -> `{completion!r}` ({reward:.2f})")
-        lines.append("")
+        lines += parts.closing_sections(
+            records,
+            plot(records, out),
+            lambda r: Part(**r["part"]).name,
+            lambda prompt, completion: f"`{prompt[-80:]!r}` -> `{completion!r}`",
+        )
     text = "\n".join(lines)
     (out / "README.md").write_text(text)
     return text
