@@ -184,14 +184,15 @@ def format_table(task_rows: dict[str, dict[str, Any]]) -> str:
 
 
 def _agent_settings(spec: BenchSpec, agent: str) -> str:
-    """``learning_rate=0.002`` style text of an agent's overrides (or its default rate)."""
+    """``with learning_rate=0.002`` style text of an agent's overrides, or ``at its
+    defaults (learning_rate=0.001)``."""
     from lmgym.agents import ALGORITHMS
 
     changes = spec.overrides_for(agent)
     if not changes:
         rate = ALGORITHMS[agent].config_class().learning_rate
-        return f"its defaults (learning_rate={rate:g})"
-    return ", ".join(
+        return f"at its defaults (learning_rate={rate:g})"
+    return "with " + ", ".join(
         f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in changes.items()
     )
 
@@ -363,7 +364,7 @@ def render_markdown(
         f"Settings, equal for every agent: {_model_text(spec)}, "
         f"{spec.num_prompts} prompts x {spec.group_size} completions per iteration, bandit "
         f"reward, iterations per task: {iterations}; seeds {', '.join(map(str, spec.seeds))}. "
-        f"Each agent runs its documented defaults except: {overrides}.",
+        f"Each agent runs its documented defaults but for what is named: {overrides}.",
         "",
         f"Columns: *final reward* = mean `reward_mean` of the last {spec.window} iterations, "
         f"mean ± std over seeds; *reached* = seeds whose rolling mean of `reward_mean` over "

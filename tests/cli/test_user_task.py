@@ -394,7 +394,10 @@ def test_bench_on_your_model_and_your_task(user_dir, tiny_model, tmp_path, capsy
     readme = (out / "README.md").read_text()
     assert f"the model {tiny_model} with its tokenizer, loaded afresh for every run" in readme
     assert f"## {task}\n\nA task of your own (no solved threshold stated)." in readme
-    assert "Each agent runs its documented defaults except: grpo learning_rate=0.0001." in readme
+    assert (
+        "Each agent runs its documented defaults but for what is named: grpo with "
+        "learning_rate=0.0001." in readme
+    )
     assert f"--model {tiny_model}" in readme and "--learning-rate 0.0001" in readme
     assert (out / "Sums.png").read_bytes()[:4] == b"\x89PNG"
     results = json.loads((out / "results.json").read_text())
