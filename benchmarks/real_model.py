@@ -15,7 +15,8 @@ step per iteration, learning rate 1e-4, the agent's documented defaults otherwis
 the task's default difficulty, training for ``--iterations`` (the *iterations* column)
 or at most ``--max-minutes`` (default 10), whichever ends first: on a shared machine
 an iteration budget keeps what is learned independent of the load. Evaluation: 64
-held-out prompts (the task's ``split="eval"``), one greedy completion each and 2
+held-out prompts (the task's ``split="eval"``; GuessNumber 16, its whole eval split
+of games), one greedy completion each and 2
 sampled completions each at temperature 1, with a fixed seed, so base and trained
 models see the same prompts.
 
@@ -55,13 +56,15 @@ DEFAULT_OUT = Path(__file__).parent / "results" / "real_model"
 
 @dataclass(frozen=True)
 class TaskSetting:
-    """How a task is run: its id, env options, prompts and completions per iteration."""
+    """How a task is run: its id, env options, prompts and completions per iteration,
+    and the held-out prompts evaluated."""
 
     task: str
     max_new_tokens: int
     prompts: int = 4
     group_size: int = 8
     env_kwargs: dict[str, Any] = field(default_factory=dict)
+    eval_prompts: int = EVAL_PROMPTS
 
 
 SETTINGS = {
@@ -70,7 +73,9 @@ SETTINGS = {
     "continuation": TaskSetting("lmgym/PositiveContinuation-v0", max_new_tokens=24),
     # Multi-turn (issue 28): guess a number in 1..8 told higher/lower, chat turns; the
     # budget holds the policy's turns and the user turns the chat template renders.
-    "guess": TaskSetting("lmgym/GuessNumber-v0", max_new_tokens=192),
+    # Its eval split holds 16 games; whole episodes of up to 192 tokens make a 64-prompt
+    # evaluation take over 10 minutes on one core.
+    "guess": TaskSetting("lmgym/GuessNumber-v0", max_new_tokens=192, eval_prompts=16),
 }
 
 
@@ -121,9 +126,9 @@ def evaluate(policy: CausalLMPolicy, setting: TaskSetting) -> dict[str, Any]:
     return parts.held_out(
         policy,
         lambda samples: make_eval_env(
-            setting.task, policy.tokenizer, EVAL_PROMPTS, samples, env_kwargs=env_kwargs
+            setting.task, policy.tokenizer, setting.eval_prompts, samples, env_kwargs=env_kwargs
         ),
-        EVAL_PROMPTS,
+        setting.eval_prompts,
         EVAL_SEED,
         EVAL_SAMPLES,
         keep=4,
