@@ -112,7 +112,7 @@ def render(runs: list[dict[str, Any]], spec: BenchSpec, command: str) -> str:
         f"{spec.num_prompts} prompts x {spec.group_size} completions, bandit reward, each "
         "agent's documented defaults"
         + (
-            " except `lmgym.training.bench.AGENT_OVERRIDES`"
+            " except the spec's `agent_overrides`"
             if spec.learning_rate is None and any(spec.agent_overrides.values())
             else ""
         )

@@ -4,7 +4,7 @@ Every run trains a fresh model on one task with the same budget for every agent:
 the same number of iterations and the same batch shape (``num_prompts x
 group_size`` completions per iteration, by default ``lmgym train``'s 4 x 16), bandit
 reward, each agent at its documented defaults (``learning_rate`` replaces every
-agent's rate; ``AGENT_OVERRIDES`` would hold per-agent exceptions, and holds none). The model is a
+agent's rate; ``agent_overrides`` changes single agents). The model is a
 tiny GPT-2 initialised with the run's seed (``make_tiny_model``, character
 tokenizer), or ``model``: a directory or hub name of the user's own causal LM,
 loaded afresh for each run. Tasks are registered ids or ``module:Id`` (the
@@ -47,7 +47,6 @@ from lmgym.training.bench_report import (  # noqa: F401  (re-exported: the repor
     write_report,
 )
 from lmgym.training.bench_spec import (  # noqa: F401  (re-exported: the spec's API)
-    AGENT_OVERRIDES,
     DEFAULT_AGENTS,
     DEFAULT_ITERATIONS,
     DEFAULT_OUT,

@@ -46,8 +46,8 @@ def _bench_parser() -> argparse.ArgumentParser:
         "--learning-rate",
         kind=float,
         default=None,
-        help="every agent's learning rate (default: the learning tests' rates, tuned for the "
-        "tiny GPT-2; a pretrained model wants far less: docs/cli.md, Pretrained models)",
+        help="every agent's learning rate (default: each agent's own, for the tiny GPT-2; a "
+        "pretrained model wants far less: docs/cli.md, Pretrained models)",
     )
     parser.add_argument(
         "--seeds",

@@ -3,9 +3,9 @@
 Apart from ``lmgym.training.bench`` (which runs a spec) and
 ``lmgym.training.bench_report`` (which renders its results), so both can read a
 spec without importing each other. Algorithm names are those of the one registry,
-``lmgym.agents.ALGORITHMS``; the tables here list only the agents that differ from
-the rest (``AGENT_OVERRIDES``: settings other than an agent's defaults; ``_COST``:
-iterations dearer than most), so a new agent needs no entry to be benchmarked.
+``lmgym.agents.ALGORITHMS``; every agent runs at its documented defaults and only
+``_COST`` (iterations dearer than most) names agents, so a new agent needs no entry
+to be benchmarked.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from lmgym.typed_values import check_at_least
 
 DEFAULT_AGENTS: tuple[str, ...] = ("reinforce", "rloo", "ppo", "grpo", "gspo", "cispo")
 """The agents of the committed results (``lmgym bench --agents all`` runs every one of
-``lmgym.agents.ALGORITHMS``; the default stays at these six to keep its ~14 minutes)."""
+``lmgym.agents.ALGORITHMS``; the default stays at these six to keep its ~21 minutes)."""
 DEFAULT_TASKS: tuple[str, ...] = (
     "lmgym/TargetString-v0",
     "lmgym/LengthControl-v0",
@@ -34,11 +34,6 @@ TASK_ITERATIONS: dict[str, int] = {
 }
 """Iterations per task (the same for every agent); other tasks get ``DEFAULT_ITERATIONS``."""
 DEFAULT_ITERATIONS = 150
-AGENT_OVERRIDES: dict[str, dict[str, Any]] = {}
-"""Config overrides of agents whose bench settings are not their defaults: none, every
-agent runs at its documented defaults (learning rate included). Until issue 26 most
-critic-free agents ran at 2e-3 here, and the GRPO family kept TargetString on 2-3 of
-5 seeds (benchmarks/results/stability_notes.md)."""
 _TRAIN_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
 DEFAULT_NUM_PROMPTS: int = _TRAIN_DEFAULTS["num_prompts"]
 DEFAULT_GROUP_SIZE: int = _TRAIN_DEFAULTS["group_size"]
@@ -63,7 +58,10 @@ class BenchSpec:
             bandwidth and, on a 2-vCPU machine measured for the committed results, slowed
             each other about 2x, which gained nothing and made wall times meaningless.
         window: iterations in the rolling mean (final reward, solved threshold).
-        agent_overrides: config overrides per agent.
+        agent_overrides: config overrides per agent (default none: every agent at its
+            documented defaults; until issue 26 most critic-free agents ran at 2e-3
+            here, and the GRPO family kept TargetString on 2-3 of 5 seeds,
+            benchmarks/results/stability_notes.md).
         env_kwargs: extra env factory arguments per task.
         model: a local directory or hub name of a causal LM (``None``: the tiny GPT-2).
         learning_rate: every agent's learning rate (``None``: ``agent_overrides``').
@@ -77,9 +75,7 @@ class BenchSpec:
     group_size: int = DEFAULT_GROUP_SIZE
     workers: int = 1
     window: int = 5
-    agent_overrides: dict[str, dict[str, Any]] = field(
-        default_factory=lambda: {k: dict(v) for k, v in AGENT_OVERRIDES.items()}
-    )
+    agent_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
     env_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)
     model: str | None = None
     learning_rate: float | None = None

@@ -134,10 +134,8 @@ class TrainConfig:
         """Raise ``ValueError`` naming the field for values no run can use (its type
         first: a ``TrainConfig`` built in Python is checked like a parsed one)."""
         check_types(self)
-        for name in (
-            *("iterations", "save_every", "keep_checkpoints", "log_interval"),
-            *("sample_every", "samples", "eval_every"),
-        ):
+        counts = ("iterations", "save_every", "keep_checkpoints", "log_interval")
+        for name in (*counts, "sample_every", "samples", "eval_every"):
             check_at_least(name, getattr(self, name), 0)
         if self.threads < 0:
             raise ValueError(

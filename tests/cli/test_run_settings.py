@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 from lmgym.agents import ALGORITHMS, GRPOConfig
 from lmgym.cli import main
 from lmgym.training import TrainConfig, Trainer
-from lmgym.training.bench import AGENT_OVERRIDES, DEFAULT_AGENTS, BenchSpec
+from lmgym.training.bench import DEFAULT_AGENTS, BenchSpec
 from lmgym.training.logger import read_progress
 
 QUIET = [
@@ -163,10 +163,10 @@ def test_a_stable_baselines3_callback_gets_lmgyms_protocol(tmp_path, monkeypatch
 # -------------------------------------------------------------------- bench
 def test_the_bench_runs_every_agent_at_its_defaults_and_lmgym_train_s_batch():
     """Issue 26: the bench measures the library's defaults, not settings of its own."""
-    assert AGENT_OVERRIDES == {}
     assert set(DEFAULT_AGENTS) < set(ALGORITHMS)
     train = TrainConfig()
     spec = BenchSpec()
+    assert spec.agent_overrides == {}
     assert (spec.num_prompts, spec.group_size) == (train.num_prompts, train.group_size)
     assert spec.overrides_for("remax") == {}
     assert BenchSpec(learning_rate=1e-5).overrides_for("remax") == {"learning_rate": 1e-5}
