@@ -148,8 +148,9 @@ def sample_tokens(
         untempered and unfiltered distribution (``logprob_temperature``).
 
     Raises:
-        RuntimeError: non-finite logits (``torch.multinomial``: "probability tensor
-            contains either inf, nan or element < 0"; ``Agent`` names the cause).
+        RuntimeError: non-finite logits ("probability tensor contains either inf, nan
+            or element < 0", ``torch.multinomial``'s words, from ``draw_categorical``;
+            ``Agent`` names the cause).
     """
     settings = SamplingSettings(temperature, top_k, top_p)
     actions, logprobs, _ = sample_step(logits, settings, generator, refused)
@@ -186,7 +187,7 @@ def sample_step(
     scaled = logits / temperature if temperature != 1.0 else logits
     kept = scaled if refused is None else scaled.masked_fill(refused.to(scaled.device), _NEG_INF)
     probs = filter_logits(kept, 1.0, top_k, top_p).softmax(dim=-1)
-    actions = torch.multinomial(probs, 1, generator=generator)
+    actions = draw_categorical(probs, generator)
     # log of the drawn id's probability only: one [N] log instead of a [N, V] log_softmax.
     # A drawn id has probability well above float32's underflow, so this matches
     # log_softmax to rounding.
@@ -195,6 +196,38 @@ def sample_step(
     if refused is not None:  # special_mass's formula on the same tensors
         mass = -torch.expm1(kept.logsumexp(dim=-1) - scaled.logsumexp(dim=-1))
     return actions.squeeze(1), logprobs, mass
+
+
+def draw_categorical(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    """One id per row of ``probs [N, V]`` (non-negative, rows summing to about 1), drawn
+    by inversion: the first id whose cumulative probability exceeds ``u * total``,
+    ``u ~ U[0, 1)``, one uniform per row.
+
+    The same distribution as ``torch.multinomial(probs, 1)``, which on a CPU draws
+    ``N x V`` exponentials for it: at a 49k vocabulary that was 13% of a real model's
+    decode step (benchmarks/results/real_model_rollout.md). The cumulative sum is in
+    float64 (float32 where the device has none), so an id of probability 1e-12 is
+    still drawn at its rate, and an id of probability 0 (masked or filtered) never:
+    its cumulative value equals its predecessor's and the search takes the first
+    strictly greater one.
+
+    Returns:
+        ``[N, 1] int64``.
+
+    Raises:
+        RuntimeError: a row holds NaN or inf or no mass, with ``torch.multinomial``'s
+            words (``rollout_source.collect_batch`` turns them into ``NonFiniteUpdateError``).
+    """
+    wide = torch.float32 if probs.device.type == "mps" else torch.float64
+    cdf = probs.to(wide).cumsum(dim=-1)
+    total = cdf[:, -1:]  # NaN anywhere in a row reaches its total
+    if not bool((torch.isfinite(total) & (total > 0)).all()):
+        raise RuntimeError(
+            "probability tensor contains either inf, nan or element < 0 (or a row with no mass)"
+        )
+    u = torch.rand(total.shape, generator=generator, dtype=wide, device=probs.device)
+    # u < 1 gives u * total < total in floating point, so the index is at most V - 1.
+    return torch.searchsorted(cdf, u * total, right=True)
 
 
 def special_mass(logits: Tensor, refused: Tensor, temperature: float) -> Tensor:

@@ -164,8 +164,10 @@ def test_dynamic_sampling_drops_flat_groups_and_refills():
     prompts = ["flat", "count"]
 
     def reward(prompt_list, completions):
+        # "count": the completion's character codes summed, which four random
+        # completions all but never share (a length can: all run to the budget).
         return [
-            0.0 if p == "flat" else float(len(c))
+            0.0 if p == "flat" else float(sum(map(ord, c)))
             for p, c in zip(prompt_list, completions, strict=True)
         ]
 

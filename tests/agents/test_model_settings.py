@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from lmgym.agents import GRPO, PPO
+from lmgym.envs import FunctionReward
 from lmgym.policy import CausalLMPolicy, make_char_tokenizer, make_tiny_model, save_tiny
 from lmgym.policy.value import ValueHead
 from lmgym.rollout import collect
@@ -125,8 +126,19 @@ def lr_trace(agent) -> list[float]:
 LR = 1e-2
 
 
+def code_sum(prompts: list[str], completions: list[str]) -> list[float]:
+    """A reward two random completions all but never share: a flat group has a zero
+    gradient, and its optimizer step is skipped (no learning rate to trace)."""
+    return [float(sum(map(ord, c))) for c in completions]
+
+
+def schedule_env(make_env):
+    # 4 rows, 2 minibatches: 2 steps per iteration
+    return make_env(num_prompts=2, group_size=2, reward=FunctionReward(code_sum))
+
+
 def schedule_agent(make_env, tokenizer, **config) -> GRPO:
-    env = make_env(num_prompts=2, group_size=2)  # 4 rows, 2 minibatches: 2 steps per iteration
+    env = schedule_env(make_env)
     return GRPO(tiny_policy(tokenizer), env, learning_rate=LR, num_minibatches=2, **config)
 
 
@@ -164,7 +176,7 @@ def test_the_schedule_and_its_position_survive_save_and_load(make_env, tokenizer
     resumed = schedule_agent(make_env, tokenizer, **settings)
     resumed.learn(2)
     path = resumed.save(tmp_path / "ckpt")
-    loaded = GRPO.load(path, make_env(num_prompts=2, group_size=2))
+    loaded = GRPO.load(path, schedule_env(make_env))
     trace = lr_trace(loaded)
     loaded.learn(1)
     assert trace == pytest.approx([LR * 0.5, LR * 0.25], abs=1e-12)
@@ -174,7 +186,7 @@ def test_the_schedule_and_its_position_survive_save_and_load(make_env, tokenizer
 def test_a_schedule_sized_by_learn_keeps_its_length_after_load(make_env, tokenizer, tmp_path):
     agent = schedule_agent(make_env, tokenizer, lr_scheduler_type="linear")
     agent.learn(1)  # fixes the schedule at 2 steps: lr 1, then 0.5
-    loaded = GRPO.load(agent.save(tmp_path / "ckpt"), make_env(num_prompts=2, group_size=2))
+    loaded = GRPO.load(agent.save(tmp_path / "ckpt"), schedule_env(make_env))
     trace = lr_trace(loaded)
     loaded.learn(1)  # past the end of the schedule: lr 0 (a new 4-step one would give 0.5, 0.25)
     assert trace == [0.0, 0.0]

@@ -148,24 +148,32 @@ def check_kept(name: str, history: list[dict[str, float]]) -> None:
     assert lowest >= KEEP, f"{name} lost the solution: rolling mean fell to {lowest:.3f}"
 
 
-FRESH_CRITIC = pytest.mark.xfail(
-    strict=True,
-    reason="a fresh critic on a solved policy: until it fits (about 10 iterations) its "
-    "errors, std 0.15-0.2, are advantages above whiten_min_std, whitened, and knock the "
-    "reward to 0.66 before it recovers (VAPO's value pretraining avoids this)",
-)
-KEEP_CASES = [
-    pytest.param(name, marks=FRESH_CRITIC) if name in ("ppo", "dual_clip_ppo") else name
-    for name in sorted(ALGORITHMS)
-]
+FRESH_CRITIC = ("dual_clip_ppo", "ppo")
+"""Agents that start with an untrained critic on the solved policy: until it fits
+(about 10 iterations) its errors, std 0.15-0.2, are advantages above whiten_min_std,
+whitened, and on some seeds they knock the reward below ``KEEP`` before it recovers
+(seed 1: 0.85; 0.66 on seed 0 under the previous sampler's random stream). VAPO's value
+pretraining avoids this."""
+KEEP_SEEDS = range(5)
 
 
-@pytest.mark.parametrize("name", KEEP_CASES)
+@pytest.mark.parametrize("name", sorted(set(ALGORITHMS) - set(FRESH_CRITIC)))
 def test_a_solved_policy_stays_solved(solved_state, name):
     agent = agent_on(solved_state, name, seed=0)
     warmup = getattr(agent.config, "value_warmup_iterations", 0)
     history = agent.learn(ITERATIONS + warmup)[warmup:]
     check_kept(name, history)
+
+
+@pytest.mark.parametrize("name", FRESH_CRITIC)
+def test_a_fresh_critic_keeps_a_solved_policy_on_four_seeds_of_five(solved_state, name):
+    """Issue 26's target, ">= 4 of 5 seeds kept", on seeds 0-4."""
+    lowest = []
+    for seed in KEEP_SEEDS:
+        history = agent_on(solved_state, name, seed=seed).learn(ITERATIONS)
+        lowest.append(min(rolling([m["reward_mean"] for m in history])))
+    kept = sum(value >= KEEP for value in lowest)
+    assert kept >= 4, f"{name} kept the solution on {kept} of 5 seeds: lowest {lowest}"
 
 
 class NoiseREINFORCE(REINFORCE):

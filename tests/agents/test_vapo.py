@@ -98,7 +98,10 @@ def test_lm_loss_does_not_depend_on_the_micro_batch_size(make_env, eos_policy):
 
 @pytest.mark.parametrize("value_model", ["separate", "shared"])
 def test_value_pretraining_moves_the_critic_and_not_the_policy(make_env, policy, value_model):
-    env = make_env(prompts=("ab", "xyz"), num_prompts=2, group_size=2)
+    # A reward never 0 (a completion has at least one token): the zero-initialised
+    # value head has an error to fit whatever is sampled.
+    length = FunctionReward(lambda ps, cs: [1.0 + len(c) for c in cs], name="length")
+    env = make_env(prompts=("ab", "xyz"), num_prompts=2, group_size=2, reward=length)
     agent = VAPO(policy, env, value_warmup_iterations=2, value_model=value_model, weight_decay=0.1)
     policy_before, head_before = params(policy.model), params(agent.critic.head)
     history = agent.learn(2)

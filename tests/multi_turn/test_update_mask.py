@@ -64,12 +64,14 @@ def make_env(tokenizer) -> TokenVectorEnv:
     )
 
 
-def context_free_policy(tokenizer) -> CausalLMPolicy:
+def context_free_policy(tokenizer, model: torch.nn.Module | None = None) -> CausalLMPolicy:
     """A tiny GPT-2 whose hidden state at a column depends on that column's token only.
 
     The zeroed weights are frozen: their gradients would read the context (the
-    attention's output, a position's token) even though their outputs do not."""
-    model = make_tiny_model(len(tokenizer), seed=4)
+    attention's output, a position's token) even though their outputs do not.
+    ``model``: the tiny GPT-2 to zero (default: ``make_tiny_model`` with seed 4)."""
+    if model is None:
+        model = make_tiny_model(len(tokenizer), seed=4)
     zeroed = [model.transformer.wpe.weight]
     for block in model.transformer.h:
         zeroed += [block.attn.c_proj.weight, block.attn.c_proj.bias]
@@ -290,10 +292,13 @@ def test_a_normaliser_that_counts_observation_tokens_fails_the_check(tokenizer, 
 
 
 @pytest.mark.parametrize("autoreset", [False, True])
-def test_every_agent_learns_an_iteration_on_a_multi_turn_env(tokenizer, autoreset):
+def test_every_agent_learns_an_iteration_on_a_multi_turn_env(tokenizer, autoreset, make_eos_policy):
     # End to end: collect (synchronous or continuous) -> prepare -> update. Every
     # count is of the policy's tokens: tokens_generated and completion_length.
     from lmgym.rollout import collect
+
+    def policy() -> CausalLMPolicy:  # EOS favoured: turns end within a few tokens
+        return context_free_policy(tokenizer, make_eos_policy(tokenizer, 2.0, seed=4).model)
 
     class Echo(NoReplies):
         def respond(self, turns: TurnInput) -> TurnOutput:
@@ -308,8 +313,7 @@ def test_every_agent_learns_an_iteration_on_a_multi_turn_env(tokenizer, autorese
             tokenizer, PROMPTS, None, responder=Echo(), num_prompts=2, group_size=2,
             max_new_tokens=L, autoreset=autoreset,
         )  # fmt: skip
-        policy = context_free_policy(tokenizer)
-        agent = ALGORITHMS[name](policy, env, max_grad_norm=None)
+        agent = ALGORITHMS[name](policy(), env, max_grad_norm=None)
         metrics = agent.learn(1)[0]
         assert all(math.isfinite(v) for v in metrics.values()), name
         if not autoreset and name != "remax":  # (ReMax also counts its greedy rollouts)
@@ -319,7 +323,7 @@ def test_every_agent_learns_an_iteration_on_a_multi_turn_env(tokenizer, autorese
                 max_new_tokens=L,
             )  # fmt: skip
             generator = torch.Generator().manual_seed(0)
-            batch = collect(again, context_free_policy(tokenizer), seed=0, generator=generator)
+            batch = collect(again, policy(), seed=0, generator=generator)
             assert (batch.completion_mask & ~batch.policy_mask).any()  # there were turns
             assert metrics["tokens_generated"] == float(batch.policy_lengths.sum()), name
             assert math.isclose(

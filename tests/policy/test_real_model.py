@@ -267,13 +267,15 @@ def test_rollout_logprobs_equal_teacher_forcing_with_group_prefill_and_restarts(
 
     monkeypatch.setattr(policy.engine, "_restart", counting)
     collector = ContinuousCollector(env, policy, seed=0)
-    for _ in range(2):
+    spread = []  # whether the rows were at different cache columns after a collect
+    for _ in range(3):
         batch = collector.collect(num_groups=2)
         assert batch.batch_size == 6
         assert logprob_gap(policy, batch) < 1e-4
+        spread.append(len(set(collector._state.cols.tolist())) > 1)
     assert len(restarts) >= 3  # new episodes' prompts packed into decode steps...
     assert min(restarts) < env.num_envs  # ...while other rows went on decoding
-    assert len(set(collector._state.cols.tolist())) > 1  # rows now at different columns
+    assert any(spread)  # so rows wrote different columns
     assert policy.compile_decode == (engine.mode != "eager")  # no fallback to eager
 
 

@@ -6,7 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmgym.policy.sampling import SamplingSettings, sample_step, sample_tokens, special_mass
+from lmgym.policy import sampling
+from lmgym.policy.sampling import (
+    SamplingSettings,
+    draw_categorical,
+    sample_step,
+    sample_tokens,
+    special_mass,
+)
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -51,3 +58,28 @@ def test_the_settings_record_is_frozen_and_checked_when_made():
         SamplingSettings(top_p=1.5)
     assert SamplingSettings(0.0).logprob_temperature == 1.0
     assert settings.logprob_temperature == 0.5
+
+
+def test_draws_by_inversion_follow_the_probabilities_and_never_pick_a_zero():
+    probs = torch.tensor([0.5, 0.0, 0.2, 0.001, 0.299, 0.0])
+    n = 400_000
+    ids = draw_categorical(probs.expand(n, -1), torch.Generator().manual_seed(0))
+    assert ids.shape == (n, 1) and ids.dtype == torch.int64
+    counts = torch.bincount(ids[:, 0], minlength=6).double()
+    expected = probs.double() * n
+    assert counts[1] == 0 and counts[5] == 0
+    sigma = (expected * (1 - probs.double())).sqrt()
+    assert bool(((counts - expected).abs() <= 5 * sigma).all()), (counts, expected)
+
+
+@pytest.mark.parametrize(("u", "expected"), [(0.0, [1, 1]), (1.0 - 2.0**-53, [2, 3])])
+def test_the_extreme_uniforms_land_on_the_first_and_last_ids_with_mass(monkeypatch, u, expected):
+    """u = 0 must skip leading zero-probability ids, u just below 1 must not run past
+    the last id with mass into masked ones."""
+
+    def rand(shape, generator, dtype, device):
+        return torch.full(shape, u, dtype=dtype)
+
+    monkeypatch.setattr(sampling.torch, "rand", rand)
+    probs = torch.tensor([[0.0, 0.3, 0.7, 0.0, 0.0], [0.0, 0.25, 0.25, 0.5, 0.0]])
+    assert draw_categorical(probs).squeeze(1).tolist() == expected
