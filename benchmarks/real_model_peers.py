@@ -19,6 +19,7 @@ Two comparisons, each with both sides in one process, alternated:
 
     .venv/bin/python benchmarks/real_model_peers.py rollout --out benchmarks/results/real_model_rollout.md
     .venv/bin/python benchmarks/real_model_peers.py grpo --out benchmarks/results/real_model_trl.md
+    .venv/bin/python benchmarks/real_model_peers.py rollout --compile-decode --groups 1 --out benchmarks/results/real_model_rollout_compiled.md
     .venv/bin/python benchmarks/real_model_peers.py rollout --quick
 """
 
@@ -86,13 +87,19 @@ def load_model() -> tuple[torch.nn.Module, object]:
 def rollout(args: object) -> list[str]:
     model, tok = load_model()
     rows, targets = [], []
-    batches, new_tokens = ((8,), 8) if args.quick else (BATCHES, NEW_TOKENS)  # type: ignore[attr-defined]
+    batches, new_tokens = ((8,), 8) if args.quick else (args.batches, NEW_TOKENS)  # type: ignore[attr-defined]
+    compiles = []
     for batch in batches:
-        for group in GROUPS:
+        for group in args.groups:  # type: ignore[attr-defined]
             prompts, length = chat_prompts(tok, batch // group)
             sides = w.RolloutVsGenerate(
-                model, tok, batch, length, new_tokens, prompts=prompts, group_size=group
-            )
+                model, tok, batch, length, new_tokens, prompts=prompts, group_size=group,
+                compile_decode=args.compile_decode,  # type: ignore[attr-defined]
+            )  # fmt: skip
+            if args.compile_decode:  # type: ignore[attr-defined]
+                # The first call compiles (minutes for 30 layers on a CPU): not timed.
+                seconds = sides.lmgym()
+                compiles.append(f"batch {batch}, {batch // group} x {group}: {seconds:.0f} s")
             meter = h.CpuMeter()
             lm, gen = h.alternate(sides.lmgym, sides.generate, args.warmup, args.repeats)  # type: ignore[attr-defined]
             load = meter.other_load()
@@ -119,6 +126,11 @@ def rollout(args: object) -> list[str]:
         "is the RL workload, P prompts sampled 8 times each (GRPO's groups): lmgym's env "
         "groups share one prefill per prompt, `generate` gets the P prompts with "
         "`num_return_sequences=8` (it expands them before its prefill)",
+        *(
+            [f"- compile: the first lmgym call of each row, untimed ({'; '.join(compiles)})"]
+            if compiles
+            else []
+        ),
         f"- method: alternated (ABBA), {args.warmup} warm-up calls per side, then "  # type: ignore[attr-defined]
         f"{args.repeats} timed calls per side; seconds median [IQR] (min-max); ratio = "  # type: ignore[attr-defined]
         "generate median / collect median (> 1: lmgym faster)",
@@ -351,6 +363,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     p.add_argument("--warmup", type=int, help="untimed calls per side (default 2)")
     p.add_argument("--repeats", type=int, help="timed calls per side (default 8)")
+    p.add_argument(
+        "--compile-decode", action="store_true", help="rollout: lmgym's compiled decode step"
+    )
+    p.add_argument(
+        "--batches", type=int, nargs="+", default=list(BATCHES),
+        help=f"rollout: batch sizes (default {' '.join(map(str, BATCHES))})",
+    )  # fmt: skip
+    p.add_argument(
+        "--groups", type=int, nargs="+", default=list(GROUPS),
+        help=f"rollout: completions per prompt (default {' '.join(map(str, GROUPS))})",
+    )  # fmt: skip
     args = p.parse_args(argv)
     h.fill_defaults(args, dict(warmup=2, repeats=8, iters=60), dict(warmup=1, repeats=2, iters=3))
     torch.set_num_threads(args.threads)
@@ -367,7 +390,7 @@ def main(argv: list[str] | None = None) -> None:
         ["torch", "transformers", "trl", "peft", "lmgym"],
         command,
         note=f" (total {time.perf_counter() - start:.0f} s)",
-        compile_decode=False,
+        compile_decode=args.compile_decode,
     )
     h.finish([*head, *body], args.out)
 

@@ -2,7 +2,8 @@
 ``higher`` or ``lower``.
 
 An episode: the prompt ``"guess my number from 1 to 8. after each guess i say
-higher or lower."``; the policy writes a guess (a turn); the responder (role
+higher or lower."`` (a chat prompt adds "Reply with one number only.": an instruct
+model asked to guess otherwise replies with talk, and scores 0); the policy writes a guess (a turn); the responder (role
 ``"user"``) reads the turn's first integer (``-?[0-9]+``; ``"4"``, ``"is it 4?"``)
 and answers ``"higher"`` (the secret is larger), ``"lower"`` (smaller), or ends
 the episode when the guess is right. A turn without an integer is answered
@@ -144,7 +145,13 @@ def guess_number_records(
     """
     if not isinstance(num_games, int) or num_games < 2:
         raise ValueError(f"num_games={num_games!r}: must be an integer >= 2")
-    question = f"guess my number from {low} to {high}. after each guess i say higher or lower."
+    if chat:  # an instruct model answers a request to guess with talk, not a number
+        question = (
+            f"Let's play a game: I'm thinking of a number from {low} to {high}. Guess it. "
+            "Reply with one number only. After each guess I say higher or lower."
+        )
+    else:  # the character tokenizer's alphabet: lowercase, digits and .,:-
+        question = f"guess my number from {low} to {high}. after each guess i say higher or lower."
     prompt = chat_prompt(question, chat=chat)
     rng = random.Random(data_seed)
     return [{"prompt": prompt, "secret": rng.randint(low, high)} for _ in range(num_games)]
