@@ -8,6 +8,7 @@ import torch
 
 from lmgym.envs.tasks.multi_turn.guess_number import (
     GuessNumber,
+    chat_game_prompt,
     first_integer,
     guess_number_records,
     make_guess_number_vector,
@@ -180,3 +181,17 @@ def test_a_policy_that_never_finds_it_is_truncated_at_max_turns_with_nothing():
     )
     assert truncated.all() and not terminated.any()
     assert returns.tolist() == [0.0] * 4
+
+
+@pytest.mark.parametrize(("low", "high"), [(1, 8), (1, 2), (5, 5), (-3, 4), (1, 100)])
+def test_the_chat_prompts_demonstrated_game_is_one_the_responder_would_play(low, high):
+    messages = chat_game_prompt(low, high)
+    guesses = [int(m["content"]) for m in messages[1::2]]
+    said = [m["content"] for m in messages[2:-1:2]]  # the replies between the guesses
+    secret = guesses[-1]
+    assert low <= secret <= high and len(set(guesses)) == len(guesses)
+    responder = GuessNumber(low, high)
+    replies = [responder.reply(str(g), k + 1, secret) for k, g in enumerate(guesses)]
+    assert [r.observation for r in replies[:-1]] == said and replies[-1].done
+    assert messages[-1]["content"].startswith("Correct. New game.")
+    assert [m["role"] for m in messages] == ["user", "assistant"] * len(guesses) + ["user"]

@@ -2,8 +2,9 @@
 ``higher`` or ``lower``.
 
 An episode: the prompt ``"guess my number from 1 to 8. after each guess i say
-higher or lower."`` (a chat prompt adds "Reply with one number only.": an instruct
-model asked to guess otherwise replies with talk, and scores 0); the policy writes a guess (a turn); the responder (role
+higher or lower."`` (a chat prompt, ``chat_game_prompt``, also asks for one number
+and shows one game played first: an instruct model asked only to guess replies with
+talk, and scores 0); the policy writes a guess (a turn); the responder (role
 ``"user"``) reads the turn's first integer (``-?[0-9]+``; ``"4"``, ``"is it 4?"``)
 and answers ``"higher"`` (the secret is larger), ``"lower"`` (smaller), or ends
 the episode when the guess is right. A turn without an integer is answered
@@ -134,6 +135,32 @@ class GuessNumber:
         )
 
 
+def chat_game_prompt(low: int, high: int) -> list[dict[str, str]]:
+    """The chat prompt: the rules, one demonstrated game (bisection, three guesses),
+    then a new game.
+
+    Measured on SmolLM2-135M-Instruct (16 held-out games of 1..8, 96 tokens): asked
+    only to guess, it answers with talk ("I'm ready to play. What number would you
+    like to guess?"), greedy 0.00 and sampled 0.06 even when told "Reply with one
+    number only"; after the demonstrated game it plays, greedy 0.49 (it counts up
+    from 1) and sampled 0.15: a signal for group-relative agents, and room to learn
+    bisection.
+    """
+    rules = (
+        f"Let's play a game: I'm thinking of a number from {low} to {high}. Guess it. "
+        "Reply with one number only. After each guess I say higher or lower."
+    )
+    # Bisection on a secret in the upper half: the middle ("higher"), the middle of
+    # the rest ("lower" when it overshoots), then the secret; fewer when the range
+    # is too narrow to tell them apart.
+    mid = (low + high) // 2
+    secret = (mid + high + 1) // 2
+    guesses = list(dict.fromkeys([mid, (secret + high + 1) // 2, secret]))
+    replies = ["higher" if guess < secret else "lower" for guess in guesses[:-1]]
+    demo = list(zip([rules, *replies], map(str, guesses), strict=True))
+    return chat_prompt(f"Correct. New game. {rules}", shots=demo)
+
+
 def guess_number_records(
     low: int = 1, high: int = 8, num_games: int = 64, data_seed: int = 0, *, chat: bool = False
 ) -> list[dict[str, object]]:
@@ -145,14 +172,11 @@ def guess_number_records(
     """
     if not isinstance(num_games, int) or num_games < 2:
         raise ValueError(f"num_games={num_games!r}: must be an integer >= 2")
-    if chat:  # an instruct model answers a request to guess with talk, not a number
-        question = (
-            f"Let's play a game: I'm thinking of a number from {low} to {high}. Guess it. "
-            "Reply with one number only. After each guess I say higher or lower."
-        )
+    if chat:
+        prompt = chat_game_prompt(low, high)
     else:  # the character tokenizer's alphabet: lowercase, digits and .,:-
         question = f"guess my number from {low} to {high}. after each guess i say higher or lower."
-    prompt = chat_prompt(question, chat=chat)
+        prompt = chat_prompt(question, chat=False)
     rng = random.Random(data_seed)
     return [{"prompt": prompt, "secret": rng.randint(low, high)} for _ in range(num_games)]
 
