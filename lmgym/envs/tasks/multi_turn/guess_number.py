@@ -143,8 +143,8 @@ def chat_game_prompt(low: int, high: int) -> list[dict[str, str]]:
     only to guess, it answers with talk ("I'm ready to play. What number would you
     like to guess?"), greedy 0.00 and sampled 0.06 even when told "Reply with one
     number only"; after the demonstrated game it plays, greedy 0.49 (it counts up
-    from 1) and sampled 0.15: a signal for group-relative agents, and room to learn
-    bisection.
+    from 1) and sampled 0.14: a signal for group-relative agents, and room to learn
+    bisection (benchmarks/results/real_model/base/guess.json).
     """
     rules = (
         f"Let's play a game: I'm thinking of a number from {low} to {high}. Guess it. "
