@@ -95,6 +95,24 @@ class AgentConfig:
     """With several processes: ddp (full gradients and optimizer state on every rank, summed by DDP) or fsdp (FSDP2: parameters, gradients and optimizer state sharded during the update, full weights gathered after each step for rollouts; resumable with the same process count). One process: ignored."""
 
 
+@dataclass
+class MultiStepConfig(AgentConfig):
+    """The update schedule of every agent whose loss bounds the policy ratio (PPO's
+    token clip, GSPO's sequence clip, CISPO's weight band): several optimizer steps per
+    rollout batch at a lower rate. The bound is what makes the later steps, taken on
+    samples of an older policy, safe; the plain policy-gradient agents (REINFORCE,
+    RLOO, ReMax) have none and keep one step per batch. Measured (issue 26,
+    benchmarks/results/stability_notes.md): at one step of 1e-3 GRPO kept
+    LengthControl on 2 of 5 seeds and Dr. GRPO on 0; at this schedule both on 5 of 5."""
+
+    learning_rate: float = 3e-4
+    """AdamW learning rate (lower than the single-step agents' 1e-3: several steps per batch)."""
+    update_epochs: int = 4
+    """Passes over each rollout batch."""
+    num_minibatches: int = 2
+    """Optimizer steps per epoch."""
+
+
 ConfigT = TypeVar("ConfigT", bound=AgentConfig)
 DataclassT = TypeVar("DataclassT")
 

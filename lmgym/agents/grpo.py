@@ -31,14 +31,14 @@ from torch import Tensor
 from lmgym.agents.advantages import broadcast_to_tokens, grpo_advantages, process_grpo_advantages
 from lmgym.agents.aggregation import Aggregation
 from lmgym.agents.base import Agent
-from lmgym.agents.config import AgentConfig, check_group_size
+from lmgym.agents.config import MultiStepConfig, check_group_size
 from lmgym.agents.token_clip import TokenClip, check_clip
 from lmgym.agents.turn_credit import TurnCreditConfig, check_turn_credit, turn_group_advantages
 from lmgym.types import RolloutBatch
 
 
 @dataclass
-class GRPOConfig(TurnCreditConfig, AgentConfig):
+class GRPOConfig(TurnCreditConfig, MultiStepConfig):
     loss_aggregation: Aggregation = "seq-mean-token-mean"
     """How per-token losses become a scalar (GRPO's paper: per-sequence mean)."""
     scale: Literal["group", "batch", "none"] = "group"

@@ -25,7 +25,7 @@ from torch import Tensor
 from lmgym.agents.advantages import gae
 from lmgym.agents.aggregation import aggregate
 from lmgym.agents.base import Agent
-from lmgym.agents.config import AgentConfig, KLPlacement
+from lmgym.agents.config import KLPlacement, MultiStepConfig
 from lmgym.agents.records import Counts, PolicyOutput, PreparedBatch
 from lmgym.agents.token_clip import TokenClip, check_clip
 from lmgym.agents.value import clipped_value_loss
@@ -34,13 +34,7 @@ from lmgym.types import RolloutBatch
 
 
 @dataclass
-class PPOConfig(AgentConfig):
-    learning_rate: float = 3e-4
-    """AdamW learning rate (lower than single-pass agents: PPO takes several steps per batch)."""
-    update_epochs: int = 4
-    """Passes over each rollout batch."""
-    num_minibatches: int = 2
-    """Optimizer steps per epoch."""
+class PPOConfig(MultiStepConfig):
     whiten_advantages: bool = True
     """Normalise advantages to zero mean, unit std over real tokens."""
     whiten_min_std: float = 0.1

@@ -31,13 +31,13 @@ from torch import Tensor
 
 from lmgym.agents.advantages import discounted_returns
 from lmgym.agents.base import Agent
-from lmgym.agents.config import AgentConfig, KLPlacement
+from lmgym.agents.config import KLPlacement, MultiStepConfig
 from lmgym.agents.token_clip import TokenClip, check_clip
 from lmgym.types import RolloutBatch
 
 
 @dataclass
-class REINFORCEPPConfig(AgentConfig):
+class REINFORCEPPConfig(MultiStepConfig):
     kl_placement: KLPlacement = "reward"
     """Where the KL term goes: the per-token reward (REINFORCE++'s k1 penalty) or the loss."""
     whiten_advantages: bool = True
