@@ -26,6 +26,12 @@ from lmgym.agents.token_clip import check_clip
 
 @dataclass
 class CISPOConfig(GRPOConfig):
+    learning_rate: float = 1e-3
+    """AdamW learning rate (one step per batch, like the plain policy-gradient agents)."""
+    update_epochs: int = 1
+    """Passes over each rollout batch: one, not GRPO's 4 (docs/algorithms.md#update-schedule: at several steps per batch CISPO fell into TargetString's trap on seed 0)."""
+    num_minibatches: int = 1
+    """Optimizer steps per epoch."""
     loss_aggregation: Aggregation = "token-mean"
     """Per-token mean, as in MiniMax-M1."""
     weight_low: float = 1.0

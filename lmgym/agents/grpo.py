@@ -7,10 +7,11 @@ See docs/algorithms.md#grpo-and-dr-grpo and #kl-in-the-loss.
     l_t = max(-A_i rho_t, -A_i clip(rho_t, 1 - clip_low, 1 + clip_high)) + beta * k3_t
 
 Departures from the paper, all configurable: ``beta`` defaults to 0 (no reference
-model is loaded; the paper used 0.04 with k3 in the loss), and one update epoch
-by default, in which case the ratio is 1 and the clip never binds (docs/algorithms.md#token-clip).
-DAPO's knobs: ``clip_high=0.28`` (clip-higher), ``dynamic_sampling=True``,
-``overlong_cache``, ``loss_aggregation="token-mean"``.
+model is loaded; the paper used 0.04 with k3 in the loss). The update takes PPO's
+schedule, 4 epochs x 2 minibatches at 3e-4 (``MultiStepConfig``), so the clip binds;
+GRPO's ``clip_high`` is DAPO's clip-higher, 0.28, Dr. GRPO keeps 0.2
+(docs/algorithms.md#update-schedule: why, measured). DAPO's other knobs:
+``dynamic_sampling=True``, ``overlong_cache``, ``loss_aggregation="token-mean"``.
 
 Process supervision (``advantage="process"``, per-token env mode): every token's
 reward is a step reward, normalised across the group's steps; token t gets the sum
@@ -47,8 +48,8 @@ class GRPOConfig(TurnCreditConfig, MultiStepConfig):
     """Outcome supervision (one reward per completion) or process supervision (step rewards)."""
     clip_low: float = 0.2
     """Lower clip half-width epsilon_low: the ratio is clipped at 1 - clip_low."""
-    clip_high: float = 0.2
-    """Upper clip half-width epsilon_high (DAPO's clip-higher: 0.28)."""
+    clip_high: float = 0.28
+    """Upper clip half-width epsilon_high: DAPO's clip-higher, so an unlikely token with a positive advantage can grow further (docs/algorithms.md#update-schedule)."""
 
 
 class GRPO(TokenClip, Agent[GRPOConfig]):
@@ -107,6 +108,8 @@ class DrGRPOConfig(GRPOConfig):
     """Advantage scale: none (Dr. GRPO removes the std division)."""
     loss_aggregation: Aggregation = "seq-mean-token-sum-norm"
     """Fixed-length normalisation sum(l) / (B * L_max) (Dr. GRPO)."""
+    clip_high: float = 0.2
+    """Upper clip half-width epsilon_high (the paper's symmetric 0.2; GRPO's default is DAPO's 0.28)."""
 
 
 class DrGRPO(GRPO):

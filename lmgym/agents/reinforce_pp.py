@@ -16,9 +16,9 @@ minibatch; masked rows keep their tokens in the statistics, as in every lmgym
 whitening). No groups are needed: ``group_size=1`` is the paper's setting.
 
 Departures, all configurable: ``beta`` defaults to 0 (no reference model is loaded;
-the paper's runs use a small positive beta with a reference); one epoch and one minibatch by default, in which
-the ratio is 1 and the clip never binds (raise ``update_epochs`` or
-``num_minibatches`` for the paper's mini-batch updates); the paper's optional reward
+the paper's runs use a small positive beta with a reference); the paper's mini-batch
+updates are the default, PPO's 4 epochs x 2 minibatches at 3e-4 (``MultiStepConfig``,
+docs/algorithms.md#update-schedule); the paper's optional reward
 normalisation and clipping are left out. The later "REINFORCE++-baseline" variant
 (group-mean baseline, k2 KL in the loss) is not this agent.
 """
