@@ -103,7 +103,8 @@ def _parts() -> dict[str, Part]:
     chosen += [
         Part("instructions", a, 0) for a in ("drgrpo", "rloo", "cispo", "gspo", "reinforce_pp")
     ]
-    chosen.append(Part("instructions", "ppo", 0))  # value head on the LM (the agent's critic)
+    # Value head on the LM (the agent's critic), at PPO's own schedule.
+    chosen.append(Part("instructions", "ppo", 0, {"update_epochs": 4, "num_minibatches": 2}))
     chosen += [Part("arithmetic", "grpo", s) for s in (0, 1)]
     chosen.append(Part("continuation", "grpo", 0, {"beta": 0.05}))
     chosen.append(Part("guess", "grpo", 0))  # multi-turn: the env answers every guess
@@ -169,7 +170,7 @@ def run_part(part: Part, out: Path, max_minutes: float, iterations: int) -> dict
         stop_token_ids=policy.stop_token_ids,
         **setting.env_kwargs,
     )
-    overrides = {"learning_rate": LORA_LR, "seed": part.seed, **part.overrides}
+    overrides = {"learning_rate": LORA_LR, **h.ONE_STEP, "seed": part.seed, **part.overrides}
     beta = overrides.get("beta", 0.0)
     ref = frozen_copy(policy) if beta > 0 else None
     agent = ALGORITHMS[part.agent](policy, env.unwrapped, ref, **overrides)
@@ -246,7 +247,8 @@ def defaults_section(records: list[dict[str, Any]]) -> list[str]:
         "`lmgym train --model M` uses these where the user set nothing: learning rate "
         f"{d.learning_rate_lora:g} with LoRA and {d.learning_rate_full:g} for a full "
         f"fine-tune, temperature {d.temperature:g}, {d.group_size} completions per prompt, "
-        f"KL coefficient {d.beta:g}. What the parts measured, per task, training kind and "
+        f"KL coefficient {d.beta:g}, {d.update_epochs} epoch(s) of {d.num_minibatches} "
+        "minibatch(es) per batch. What the parts measured, per task, training kind and "
         "learning rate (held-out gain, sampled, over the parts; every part samples at "
         "temperature 1 with 8 completions per prompt, and only the continuation part "
         "keeps a KL penalty, whose KL to the reference stayed at 0.009):",

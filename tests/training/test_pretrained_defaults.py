@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from lmgym.agents import GRPOConfig
 from lmgym.cli import main
 from lmgym.training.pretrained import PRETRAINED_DEFAULTS, apply_pretrained_defaults, as_table
 
@@ -35,7 +36,8 @@ def test_a_pretrained_full_fine_tune_gets_its_defaults_and_says_so(tmp_path, tin
     out = capsys.readouterr().out
     assert out.splitlines()[0] == (
         "pretrained model defaults (full fine-tune): learning_rate 1e-05, temperature 1, "
-        "group_size 8, beta 0 (set the flags to change them; docs/cli.md, Pretrained models)"
+        "group_size 8, beta 0, update_epochs 1, num_minibatches 1 (set the flags to change "
+        "them; docs/cli.md, Pretrained models)"
     )
     run_values, agent = saved(run)
     assert agent["learning_rate"] == PRETRAINED_DEFAULTS.learning_rate_full
@@ -50,7 +52,10 @@ def test_what_the_user_sets_wins_on_the_command_line_and_in_a_config(tmp_path, t
     args = ["train", *QUIET, "--model", str(tiny_model), "--config", str(config)]
     assert main([*args, "--learning-rate", "1e-3", "--run-dir", str(run)]) == 0
     line = capsys.readouterr().out.splitlines()[0]
-    assert line.startswith("pretrained model defaults (full fine-tune): temperature 1, beta 0 (")
+    assert line.startswith(
+        "pretrained model defaults (full fine-tune): temperature 1, beta 0, update_epochs 1, "
+        "num_minibatches 1 ("
+    )
     run_values, agent = saved(run)
     assert (agent["learning_rate"], run_values["group_size"]) == (1e-3, 4)
 
@@ -60,7 +65,7 @@ def test_the_tiny_demo_keeps_its_own_defaults(tmp_path, capsys):
     assert main(["train", *QUIET, "--run-dir", str(run)]) == 0
     assert "pretrained model defaults" not in capsys.readouterr().out
     run_values, agent = saved(run)
-    assert (agent["learning_rate"], run_values["group_size"]) == (1e-3, 16)
+    assert (agent["learning_rate"], run_values["group_size"]) == (GRPOConfig().learning_rate, 16)
 
 
 def test_lora_takes_the_lora_learning_rate():
@@ -83,3 +88,5 @@ def test_the_docs_table_states_the_record():
     assert float(rows["temperature"]) == table["temperature"]
     assert int(rows["group-size"]) == table["group_size"]
     assert float(rows["beta"]) == table["beta"]
+    assert int(rows["update-epochs"]) == table["update_epochs"]
+    assert int(rows["num-minibatches"]) == table["num_minibatches"]
