@@ -50,6 +50,11 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 NOISY = 0.10
 """Other processes' share of the CPUs above which a measurement is flagged (noisy)."""
+ONE_STEP: dict[str, int] = {"update_epochs": 1, "num_minibatches": 1}
+"""One optimizer step per rollout batch: what the throughput benchmarks, the peer
+comparisons (TRL's default, ``num_iterations=1``, also takes one) and the committed
+real-model results measure. GRPO's own default is 4 epochs x 2 minibatches since
+issue 26, so these scripts set it."""
 
 
 # ------------------------------------------------------------------- measurement

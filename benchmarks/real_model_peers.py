@@ -179,7 +179,7 @@ def lmgym_agent(seed: int) -> Any:
                        tokenizer=policy.tokenizer, stop_token_ids=policy.stop_token_ids,
                        max_new_tokens=MAX_NEW, answer=ANSWER_RULE)  # fmt: skip
     return GRPO(policy, env.unwrapped, learning_rate=LEARNING_RATE, beta=0.0, seed=seed,
-                lr_scheduler_type="constant", weight_decay=0.0)  # fmt: skip
+                lr_scheduler_type="constant", weight_decay=0.0, **h.ONE_STEP)  # fmt: skip
 
 
 def trl_trainer(steps: int, out_dir: str, callbacks: list[Any], seed: int) -> Any:

@@ -92,7 +92,8 @@ def make_agent(path: Path, algo: str, compile_decode: bool = False) -> Agent:
     env = TokenVectorEnv(policy.tokenizer, PROMPTS, FunctionReward(reward_e),
                          num_prompts=NUM_PROMPTS, group_size=GROUP_SIZE, max_new_tokens=NEW_TOKENS)  # fmt: skip
     assert env.prompt_width == PROMPT_TOKENS and bool(env.prompt_table.mask.all())
-    return (GRPO if algo == "grpo" else RLOO)(policy, env, learning_rate=LEARNING_RATE, beta=0.0)
+    agent_class = GRPO if algo == "grpo" else RLOO
+    return agent_class(policy, env, learning_rate=LEARNING_RATE, beta=0.0, **h.ONE_STEP)
 
 
 def make_trainer(path: Path, algo: str, steps: int, out_dir: str, callback: Any) -> Any:

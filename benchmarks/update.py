@@ -108,7 +108,8 @@ def bench(model: str, args: argparse.Namespace, _: int) -> Row:
                          max_new_tokens=NEW_TOKENS)  # fmt: skip
     agents = {
         bucket: GRPO(CausalLMPolicy(copy.deepcopy(lm), tok), env, learning_rate=1e-4, seed=0,
-                     micro_batch_size=args.micro_batch_size, bucket_by_length=bucket)
+                     micro_batch_size=args.micro_batch_size, bucket_by_length=bucket,
+                     **h.ONE_STEP)
         for bucket in (False, True)
     }  # fmt: skip
     for agent in agents.values():  # one update each from identical weights

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import harness as h  # noqa: F401  (the repository root on sys.path)
+import harness as h  # also puts the repository root on sys.path
 import numpy as np
 import torch
 from torch import Tensor, nn
@@ -186,7 +186,8 @@ def grpo_agent(
         max_new_tokens=new_tokens,
         device=device,
     )
-    return GRPO(CausalLMPolicy(model, tok, compile_decode=compile_decode), env, **config)
+    policy = CausalLMPolicy(model, tok, compile_decode=compile_decode)
+    return GRPO(policy, env, **{**h.ONE_STEP, **config})
 
 
 def grpo_on_gpt2(
