@@ -16,9 +16,11 @@ One iteration, as in docs/algorithms.md:
 
 It takes one gradient step per batch, so ``lp_old`` is the detached ``lp`` of the
 same forward pass and ``rho = 1``: the clip is written out for the reader but
-only binds with several steps per batch. ``lmgym.agents.GRPO`` with its defaults
-computes exactly this update (``tests/test_examples_grpo_from_scratch.py`` checks
-that); it adds epochs, minibatches, KL, TIS, metrics, checkpoints and callbacks.
+only binds with several steps per batch. ``lmgym.agents.GRPO`` with
+``update_epochs=1, num_minibatches=1`` computes exactly this update
+(``tests/test_examples_grpo_from_scratch.py`` checks that); its defaults take 4
+epochs of 2 minibatches per batch at 3e-4, where the clip does bind, and it adds
+KL, TIS, metrics, checkpoints and callbacks.
 """
 
 from __future__ import annotations

@@ -49,7 +49,8 @@ def test_one_update_equals_grpo_train_on_batch(example, make_env, make_eos_polic
 
     mine = CausalLMPolicy(make_tiny_model(len(tokenizer), seed=3), tokenizer)
     theirs = CausalLMPolicy(make_tiny_model(len(tokenizer), seed=3), tokenizer)
-    agent = GRPO(theirs, env, seed=0)  # defaults: one epoch, one minibatch, beta = 0
+    # The example's update: one epoch, one minibatch (GRPO's default is 4 x 2), beta = 0.
+    agent = GRPO(theirs, env, seed=0, update_epochs=1, num_minibatches=1)
     optimizer = torch.optim.AdamW(
         mine.parameters(), lr=agent.config.learning_rate, weight_decay=0.0
     )

@@ -40,7 +40,9 @@ def test_single_pass_old_logprobs_equal_a_recomputed_pass():
         policy = fresh_policy()
         env = target_env(policy)
         batch = collect(env, policy, seed=1)
-        agent = GRPO(policy, env, recompute_old_logprobs=recompute)
+        agent = GRPO(
+            policy, env, recompute_old_logprobs=recompute, update_epochs=1, num_minibatches=1
+        )
         metrics = agent.train_on_batch(batch)
         assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
         updates.append(params(policy))
@@ -50,7 +52,16 @@ def test_single_pass_old_logprobs_equal_a_recomputed_pass():
 def test_kl_to_reference_is_zero_before_learning_and_grows_after():
     policy = fresh_policy()
     env = target_env(policy)
-    agent = GRPO(policy, env, frozen_copy(policy), beta=0.1, learning_rate=5e-3)
+    # One step per batch: the first iteration's KL is measured before any step.
+    agent = GRPO(
+        policy,
+        env,
+        frozen_copy(policy),
+        beta=0.1,
+        learning_rate=5e-3,
+        update_epochs=1,
+        num_minibatches=1,
+    )
     history = agent.learn(6)
     assert history[0]["kl_ref_k1"] == pytest.approx(0.0, abs=1e-6)
     assert history[0]["kl_ref_k3"] == pytest.approx(0.0, abs=1e-6)

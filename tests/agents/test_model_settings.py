@@ -133,13 +133,15 @@ def code_sum(prompts: list[str], completions: list[str]) -> list[float]:
 
 
 def schedule_env(make_env):
-    # 4 rows, 2 minibatches: 2 steps per iteration
+    # 4 rows, 1 epoch of 2 minibatches: 2 steps per iteration
     return make_env(num_prompts=2, group_size=2, reward=FunctionReward(code_sum))
 
 
 def schedule_agent(make_env, tokenizer, **config) -> GRPO:
     env = schedule_env(make_env)
-    return GRPO(tiny_policy(tokenizer), env, learning_rate=LR, num_minibatches=2, **config)
+    return GRPO(
+        tiny_policy(tokenizer), env, learning_rate=LR, update_epochs=1, num_minibatches=2, **config
+    )
 
 
 def test_linear_schedule_warms_up_then_decays_per_optimizer_step(make_env, tokenizer):

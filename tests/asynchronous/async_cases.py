@@ -11,10 +11,14 @@ from lmgym.asynchronous import Role
 from lmgym.envs.tasks.target_string import make_target_string_vector
 from lmgym.policy import CausalLMPolicy, make_char_tokenizer, make_tiny_model
 
+# GRPO here takes one step per batch (its default is 4 epochs x 2 minibatches): the
+# single-pass path, lp_old from the update's own forward, and a two-learner update whose
+# one step equals the one-process step on the same groups.
+SINGLE_PASS: dict[str, Any] = {"update_epochs": 1, "num_minibatches": 1}
 # name -> (algorithm, config overrides): PPO recomputes lp_old (2 minibatches, 2 epochs)
 # and applies TIS; GRPO takes its single-pass lp_old from the update's own forward.
 EQUAL_CASES: dict[str, tuple[str, dict[str, Any]]] = {
-    "grpo": ("grpo", {"learning_rate": 2e-3}),
+    "grpo": ("grpo", {"learning_rate": 2e-3, **SINGLE_PASS}),
     "ppo-tis": (
         "ppo",
         {"num_minibatches": 2, "update_epochs": 2, "tis_cap": 2.0, "whiten_advantages": True},
@@ -24,11 +28,11 @@ EQUAL_ITERATIONS = 4
 BOUND_ITERATIONS = 5
 # Rewards of random completions are mostly 0 here: the entropy bonus gives the
 # two-learner comparison a gradient to compare.
-TWO_LEARNERS: tuple[str, dict[str, Any]] = ("grpo", {"entropy_coef": 0.01})
+TWO_LEARNERS: tuple[str, dict[str, Any]] = ("grpo", {"entropy_coef": 0.01, **SINGLE_PASS})
 LEARN_BUDGET = 200
 # 2e-3 (the synchronous learning test's rate) collapses onto a partial answer at
 # max_staleness=2 for this seed; half of it solves.
-LEARN_OVERRIDES: dict[str, Any] = {"learning_rate": 1e-3, "tis_cap": 2.0}
+LEARN_OVERRIDES: dict[str, Any] = {"learning_rate": 1e-3, "tis_cap": 2.0, **SINGLE_PASS}
 
 
 def make_agent(

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lmgym.agents import ALGORITHMS
+from lmgym.agents import ALGORITHMS, GRPOConfig
 from lmgym.cli import main
 from lmgym.training.bench import load_results
 from lmgym.training.logger import read_progress
@@ -152,8 +152,8 @@ def test_resume_refuses_to_change_what_defines_the_run(tmp_path, capsys):
     capsys.readouterr()
     assert train("--resume", str(run), "--learning-rate", "0.5") == 2
     assert capsys.readouterr().err.strip() == (
-        "lmgym train: error: --resume: --learning-rate 0.5 differs from the run's 0.001; a "
-        "resumed run keeps its agent config (start a new run to change it)"
+        "lmgym train: error: --resume: --learning-rate 0.5 differs from the run's "
+        f"{GRPOConfig().learning_rate}; a resumed run keeps its agent config (start a new run to change it)"
     )
     assert train("--resume", str(run), "--group-size", "4") == 2
     assert "--group-size 4 differs from the run's 16" in capsys.readouterr().err

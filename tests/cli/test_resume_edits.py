@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from lmgym.agents import GRPOConfig
 from lmgym.cli import main
 
 QUIET = ["--no-progress", "--log-interval", "0", "--eval-prompts", "2", "--eval-samples", "2"]
@@ -54,7 +55,7 @@ def test_an_edited_agent_value_is_named_not_ignored(run, capsys):
     assert train("--resume", str(run), "--iterations", "3") == 2
     err = one_line(capsys)
     assert "config.json was edited: agent field learning_rate is 0.5 there" in err
-    assert "checkpoint iter_000002 was trained with 0.001" in err
+    assert f"checkpoint iter_000002 was trained with {GRPOConfig().learning_rate}" in err
     assert "lmgym train --config" in err
     assert (run / "progress.csv").read_text() == rows  # nothing trained or rewound
 

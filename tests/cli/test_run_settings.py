@@ -96,11 +96,14 @@ def test_save_merged_writes_the_final_model(tmp_path):
 def test_the_learning_rate_is_logged_every_iteration(tmp_path):
     run = tmp_path / "run"
     assert train("--iterations", "2", "--run-dir", str(run), "--lr-scheduler-type", "linear") == 0
-    # linear over 2 optimizer steps from 1e-3: 1e-3 * (2 - step) / 2 after each step
-    assert [row["learning_rate"] for row in read_progress(run / "progress.csv")] == [5e-4, 0.0]
+    # linear from GRPO's rate over the 2 iterations' optimizer steps: half of it after the
+    # first iteration's steps, 0 after the second's
+    rate = GRPOConfig().learning_rate
+    rates = [row["learning_rate"] for row in read_progress(run / "progress.csv")]
+    assert rates == pytest.approx([rate / 2, 0.0], abs=1e-12)
     constant = tmp_path / "constant"
     assert train("--iterations", "2", "--run-dir", str(constant)) == 0
-    assert [r["learning_rate"] for r in read_progress(constant / "progress.csv")] == [1e-3, 1e-3]
+    assert [r["learning_rate"] for r in read_progress(constant / "progress.csv")] == [rate, rate]
 
 
 def test_a_resume_cannot_lengthen_a_decaying_schedule(tmp_path, capsys):
@@ -124,7 +127,8 @@ def test_a_planned_schedule_resumes_where_it_was(tmp_path):
     assert train("--iterations", "2", "--run-dir", str(run), *args) == 0
     assert train("--resume", str(run), "--iterations", "3") == 0
     rates = [row["learning_rate"] for row in read_progress(run / "progress.csv")]
-    assert rates == pytest.approx([9e-4, 8e-4, 7e-4], abs=1e-12)
+    rate = GRPOConfig().learning_rate  # linear to 0 over 10 iterations
+    assert rates == pytest.approx([0.9 * rate, 0.8 * rate, 0.7 * rate], abs=1e-12)
 
 
 # ---------------------------------------------------------------- callbacks
@@ -189,7 +193,7 @@ def test_bench_names_a_missing_model(tmp_path, capsys):
 
 
 def test_grpo_config_is_untouched_by_the_bench_defaults():
-    assert GRPOConfig().learning_rate == 1e-3
+    assert GRPOConfig().learning_rate == 3e-4  # its documented default
 
 
 def test_a_callback_given_again_on_resume_runs_once(tmp_path, monkeypatch):
