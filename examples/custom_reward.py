@@ -38,7 +38,7 @@ def main(iterations: int = 40, seed: int = 0) -> tuple[float, float]:
     )
     env = gym.make_vec(env_id, num_envs=32, group_size=8)  # 4 prompts x 8 completions
     policy = CausalLMPolicy(make_tiny_model(len(env.tokenizer), seed=seed), env.tokenizer)
-    history = GRPO(policy, env, learning_rate=1e-3, seed=seed).learn(iterations=iterations)
+    history = GRPO(policy, env, seed=seed).learn(iterations=iterations)
     # ---------------------------------------------------------------------------
     window = max(1, min(5, iterations // 4))
     before = sum(h["reward_mean"] for h in history[:window]) / window

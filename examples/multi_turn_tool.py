@@ -90,7 +90,7 @@ def main(
 
     env = gym.make_vec(TASK, num_envs=num_envs, group_size=group_size, **TASK_OPTIONS)
     policy = CausalLMPolicy(make_tiny_model(len(env.tokenizer), seed=seed), env.tokenizer)
-    agent = GRPO(policy, env, learning_rate=1e-3, seed=seed)
+    agent = GRPO(policy, env, seed=seed)
     history = agent.learn(iterations=iterations)
     for row in history[:: max(1, iterations // 5)]:
         print(f"iteration {int(row['iteration']):3d}  mean reward {row['reward_mean']:.3f}")
