@@ -78,7 +78,7 @@ class AgentConfig:
     whiten_advantages: bool = False
     """Normalise advantages to zero mean, unit std over real tokens."""
     whiten_min_std: float = 0.0
-    """Whitening rescales only when the advantages' std reaches this (in reward units); below it they are centred only. 0 always rescales; the critic agents set 0.1, so a batch without reward spread does not blow critic noise up to unit variance."""
+    """Whitening rescales only when the advantages' std reaches this (in reward units); below it they are centred only. 0 always rescales; the critic agents and REINFORCE++ set 0.1, so a batch without reward spread does not blow critic noise (or one odd completion) up to unit variance."""
     entropy_coef: float = 0.0
     """Bonus on the mean token entropy (subtracted from the loss)."""
     overlong_cache: int | None = None

@@ -42,6 +42,8 @@ class REINFORCEPPConfig(MultiStepConfig):
     """Where the KL term goes: the per-token reward (REINFORCE++'s k1 penalty) or the loss."""
     whiten_advantages: bool = True
     """REINFORCE++'s global normalisation: z-score the returns over the whole batch's tokens."""
+    whiten_min_std: float = 0.1
+    """Rescale only advantages whose std reaches this (reward units); below it they are centred only. At several steps per batch a near-solved batch's few differences, rescaled to unit variance, moved LengthControl off its solution on 2 of 5 seeds (docs/algorithms.md#update-schedule)."""
     clip_low: float = 0.2
     """Lower clip half-width epsilon_low: the ratio is clipped at 1 - clip_low."""
     clip_high: float = 0.2
