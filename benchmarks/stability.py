@@ -18,7 +18,7 @@ long table can be filled in several sittings; the Markdown table is rendered fro
 that file alone (``--render-only``). ``--workers 2`` runs two at once: the table
 counts rewards, which do not depend on the load, only the wall times do.
 
-    .venv/bin/python benchmarks/stability.py                      # everything (~1-2 h on 2 cores)
+    .venv/bin/python benchmarks/stability.py --workers 2          # everything (~2-3 h on 2 cores)
     .venv/bin/python benchmarks/stability.py --agents ppo,vapo --tasks lmgym/TargetString-v0
     .venv/bin/python benchmarks/stability.py --render-only
 """
