@@ -13,7 +13,10 @@ def error(command: str, message: str) -> int:
     """Print ``lmgym COMMAND: error: MESSAGE`` as one line (a library's multi-line message
     is joined) and return the exit status 2."""
     line = " ".join(part.strip() for part in message.splitlines() if part.strip())
-    print(f"lmgym {command}: error: {line}", file=sys.stderr)
+    # One write with its newline: print() writes the text and the newline separately, and
+    # ranks sharing one stderr pipe then interleaved ("...> 0lmgym train: error: ...").
+    sys.stderr.write(f"lmgym {command}: error: {line}\n")
+    sys.stderr.flush()
     return 2
 
 

@@ -233,7 +233,7 @@ def test_inconsistent_configs_fail_at_construction_naming_the_field():
         (PPO, {"value_model": "none"}, "value_model='none': PPO needs a critic"),
         (GSPO, {"loss_aggregation": "token-mean"}, "loss_aggregation='token-mean': GSPO"),
         (GRPO, {"beta": 0.1}, "ref_policy: beta=0.1 needs a frozen reference"),
-        (GRPO, {"clip_low": -0.1}, "clip_low=-0.1, clip_high=0.2: clip ranges must be >= 0"),
+        (GRPO, {"clip_low": -0.1}, "clip_low=-0.1, clip_high=0.28: clip ranges must be >= 0"),
         (GRPO, {"num_minibatches": 3}, "num_minibatches=3 does not divide the batch of 16 rows"),
         (GRPO, {"learning_rate": 0.0}, "learning_rate=0.0: must be > 0"),
         (GRPO, {"loss_aggregation": "mean"}, "loss_aggregation='mean' is not one of"),
