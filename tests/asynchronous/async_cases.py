@@ -12,8 +12,9 @@ from lmgym.envs.tasks.target_string import make_target_string_vector
 from lmgym.policy import CausalLMPolicy, make_char_tokenizer, make_tiny_model
 
 # GRPO here takes one step per batch (its default is 4 epochs x 2 minibatches): the
-# single-pass path, lp_old from the update's own forward, and a two-learner update whose
-# one step equals the one-process step on the same groups.
+# single-pass path, lp_old from the update's own forward, a two-learner update whose
+# one step equals the one-process step on the same groups, and learner/actor timings
+# that the bound tests' slow sides are built on.
 SINGLE_PASS: dict[str, Any] = {"update_epochs": 1, "num_minibatches": 1}
 # name -> (algorithm, config overrides): PPO recomputes lp_old (2 minibatches, 2 epochs)
 # and applies TIS; GRPO takes its single-pass lp_old from the update's own forward.

@@ -25,6 +25,7 @@ from async_cases import (  # noqa: E402
     EQUAL_ITERATIONS,
     LEARN_BUDGET,
     LEARN_OVERRIDES,
+    SINGLE_PASS,
     TWO_LEARNERS,
     make_agent,
 )
@@ -77,7 +78,8 @@ def equal(out: Path) -> None:
 
 def bound(out: Path) -> None:
     """One learner, two actors, under a slow learner and a slow actor."""
-    make = partial(factory, "grpo", {"tis_cap": 2.0})
+    # One step per update: the slow actor must stay slower than the learner.
+    make = partial(factory, "grpo", {"tis_cap": 2.0, **SINGLE_PASS})
     runs = [
         ("wait-slow-learner", AsyncConfig(actors=2), AsyncHooks(learner_update=pause(0.3))),
         ("wait-slow-actor", AsyncConfig(actors=2), AsyncHooks(actor_step=pause(0.02, only=1))),
@@ -113,7 +115,8 @@ def kill(out: Path) -> None:
             f.write(" ".join(map(str, ids.tolist())) + "\n")
 
     hooks = AsyncHooks(actor_sent=die, learner_update=record)
-    make = partial(factory, "grpo", {"tis_cap": 2.0})
+    # One step per update: the slow actor must stay slower than the learner.
+    make = partial(factory, "grpo", {"tis_cap": 2.0, **SINGLE_PASS})
     run_async(make, 50, AsyncConfig(actors=2, timeout_s=60), hooks=hooks)
 
 
