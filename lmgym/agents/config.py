@@ -97,11 +97,12 @@ class AgentConfig:
 
 @dataclass
 class MultiStepConfig(AgentConfig):
-    """The update schedule of every agent whose loss bounds the policy ratio (PPO's
-    token clip, GSPO's sequence clip, CISPO's weight band): several optimizer steps per
-    rollout batch at a lower rate. The bound is what makes the later steps, taken on
-    samples of an older policy, safe; the plain policy-gradient agents (REINFORCE,
-    RLOO, ReMax) have none and keep one step per batch. Measured (issue 26,
+    """The update schedule of the agents whose loss bounds the policy ratio (PPO's
+    token clip, GSPO's sequence clip): several optimizer steps per rollout batch at a
+    lower rate. The bound is what makes the later steps, taken on samples of an older
+    policy, safe; the plain policy-gradient agents (REINFORCE, RLOO, ReMax) have none
+    and keep one step per batch, and CISPO (a subclass) sets one step back (measured,
+    docs/algorithms.md#update-schedule). Measured (issue 26,
     benchmarks/results/stability_notes.md): at one step of 1e-3 GRPO kept
     LengthControl on 2 of 5 seeds and Dr. GRPO on 0; at this schedule both on 5 of 5."""
 
