@@ -100,11 +100,13 @@ class MultiStepConfig(AgentConfig):
     """The update schedule of the agents whose loss bounds the policy ratio (PPO's
     token clip, GSPO's sequence clip): several optimizer steps per rollout batch at a
     lower rate. The bound is what makes the later steps, taken on samples of an older
-    policy, safe; the plain policy-gradient agents (REINFORCE, RLOO, ReMax) have none
-    and keep one step per batch, and CISPO (a subclass) sets one step back (measured,
+    policy, safe. RLOO and ReMax take it too, under PPO's token clip (as TRL and verl
+    train them); REINFORCE, the textbook one-step estimator, has no ratio and keeps one
+    step, and CISPO (a subclass) sets its own (measured,
     docs/algorithms.md#update-schedule). Measured (issue 26,
     benchmarks/results/stability_notes.md): at one step of 1e-3 GRPO kept
-    LengthControl on 2 of 5 seeds and Dr. GRPO on 0; at this schedule both on 5 of 5."""
+    LengthControl on 2 of 5 seeds, Dr. GRPO and RLOO on 0; at this schedule all three
+    on 5 of 5."""
 
     learning_rate: float = 3e-4
     """AdamW learning rate (lower than the single-step agents' 1e-3: several steps per batch)."""

@@ -3,13 +3,22 @@
     R_i = sum_t r_{i,t}         (KL already subtracted from r when beta > 0)
     b(x) = R(x, y_greedy(x))     the env's score of the prompt's greedy completion
     A_i = R_i - b(x_i)           sequence-level: every token of completion i gets A_i
-    l_{i,t} = -A_i * lp_{i,t}
+    rho_{i,t} = exp(lp_{i,t} - lp_old_{i,t})
+    l_{i,t} = max(-A_i rho_{i,t}, -A_i clip(rho_{i,t}, 1 - clip_low, 1 + clip_high))
 
 Li, Xu, Zhang, Liu, Sun, Luo, "ReMax: A Simple, Effective, and Efficient
 Reinforcement Learning Method for Aligning Large Language Models" (2023). The
 baseline depends on the prompt only, so the gradient stays unbiased; it needs no
 critic and no group of samples (``group_size=1`` is the paper's setting; with
 ``G > 1`` the G completions of a prompt share one baseline).
+
+The update takes PPO's schedule (``MultiStepConfig``, 4 epochs x 2 minibatches at
+3e-4) under PPO's token clip, as verl's ``remax`` estimator does; the greedy rollout
+runs once per batch. With ``update_epochs=1, num_minibatches=1`` the ratio is 1 and
+the loss has the paper's gradient ``-A_i * grad lp_{i,t}``. Measured
+(docs/algorithms.md#update-schedule): at one step ReMax was still climbing on
+TargetString after 150 iterations (182-201 to solve it) and kept LengthControl on 1
+of 5 seeds.
 
 The greedy rollout. Every update decodes each distinct prompt of its batch greedily
 on a second env built once from the training env (same prompts and indices, reward,
@@ -27,10 +36,14 @@ completion can score far above its samples (on TargetString, 0.4 against 0.02).
 Then nearly every sample gets a negative advantage, which squeezes probability
 onto the arg-max ids, and the policy can collapse onto its greedy completion,
 where every advantage is 0. An entropy bonus keeps it exploring, so ReMax's
-``entropy_coef`` defaults to 0.02 (the other agents' to 0): on TargetString from a
-tiny model at these defaults it learned on 3 of 3 seeds (182-201 iterations),
-without the bonus on 1 of 3 (the others ended at 0.79-0.80;
-benchmarks/results/stability_notes.md).
+``entropy_coef`` defaults to 0.01 (the other agents' to 0), with DAPO's clip-higher
+(``clip_high=0.28``) so that a rare better token can grow faster than its greedy
+rival. Measured on the tiny model at ``lmgym bench``'s settings, seeds 0-4
+(benchmarks/results/stability_notes.md): without the bonus ReMax stalled on
+TargetString on 4 of 5 seeds (0.6-0.8, every sample its greedy completion); the bonus
+is applied on each of the schedule's 8 steps, outside the clip, and at 0.02 it kept
+LengthControl's policy too noisy to stay solved (2 of 5); at 0.01 with clip-higher
+both tasks are kept on 5 of 5.
 
 Departures from the paper: the baseline is the greedy completion's task reward
 (with DAPO's overlong shaping when ``overlong_cache`` is set), without the KL term
@@ -50,9 +63,9 @@ from torch.profiler import record_function
 
 from lmgym.agents.advantages import broadcast_to_tokens
 from lmgym.agents.base import Agent
-from lmgym.agents.config import AgentConfig, KLPlacement
+from lmgym.agents.config import KLPlacement, MultiStepConfig
 from lmgym.agents.dapo import overlong_penalty
-from lmgym.agents.ratios import policy_gradient_loss
+from lmgym.agents.token_clip import TokenClip, check_clip
 from lmgym.envs.rewards import reward_component_means
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.rollout import collect
@@ -60,11 +73,15 @@ from lmgym.types import RolloutBatch
 
 
 @dataclass
-class ReMaxConfig(AgentConfig):
+class ReMaxConfig(MultiStepConfig):
     kl_placement: KLPlacement = "reward"
     """Where the KL term goes: subtracted from the sampled rewards (as in RLHF) or added to the loss."""
-    entropy_coef: float = 0.02
-    """Entropy bonus weight; 0.02 rather than 0: without it ReMax collapses onto its greedy completion ("When the baseline misleads")."""
+    entropy_coef: float = 0.01
+    """Entropy bonus weight; 0.01 rather than 0: without it ReMax collapses onto its greedy completion ("When the baseline misleads")."""
+    clip_low: float = 0.2
+    """Lower clip half-width epsilon_low: the ratio is clipped at 1 - clip_low."""
+    clip_high: float = 0.28
+    """Upper clip half-width epsilon_high: DAPO's clip-higher, so an unlikely token with a positive advantage can grow further ("When the baseline misleads")."""
 
 
 def greedy_env_like(env: TokenVectorEnv) -> TokenVectorEnv:
@@ -111,13 +128,14 @@ def queue_prompts(env: TokenVectorEnv, prompt_index: Tensor) -> None:
     env.set_state(state)
 
 
-class ReMax(Agent[ReMaxConfig]):
-    """REINFORCE with the greedy completion's reward as the baseline."""
+class ReMax(TokenClip, Agent[ReMaxConfig]):
+    """REINFORCE with the greedy completion's reward as the baseline, under PPO's token clip."""
 
     config_class = ReMaxConfig
     name = "remax"
 
     def check_config(self) -> None:
+        check_clip(self.config.clip_low, self.config.clip_high)
         # Not checks, but built once here: the greedy env and an RNG of its own (a
         # top-1 draw picks the arg-max, yet torch.multinomial still advances its RNG).
         self._greedy_env = greedy_env_like(self.env)
@@ -162,11 +180,6 @@ class ReMax(Agent[ReMaxConfig]):
     ) -> tuple[Tensor, None]:
         scores = (rewards * mask).sum(dim=1)
         return broadcast_to_tokens(scores - self.greedy_baseline(batch), mask), None
-
-    def policy_loss(
-        self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor
-    ) -> tuple[Tensor, None]:
-        return policy_gradient_loss(logprobs, advantages), None
 
     def step(self) -> dict[str, float]:
         """``Agent.step``, plus ``greedy_reward_mean`` (the baseline's mean over rows)."""
