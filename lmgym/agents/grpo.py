@@ -33,21 +33,19 @@ from lmgym.agents.advantages import broadcast_to_tokens, grpo_advantages, proces
 from lmgym.agents.aggregation import Aggregation
 from lmgym.agents.base import Agent
 from lmgym.agents.config import MultiStepConfig, check_group_size
-from lmgym.agents.token_clip import TokenClip, check_clip
+from lmgym.agents.token_clip import TokenClip, TokenClipConfig, check_clip
 from lmgym.agents.turn_credit import TurnCreditConfig, check_turn_credit, turn_group_advantages
 from lmgym.types import RolloutBatch
 
 
 @dataclass
-class GRPOConfig(TurnCreditConfig, MultiStepConfig):
+class GRPOConfig(TurnCreditConfig, TokenClipConfig, MultiStepConfig):
     loss_aggregation: Aggregation = "seq-mean-token-mean"
     """How per-token losses become a scalar (GRPO's paper: per-sequence mean)."""
     scale: Literal["group", "batch", "none"] = "group"
     """Advantage scale: group std (GRPO), batch std, or none (Dr. GRPO)."""
     advantage: Literal["outcome", "process"] = "outcome"
     """Outcome supervision (one reward per completion) or process supervision (step rewards)."""
-    clip_low: float = 0.2
-    """Lower clip half-width epsilon_low: the ratio is clipped at 1 - clip_low."""
     clip_high: float = 0.28
     """Upper clip half-width epsilon_high: DAPO's clip-higher, so an unlikely token with a positive advantage can grow further (docs/algorithms.md#update-schedule)."""
 

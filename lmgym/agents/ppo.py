@@ -27,24 +27,20 @@ from lmgym.agents.aggregation import aggregate
 from lmgym.agents.base import Agent
 from lmgym.agents.config import KLPlacement, MultiStepConfig
 from lmgym.agents.records import Counts, PolicyOutput, PreparedBatch
-from lmgym.agents.token_clip import TokenClip, check_clip
+from lmgym.agents.token_clip import TokenClip, TokenClipConfig, check_clip
 from lmgym.agents.value import clipped_value_loss
 from lmgym.policy.value import Critic, ValueInit
 from lmgym.types import RolloutBatch
 
 
 @dataclass
-class PPOConfig(MultiStepConfig):
+class PPOConfig(TokenClipConfig, MultiStepConfig):
     whiten_advantages: bool = True
     """Normalise advantages to zero mean, unit std over real tokens."""
     whiten_min_std: float = 0.1
     """Whitening rescales only when the advantages' std reaches this (in reward units); below it they are centred only: on a batch without reward spread the advantages are the critic's errors, and whitened they made a full-sized update (docs/algorithms.md#broadcast-and-whitening)."""
     kl_placement: KLPlacement = "reward"
     """Where the KL term goes: the per-token reward (classic RLHF PPO) or the loss."""
-    clip_low: float = 0.2
-    """Lower clip half-width epsilon_low."""
-    clip_high: float = 0.2
-    """Upper clip half-width epsilon_high."""
     gae_lambda: float = 0.95
     """GAE lambda: 0 is one-step TD, 1 is Monte Carlo returns."""
     vf_coef: float = 0.5

@@ -32,22 +32,18 @@ from torch import Tensor
 from lmgym.agents.advantages import discounted_returns
 from lmgym.agents.base import Agent
 from lmgym.agents.config import KLPlacement, MultiStepConfig
-from lmgym.agents.token_clip import TokenClip, check_clip
+from lmgym.agents.token_clip import TokenClip, TokenClipConfig, check_clip
 from lmgym.types import RolloutBatch
 
 
 @dataclass
-class REINFORCEPPConfig(MultiStepConfig):
+class REINFORCEPPConfig(TokenClipConfig, MultiStepConfig):
     kl_placement: KLPlacement = "reward"
     """Where the KL term goes: the per-token reward (REINFORCE++'s k1 penalty) or the loss."""
     whiten_advantages: bool = True
     """REINFORCE++'s global normalisation: z-score the returns over the whole batch's tokens."""
     whiten_min_std: float = 0.1
     """Rescale only advantages whose std reaches this (reward units); below it they are centred only. At several steps per batch a near-solved batch's few differences, rescaled to unit variance, moved LengthControl off its solution on 2 of 5 seeds (docs/algorithms.md#update-schedule)."""
-    clip_low: float = 0.2
-    """Lower clip half-width epsilon_low: the ratio is clipped at 1 - clip_low."""
-    clip_high: float = 0.2
-    """Upper clip half-width epsilon_high: the ratio is clipped at 1 + clip_high."""
 
 
 class REINFORCEPP(TokenClip, Agent[REINFORCEPPConfig]):

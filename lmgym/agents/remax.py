@@ -65,7 +65,7 @@ from lmgym.agents.advantages import broadcast_to_tokens
 from lmgym.agents.base import Agent
 from lmgym.agents.config import KLPlacement, MultiStepConfig
 from lmgym.agents.dapo import overlong_penalty
-from lmgym.agents.token_clip import TokenClip, check_clip
+from lmgym.agents.token_clip import TokenClip, TokenClipConfig, check_clip
 from lmgym.envs.rewards import reward_component_means
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.rollout import collect
@@ -73,13 +73,11 @@ from lmgym.types import RolloutBatch
 
 
 @dataclass
-class ReMaxConfig(MultiStepConfig):
+class ReMaxConfig(TokenClipConfig, MultiStepConfig):
     kl_placement: KLPlacement = "reward"
     """Where the KL term goes: subtracted from the sampled rewards (as in RLHF) or added to the loss."""
     entropy_coef: float = 0.01
     """Entropy bonus weight; 0.01 rather than 0: without it ReMax collapses onto its greedy completion ("When the baseline misleads")."""
-    clip_low: float = 0.2
-    """Lower clip half-width epsilon_low: the ratio is clipped at 1 - clip_low."""
     clip_high: float = 0.28
     """Upper clip half-width epsilon_high: DAPO's clip-higher, so an unlikely token with a positive advantage can grow further ("When the baseline misleads")."""
 

@@ -32,19 +32,15 @@ from torch import Tensor
 from lmgym.agents.advantages import broadcast_to_tokens, rloo_advantages
 from lmgym.agents.base import Agent
 from lmgym.agents.config import KLPlacement, MultiStepConfig, check_group_size
-from lmgym.agents.token_clip import TokenClip, check_clip
+from lmgym.agents.token_clip import TokenClip, TokenClipConfig, check_clip
 from lmgym.agents.turn_credit import TurnCreditConfig, check_turn_credit, turn_group_advantages
 from lmgym.types import RolloutBatch
 
 
 @dataclass
-class RLOOConfig(TurnCreditConfig, MultiStepConfig):
+class RLOOConfig(TurnCreditConfig, TokenClipConfig, MultiStepConfig):
     kl_placement: KLPlacement = "reward"
     """Where the KL term goes: subtracted from the rewards (RLOO's default) or added to the loss."""
-    clip_low: float = 0.2
-    """Lower clip half-width epsilon_low: the ratio is clipped at 1 - clip_low."""
-    clip_high: float = 0.2
-    """Upper clip half-width epsilon_high: the ratio is clipped at 1 + clip_high."""
 
 
 class RLOO(TokenClip, Agent[RLOOConfig]):

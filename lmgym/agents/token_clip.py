@@ -13,11 +13,24 @@ interval that each of them runs on its config.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from torch import Tensor
 
 from lmgym.agents.ratios import clipped_surrogate_loss
+
+
+@dataclass
+class TokenClipConfig:
+    """The clip interval's fields, mixed into the configs of the agents that use the
+    token clip (PPO's family, GRPO's, REINFORCE++, RLOO, ReMax); an agent overrides a
+    default in its own config (GRPO's and ReMax's clip-higher)."""
+
+    clip_low: float = 0.2
+    """Lower clip half-width epsilon_low: the ratio is clipped at 1 - clip_low."""
+    clip_high: float = 0.2
+    """Upper clip half-width epsilon_high: the ratio is clipped at 1 + clip_high."""
 
 
 def check_clip(
