@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from lmgym.agents.aggregation import Aggregation
 from lmgym.agents.grpo import GRPO, GRPOConfig
 from lmgym.agents.ratios import cispo_loss
-from lmgym.agents.token_clip import check_clip
 
 
 @dataclass
@@ -48,7 +47,3 @@ class CISPO(GRPO):
     clip_zeroes_gradient = False
     clip_rule = staticmethod(cispo_loss)
     clip_fields = ("weight_low", "weight_high")
-
-    def check_config(self) -> None:
-        super().check_config()
-        check_clip(*self.clip_range(), *self.clip_fields)

@@ -33,7 +33,7 @@ from lmgym.agents.advantages import broadcast_to_tokens, grpo_advantages, proces
 from lmgym.agents.aggregation import Aggregation
 from lmgym.agents.base import Agent
 from lmgym.agents.config import MultiStepConfig, check_group_size
-from lmgym.agents.token_clip import TokenClip, TokenClipConfig, check_clip
+from lmgym.agents.token_clip import TokenClip, TokenClipConfig
 from lmgym.agents.turn_credit import TurnCreditConfig, check_turn_credit, turn_group_advantages
 from lmgym.types import RolloutBatch
 
@@ -57,7 +57,7 @@ class GRPO(TokenClip, Agent[GRPOConfig]):
     name = "grpo"
 
     def check_config(self) -> None:
-        check_clip(self.config.clip_low, self.config.clip_high)
+        self.check_clip_range()
         if self.config.scale not in ("group", "batch", "none"):
             raise ValueError(
                 f"scale={self.config.scale!r} is not one of ['group', 'batch', 'none']"

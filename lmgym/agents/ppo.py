@@ -27,7 +27,7 @@ from lmgym.agents.aggregation import aggregate
 from lmgym.agents.base import Agent
 from lmgym.agents.config import KLPlacement, MultiStepConfig
 from lmgym.agents.records import Counts, PolicyOutput, PreparedBatch
-from lmgym.agents.token_clip import TokenClip, TokenClipConfig, check_clip
+from lmgym.agents.token_clip import TokenClip, TokenClipConfig
 from lmgym.agents.value import clipped_value_loss
 from lmgym.policy.value import Critic, ValueInit
 from lmgym.types import RolloutBatch
@@ -62,7 +62,7 @@ class PPO(TokenClip, Agent[PPOConfig]):
 
     def check_config(self) -> None:
         cfg = self.config
-        check_clip(cfg.clip_low, cfg.clip_high)
+        self.check_clip_range()
         if cfg.value_model not in ("shared", "separate"):
             raise ValueError(
                 f"value_model={cfg.value_model!r}: PPO needs a critic, 'shared' (value head on "

@@ -32,7 +32,7 @@ from torch import Tensor
 from lmgym.agents.advantages import discounted_returns
 from lmgym.agents.base import Agent
 from lmgym.agents.config import KLPlacement, MultiStepConfig
-from lmgym.agents.token_clip import TokenClip, TokenClipConfig, check_clip
+from lmgym.agents.token_clip import TokenClip, TokenClipConfig
 from lmgym.types import RolloutBatch
 
 
@@ -53,7 +53,7 @@ class REINFORCEPP(TokenClip, Agent[REINFORCEPPConfig]):
     name = "reinforce_pp"
 
     def check_config(self) -> None:
-        check_clip(self.config.clip_low, self.config.clip_high)
+        self.check_clip_range()
 
     def advantages(
         self, batch: RolloutBatch, rewards: Tensor, mask: Tensor, values: Tensor | None

@@ -65,7 +65,7 @@ from lmgym.agents.advantages import broadcast_to_tokens
 from lmgym.agents.base import Agent
 from lmgym.agents.config import KLPlacement, MultiStepConfig
 from lmgym.agents.dapo import overlong_penalty
-from lmgym.agents.token_clip import TokenClip, TokenClipConfig, check_clip
+from lmgym.agents.token_clip import TokenClip, TokenClipConfig
 from lmgym.envs.rewards import reward_component_means
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.rollout import collect
@@ -133,7 +133,7 @@ class ReMax(TokenClip, Agent[ReMaxConfig]):
     name = "remax"
 
     def check_config(self) -> None:
-        check_clip(self.config.clip_low, self.config.clip_high)
+        self.check_clip_range()
         # Not checks, but built once here: the greedy env and an RNG of its own (a
         # top-1 draw picks the arg-max, yet torch.multinomial still advances its RNG).
         self._greedy_env = greedy_env_like(self.env)

@@ -32,7 +32,7 @@ from torch import Tensor
 from lmgym.agents.advantages import broadcast_to_tokens, rloo_advantages
 from lmgym.agents.base import Agent
 from lmgym.agents.config import KLPlacement, MultiStepConfig, check_group_size
-from lmgym.agents.token_clip import TokenClip, TokenClipConfig, check_clip
+from lmgym.agents.token_clip import TokenClip, TokenClipConfig
 from lmgym.agents.turn_credit import TurnCreditConfig, check_turn_credit, turn_group_advantages
 from lmgym.types import RolloutBatch
 
@@ -53,7 +53,7 @@ class RLOO(TokenClip, Agent[RLOOConfig]):
         why = "RLOO needs at least 2 completions per prompt for its leave-one-out baseline"
         check_group_size(self.env.group_size, why)
         check_turn_credit(self.config)
-        check_clip(self.config.clip_low, self.config.clip_high)
+        self.check_clip_range()
 
     def advantages(
         self, batch: RolloutBatch, rewards: Tensor, mask: Tensor, values: Tensor | None

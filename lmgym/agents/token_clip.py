@@ -3,11 +3,11 @@
     rho_t = exp(lp_t - lp_old_t)
     l_t = max(-A_t rho_t, -A_t clip(rho_t, 1 - clip_low, 1 + clip_high))     (the default)
 
-PPO, GRPO (and Dr. GRPO) and REINFORCE++ differ in their advantages, not in this
-rule; CISPO clips its importance weight over an interval of the same form under
+PPO, GRPO (and Dr. GRPO), REINFORCE++, RLOO and ReMax differ in their advantages,
+not in this rule; CISPO clips its importance weight over an interval of the same form under
 its own names (``weight_low``, ``weight_high``). A mixin gives them one copy of the
-``policy_loss`` / ``clip_range`` pair; ``check_clip`` is the check of such an
-interval that each of them runs on its config.
+``policy_loss`` / ``clip_range`` pair and ``check_clip_range``, ``check_clip`` on that
+interval, which each of them runs on its config.
 """
 
 from __future__ import annotations
@@ -67,3 +67,7 @@ class TokenClip:
     def clip_range(self) -> tuple[float, float]:
         low, high = self.clip_fields
         return getattr(self.config, low), getattr(self.config, high)
+
+    def check_clip_range(self) -> None:
+        """``check_clip`` on this agent's interval, errors naming its own config fields."""
+        check_clip(*self.clip_range(), *self.clip_fields)

@@ -23,8 +23,8 @@ SEEDS = (0, 1, 2)
 # algorithm -> (config overrides, env reward mode, iteration budget). Budgets: about
 # 1.5x the most iterations any of the seeds needed when measured, to a rolling 0.95
 # (benchmarks/results/stability_notes.md): 76-101 for the one-step agents, GSPO,
-# GSPO-token and VAPO, 33-49 for the PPO family, 40-58 for GRPO, Dr. GRPO and RLOO,
-# 69-87 (to 0.9) for ReMax.
+# GSPO-token and VAPO, 33-49 for the PPO family, 40-58 for GRPO and Dr. GRPO; to a
+# rolling 0.9 at lmgym bench's settings, 31-38 for RLOO and 69-87 for ReMax.
 CASES = {
     "reinforce": ({}, "per_token", 150),
     "rloo": ({}, "bandit", 100),
