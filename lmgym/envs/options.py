@@ -32,6 +32,15 @@ PerTokenForm = Literal["potential", "dense"]
 Unfinished = Literal["score", "penalty", "mask"]
 PromptOrder = Literal["shuffle", "sequential"]
 RenderMode = Literal["ansi"]
+OnResponderTimeout = Literal["penalty", "raise"]
+
+#: The options only a multi-turn env (built with a responder) takes, and the value
+#: that means "not set" for each.
+TURN_OPTIONS: dict[str, Any] = {
+    "max_turns": None,
+    "max_turn_tokens": None,
+    "responder_timeout": None,
+}
 
 #: The token budget of an env whose options and task leave ``max_new_tokens`` unset.
 DEFAULT_MAX_NEW_TOKENS = 32
@@ -58,6 +67,17 @@ class EnvOptions:
             turns an episode may have; an episode whose responder has not ended it
             by then is truncated. ``None``: no turn limit (the token budget still
             bounds it).
+        max_turn_tokens: Multi-turn envs only: the most tokens one policy turn may
+            have; a turn that reaches it without a stop id truncates the episode
+            there, as the budget does. ``None``: only the budget bounds a turn.
+        responder_timeout: Multi-turn envs with a concurrent responder (``async def
+            respond`` or ``thread_safe = True``) only: seconds each per-row call may
+            take; ``None``: no limit (``lmgym.envs.turn_calls``).
+        on_responder_timeout: What a late call means: ``"penalty"`` ends that row's
+            episode as a cut-off one (``truncated``, no turn reward; under
+            ``unfinished="penalty"`` its return is exactly ``unfinished_penalty``),
+            ``"raise"`` raises ``ResponderTimeout`` naming the rows (the env is left
+            as it was).
         reward_mode: ``"bandit"`` (one score at the end) or ``"per_token"``.
         per_token_form: ``"potential"`` (differences of prefix scores) or ``"dense"``
             (the prefix score itself); per-token mode only.
@@ -85,6 +105,9 @@ class EnvOptions:
     max_new_tokens: int | None = None
     max_prompt_length: int | None = None
     max_turns: int | None = None
+    max_turn_tokens: int | None = None
+    responder_timeout: float | None = None
+    on_responder_timeout: OnResponderTimeout = "penalty"
     reward_mode: RewardMode = "bandit"
     per_token_form: PerTokenForm = "potential"
     center_potential: bool = False
@@ -111,6 +134,20 @@ class EnvOptions:
             _check_positive("max_new_tokens", self.max_new_tokens)
         if self.max_turns is not None:
             _check_positive("max_turns", self.max_turns)
+        if self.max_turn_tokens is not None:
+            _check_positive("max_turn_tokens", self.max_turn_tokens)
+        if self.responder_timeout is not None:
+            timeout = self.responder_timeout
+            if (
+                isinstance(timeout, bool)
+                or not isinstance(timeout, int | float | np.integer | np.floating)
+                or not 0 < timeout < float("inf")
+            ):
+                raise ValueError(
+                    f"responder_timeout={timeout!r}: must be a positive number of seconds "
+                    "(or None: no limit)"
+                )
+            object.__setattr__(self, "responder_timeout", float(timeout))
         # Frozen: the normalised values are written once, here.
         object.__setattr__(self, "shard", check_shard(self.shard))
         object.__setattr__(self, "device", torch.device(self.device))

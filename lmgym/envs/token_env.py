@@ -68,12 +68,15 @@ environment's answers. The completion region ``[Lp, Lp + L)`` then holds policy
 turn 1, observation 1, policy turn 2, ... back to back; ``max_new_tokens`` is the
 budget of the whole region and ``info["length"]`` counts every token in it. A policy
 turn ends at a stop id; the env then calls ``responder.respond`` once for all rows
-that just ended a turn and, per row: ``done`` -> ``terminated``; else the
+that just ended a turn (once per row, concurrently, with ``responder_timeout``, for
+a concurrent responder: ``lmgym.envs.turn_calls``) and, per row: ``done`` ->
+``terminated`` (the responder's ``truncated`` -> ``truncated``); else the
 observation, rendered to ids once (``lmgym.envs.turn_render``: a chat turn plus the
 next assistant header for a chat prompt, the text as it is for a plain prompt, token
 ids as given), is written right after the stop token and the row goes on. The
-episode is ``truncated``, with nothing written, after ``max_turns`` policy turns or
-when the remaining budget cannot hold the observation plus one policy token. The
+episode is ``truncated``, with nothing written, after ``max_turns`` policy turns,
+when the remaining budget cannot hold the observation plus one policy token, or
+when a policy turn reaches ``max_turn_tokens`` without a stop id. The
 turn's reward is the reward of the step that ended the turn; a reward model, if
 given too, scores the whole region (policy and environment tokens) once at the
 episode's end (``reward_mode="bandit"`` only), added to that step's reward. The
@@ -108,7 +111,7 @@ from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
 from lmgym.envs.action_space import TokenActionSpace
-from lmgym.envs.options import EnvOptions
+from lmgym.envs.options import TURN_OPTIONS, EnvOptions
 from lmgym.envs.prompts import RowColumns, build_prompt_table
 from lmgym.envs.rewards import call_reward
 from lmgym.envs.stream import PromptStream
@@ -262,6 +265,9 @@ class TokenVectorEnv(VectorEnv):
     tokenizer = _Option()
     device = _Option()
     max_turns = _Option()
+    max_turn_tokens = _Option()
+    responder_timeout = _Option()
+    on_responder_timeout = _Option()
 
     def __init__(
         self,
@@ -339,6 +345,9 @@ class TokenVectorEnv(VectorEnv):
                 prompt_width=self.prompt_width,
                 pad_token_id=self.pad_token_id,
                 hidden_stop_ids=self._hidden_stop_ids.to(self.device),
+                max_turn_tokens=self.max_turn_tokens,
+                responder_timeout=self.responder_timeout,
+                on_responder_timeout=self.on_responder_timeout,
             )
         self.single_observation_space = spaces.Dict(observation)
         self.single_action_space = TokenActionSpace(self.vocab_size, self.refused_token_ids)
@@ -353,11 +362,12 @@ class TokenVectorEnv(VectorEnv):
 
     def _check_turn_options(self) -> None:
         if self.responder is None:
-            if self.max_turns is not None:
-                raise ValueError(
-                    f"max_turns={self.max_turns}: only a multi-turn env has turns; pass a "
-                    "responder, or leave max_turns None"
-                )
+            for name, unset in TURN_OPTIONS.items():
+                if getattr(self.options, name) != unset:
+                    raise ValueError(
+                        f"{name}={getattr(self.options, name)}: only a multi-turn env has "
+                        f"turns; pass a responder, or leave {name} {unset}"
+                    )
             return
         if self.reward_mode != "bandit":
             raise ValueError(

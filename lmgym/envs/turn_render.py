@@ -19,6 +19,17 @@ never re-rendered nor re-tokenized.
 - Text for a row whose prompt is plain text is tokenized as it is, without special
   tokens (``tokenizer(text, add_special_tokens=False)``): the env adds no separator,
   so put any you want (a newline, ``"Answer:"``) in the text.
+
+Bounded by the budget. Each row says how many ids it can still take (``caps``); an
+observation longer than that is not rendered, and ``render`` answers ``None`` for
+it (the env truncates the episode). The bound is applied *before* tokenizing: a
+text longer than ``(cap + 1) * M`` characters, ``M`` the longest token's text in
+the vocabulary, is tokenized only that far (a token covers at most ``M``
+characters, so that prefix alone already holds more than ``cap`` tokens), and a
+list of ids longer than ``cap`` is not looked at. A 16 MB observation against a
+24-token budget costs what a 24-token one does. (A tokenizer whose normalizer
+deletes characters, e.g. one that drops whitespace, can make that prefix
+shorter than ``cap + 1`` tokens; the text is then tokenized in full.)
 """
 
 from __future__ import annotations
@@ -59,6 +70,16 @@ class ObservationRenderer:
         self.vocab_size = len(tokenizer)
         self._closers: dict[int, str] = {}
         self._context: str | None = None
+        self._longest_token: int | None = None
+
+    @property
+    def longest_token(self) -> int:
+        """``M``: the most characters one token's text has (the vocabulary's longest
+        entry, at least 1), computed once."""
+        if self._longest_token is None:
+            vocab = self.tokenizer.get_vocab()
+            self._longest_token = max([1, *(len(t) for t in vocab)])
+        return self._longest_token
 
     def render(
         self,
@@ -66,7 +87,8 @@ class ObservationRenderer:
         prompts: Sequence[Prompt],
         stop_ids: Sequence[int],
         rows: Sequence[int],
-    ) -> list[list[int]]:
+        caps: Sequence[int] | None = None,
+    ) -> list[list[int] | None]:
         """The ids of ``k`` observations; the texts are tokenized in one batched call.
 
         Args:
@@ -74,31 +96,57 @@ class ObservationRenderer:
             prompts: The rows' prompts (a chat prompt makes text a chat turn).
             stop_ids: The id that ended each row's policy turn.
             rows: The env rows, for errors.
+            caps: Per row, the most ids it can take (may be below 0); ``None``: no cap.
+
+        Returns:
+            Per row, its ids, or ``None`` where they would be more than its cap (the
+            observation is then tokenized no further than needed to know it).
 
         Raises:
             ResponderError: ``None``, an id outside the vocabulary, or neither text nor ids.
         """
-        out: list[list[int]] = []
+        out: list[list[int] | None] = []
         texts: list[str] = []
         text_at: list[int] = []
-        for observation, prompt, stop_id, row in zip(
-            observations, prompts, stop_ids, rows, strict=True
+        limits = [None] * len(rows) if caps is None else [int(c) for c in caps]
+        cut: list[bool] = []
+        for observation, prompt, stop_id, row, cap in zip(
+            observations, prompts, stop_ids, rows, limits, strict=True
         ):
             if isinstance(observation, str):
+                # At most (cap + 1) * M characters are needed to know a text overflows cap.
+                longest = None if cap is None else max(cap + 1, 0) * self.longest_token
+                shortened = longest is not None and len(observation) > longest
+                if shortened:
+                    observation = observation[:longest]
                 text_at.append(len(out))
+                cut.append(shortened)
                 texts.append(
                     self._chat_turn(observation, stop_id) if is_chat(prompt) else observation
                 )
                 out.append([])
             else:
-                out.append(self._ids(observation, row))
+                out.append(self._ids(observation, row, cap))
         if texts:
-            encoded = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
-            for j, ids in zip(text_at, encoded, strict=True):
-                out[j] = list(ids)
+            encoded = self._encode(texts)
+            for j, ids, shortened in zip(text_at, encoded, cut, strict=True):
+                cap = limits[j]
+                if shortened and cap is not None and len(ids) <= cap:
+                    # A normalizer deleted characters: only the whole text can tell.
+                    full = observations[j]
+                    assert isinstance(full, str)
+                    ids = self._encode(
+                        [self._chat_turn(full, stop_ids[j]) if is_chat(prompts[j]) else full]
+                    )[0]
+                out[j] = None if cap is not None and len(ids) > cap else list(ids)
         return out
 
-    def _ids(self, observation: object, row: int) -> list[int]:
+    def _encode(self, texts: list[str]) -> list[list[int]]:
+        return list(self.tokenizer(texts, add_special_tokens=False)["input_ids"])
+
+    def _ids(self, observation: object, row: int, cap: int | None = None) -> list[int] | None:
+        """The ids of one observation given as ids, checked; ``None`` if more than
+        ``cap`` (they are then not checked: the row cannot take them anyway)."""
         where = f"responder {self.responder_name!r}: the observation for env row {row}"
         if observation is None:
             raise ResponderError(
@@ -110,12 +158,16 @@ class ObservationRenderer:
                 raise ResponderError(
                     f"{where} has shape {tuple(observation.shape)}; token ids must be 1-D"
                 )
+            if cap is not None and observation.shape[0] > cap:
+                return None
             observation = observation.tolist()
         if not isinstance(observation, Sequence) or isinstance(observation, bytes):
             raise ResponderError(
                 f"{where} is a {type(observation).__name__}; return a string (rendered by "
                 "the env) or a sequence of token ids"
             )
+        if cap is not None and len(observation) > cap:
+            return None
         ids = list(observation)
         for i in ids:
             if (

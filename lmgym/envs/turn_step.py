@@ -8,11 +8,18 @@ states, turn rewards and episode ends. Like the rest of ``step`` it is pure: it
 builds new tensors and a new tuple of states and writes nothing, so the env commits
 them together with everything else, or not at all.
 
-Per ended row: the responder says ``done`` -> ``terminated``; otherwise its
-observation is rendered to ids once (``lmgym.envs.turn_render``) and written right
-after the stop token, unless the episode has had ``max_turns`` policy turns or the
-row's remaining budget cannot hold the observation plus one more policy token: then
-it is ``truncated`` and nothing is written.
+Per ended row: the responder says ``done`` -> ``terminated`` (its ``truncated``
+-> ``truncated``); otherwise its observation is rendered to ids once
+(``lmgym.envs.turn_render``, tokenized no further than the row's remaining budget)
+and written right after the stop token, unless the episode has had ``max_turns``
+policy turns or the row's remaining budget cannot hold the observation plus one
+more policy token: then it is ``truncated`` and nothing is written. A row whose
+concurrent responder call ran past ``responder_timeout`` under
+``on_responder_timeout="penalty"`` is ``truncated`` too, with no turn reward
+(``lmgym.envs.turn_calls`` calls the responder).
+
+A live row whose current policy turn reaches ``max_turn_tokens`` tokens without a
+stop id is ``truncated`` there, as one that reaches the budget.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from transformers import PreTrainedTokenizerBase
 from lmgym.envs.prompts import PromptTable, RowColumns
 from lmgym.envs.rewards import to_float
 from lmgym.envs.text import completion_texts
+from lmgym.envs.turn_calls import OnTimeout, ResponderCaller
 from lmgym.envs.turn_render import ObservationRenderer, pad_ids
 from lmgym.envs.turns import (
     EpisodeStart,
@@ -48,7 +56,9 @@ class TurnStep(NamedTuple):
         states: the ``N`` responder states.
         rewards: ``[N] float32`` the turn rewards (0 where no turn ended).
         terminated: ``[N] bool`` the responder ended the episode.
-        truncated: ``[N] bool`` cut at ``max_turns`` or for want of budget.
+        truncated: ``[N] bool`` cut at ``max_turns``, for want of budget, at
+            ``max_turn_tokens``, by the responder (``TurnOutput.truncated``) or
+            after a late call (``responder_timeout``).
     """
 
     changes: dict[str, Tensor]
@@ -70,6 +80,13 @@ class TurnStepper:
         prompt_width: ``Lp``.
         pad_token_id: The env's pad id.
         hidden_stop_ids: ``[S] int64`` stop ids left out of a turn's text.
+        max_turn_tokens: The most tokens of one policy turn, or ``None``.
+        responder_timeout: Seconds per concurrent responder call, or ``None``.
+        on_responder_timeout: ``"penalty"`` or ``"raise"`` (``lmgym.envs.turn_calls``).
+
+    Raises:
+        TypeError: ``responder`` is not a ``Responder``.
+        ValueError: a bad role, or a timeout for a responder that is not concurrent.
     """
 
     def __init__(
@@ -83,6 +100,9 @@ class TurnStepper:
         prompt_width: int,
         pad_token_id: int,
         hidden_stop_ids: Tensor,
+        max_turn_tokens: int | None = None,
+        responder_timeout: float | None = None,
+        on_responder_timeout: OnTimeout = "penalty",
     ) -> None:
         if not isinstance(responder, Responder):
             raise TypeError(
@@ -104,6 +124,10 @@ class TurnStepper:
         self.pad_token_id = pad_token_id
         self.hidden_stop_ids = hidden_stop_ids
         self.renderer = ObservationRenderer(tokenizer, responder.role, self.name)
+        self.max_turn_tokens = max_turn_tokens
+        self.caller = ResponderCaller(
+            responder, self.name, timeout=responder_timeout, on_timeout=on_responder_timeout
+        )
 
     def _columns(self, index: list[int]) -> Mapping[str, Sequence[Any]]:
         return RowColumns(self.table.columns, index) if self.table.columns else {}
@@ -124,7 +148,7 @@ class TurnStepper:
         )
         row_list = rows.tolist()
         try:
-            new = list(self.responder.start(episodes))
+            new = self.caller.start(episodes)
         except Exception as err:
             raise ResponderError(
                 f"responder {self.name!r}: start() raised {type(err).__name__}: {err} "
@@ -157,9 +181,10 @@ class TurnStepper:
         n = ended.numel()
         zeros = torch.zeros(n, device=ended.device)
         false = torch.zeros(n, dtype=torch.bool, device=ended.device)
+        capped = self._capped(rows_state, ended)
         rows = ended.nonzero().squeeze(1)
         if rows.numel() == 0:
-            return TurnStep({}, states, zeros, false, false)
+            return TurnStep({}, states, zeros, false, capped)
         row_list = rows.tolist()
         turn_ids, turn_length = self._turn_ids(rows_state, rows)
         turn_index = rows_state.turn[rows] + 1
@@ -180,44 +205,55 @@ class TurnStepper:
             turn_index=turn_index.clone(),  # the env keeps turn_index: no aliasing
             states=[states[r] for r in row_list],
         )
-        try:
-            answer = self.responder.respond(turns)
-        except Exception as err:
-            raise ResponderError(
-                f"responder {self.name!r}: respond() raised {type(err).__name__}: {err} "
-                f"(answering env rows {row_list})"
-            ) from err
-        rewards, done = self._checked(answer, row_list, rows.device)
+        answers = self.caller.respond(turns, row_list)
+        answer = answers.output
+        rewards, done, cut = self._checked(answer, row_list, rows.device)
+        late = torch.tensor(answers.timed_out, dtype=torch.bool, device=rows.device)
+        over = done | cut | late  # the episode ends here whatever else holds
         stop_ids = turn_ids.gather(1, (turn_length - 1)[:, None])[:, 0].tolist()
         under_limit = (
             torch.ones_like(done) if self.max_turns is None else turn_index < self.max_turns
         )
+        # An observation may take what the budget leaves after it for one policy token.
+        caps = (self.budget - rows_state.length[rows] - 1).tolist()
         # Only rows that may go on are rendered: a finished row's observation is unused.
-        shown = (~done & under_limit).nonzero().squeeze(1).tolist()
+        shown = (~over & under_limit).nonzero().squeeze(1).tolist()
         rendered = self.renderer.render(
             [answer.observations[j] for j in shown],
             [prompts[j] for j in shown],
             [stop_ids[j] for j in shown],
             [row_list[j] for j in shown],
+            [caps[j] for j in shown],
         )
         observation_ids: list[list[int]] = [[] for _ in row_list]
+        fits = torch.zeros_like(done)
         for j, ids in zip(shown, rendered, strict=True):
-            observation_ids[j] = ids
+            if ids is not None:  # None: more than the row's budget can hold
+                observation_ids[j], fits[j] = ids, True
         size = torch.tensor([len(o) for o in observation_ids], device=rows.device)
-        room = self.budget - rows_state.length[rows]
-        go_on = ~done & under_limit & (size + 1 <= room)
+        go_on = ~over & under_limit & fits
         changes = self._appended(rows_state, rows, observation_ids, torch.where(go_on, size, 0))
         changes["turn"] = rows_state.turn.index_put((rows,), turn_index)
         new_states = list(states)
-        for r, s in zip(row_list, answer.states, strict=True):
-            new_states[r] = s
+        for r, s, is_late in zip(row_list, answer.states, answers.timed_out, strict=True):
+            if not is_late:
+                new_states[r] = s
+        terminated = done & ~cut & ~late
         return TurnStep(
             changes,
             tuple(new_states),
-            zeros.index_put((rows,), rewards),
-            false.index_put((rows,), done),
-            false.index_put((rows,), ~done & ~go_on),
+            zeros.index_put((rows,), torch.where(late, 0.0, rewards)),
+            false.index_put((rows,), terminated),
+            capped | false.index_put((rows,), ~terminated & ~go_on),
         )
+
+    def _capped(self, rows_state: Any, ended: Tensor) -> Tensor:
+        """``[N] bool`` live rows whose policy turn reached ``max_turn_tokens`` tokens
+        this step without ending (all ``False`` without a cap)."""
+        if self.max_turn_tokens is None:
+            return torch.zeros_like(ended)
+        turn_length = rows_state.length - rows_state.turn_start
+        return ~rows_state.done & ~ended & (turn_length >= self.max_turn_tokens)
 
     def _turn_ids(self, rows_state: Any, rows: Tensor) -> tuple[Tensor, Tensor]:
         """The ended turns' ids, left-aligned: ``[k, W] int64`` and ``[k]`` lengths."""
@@ -253,25 +289,12 @@ class TurnStepper:
         }
 
     def _checked(
-        self, answer: object, row_list: list[int], device: torch.device
-    ) -> tuple[Tensor, Tensor]:
-        """The answer's ``[k] float32`` rewards and ``[k] bool`` done, after checking it
-        answers every row with a finite reward and a bool."""
+        self, answer: TurnOutput, row_list: list[int], device: torch.device
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """The answer's ``[k] float32`` rewards, ``[k] bool`` done and ``[k] bool``
+        truncated, after checking (its shape checked by ``check_answer_shape``) that
+        it answers every row with a finite reward and bools."""
         where = f"responder {self.name!r}: respond()"
-        if not isinstance(answer, TurnOutput):
-            raise ResponderError(
-                f"{where} returned a {type(answer).__name__}; return a TurnOutput "
-                "(lmgym.envs.turns)"
-            )
-        k = len(row_list)
-        for field in ("observations", "rewards", "done", "states"):
-            values = getattr(answer, field)
-            size = len(values) if hasattr(values, "__len__") else None
-            if size != k:
-                raise ResponderError(
-                    f"{where} answered {size} {field} for {k} rows (env rows {row_list}); "
-                    "return one per row, in TurnInput's order"
-                )
         rewards = []
         for j, value in enumerate(answer.rewards):
             try:  # the reward models' rule: a real number (a string "1" is not one)
@@ -283,16 +306,21 @@ class TurnStepper:
                     f"{where} gave env row {row_list[j]} the reward {value!r}; a turn "
                     "reward must be a finite number"
                 )
-        done = []
-        for j, value in enumerate(answer.done):
-            if isinstance(value, Tensor) and value.numel() == 1:
-                value = value.item()
-            if not isinstance(value, bool | np.bool_):
-                raise ResponderError(
-                    f"{where} gave env row {row_list[j]} done={value!r}; expected a bool"
-                )
-            done.append(bool(value))
+        cut = [False] * len(row_list) if answer.truncated is None else answer.truncated
+        flags = {"done": answer.done, "truncated": cut}
+        checked: dict[str, list[bool]] = {}
+        for field, values in flags.items():
+            checked[field] = []
+            for j, value in enumerate(values):
+                if isinstance(value, Tensor) and value.numel() == 1:
+                    value = value.item()
+                if not isinstance(value, bool | np.bool_):
+                    raise ResponderError(
+                        f"{where} gave env row {row_list[j]} {field}={value!r}; expected a bool"
+                    )
+                checked[field].append(bool(value))
         return (
             torch.tensor(rewards, dtype=torch.float32, device=device),
-            torch.tensor(done, dtype=torch.bool, device=device),
+            torch.tensor(checked["done"], dtype=torch.bool, device=device),
+            torch.tensor(checked["truncated"], dtype=torch.bool, device=device),
         )

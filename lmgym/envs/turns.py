@@ -16,6 +16,22 @@ after the whole step has succeeded, so a responder that raises (or answers the
 wrong number of rows) leaves the env exactly as it was, the same promise a reward
 model gets. A responder must therefore not mutate the states it is given (return
 new ones; an immutable tuple or a frozen record is the safe choice).
+
+Concurrent responders. A responder whose ``respond`` is ``async def``, or that
+declares ``thread_safe = True``, is called once *per row*: the env runs the calls
+for all the rows that ended a turn at the same time (an event loop the env keeps on
+a thread of its own for ``async``; one thread per call otherwise), each with
+``TurnInput`` of one row, and assembles the answers in row order, so a slow row
+does not hold up the others and the outcome does not depend on which call finished
+first (determinism under a seed is kept as long as a call's answer depends on its
+row alone: draw any randomness from the row's state, not from a shared RNG). The
+env option ``responder_timeout`` (seconds, ``None``: no limit) bounds each call,
+and ``on_responder_timeout`` says what a late call means (``lmgym.envs.turn_calls``):
+``"penalty"`` (default) ends that row's episode as a cut-off one (``truncated``,
+no turn reward, the env's ``unfinished`` policy applies: under ``"penalty"`` its
+return is exactly ``unfinished_penalty``, the task's penalty); ``"raise"`` raises
+``ResponderTimeout`` naming the rows, with the env left as it was. A responder that
+declares neither is called once per step, batched, as before, and takes no timeout.
 """
 
 from __future__ import annotations
@@ -40,6 +56,16 @@ class ResponderError(ValueError):
     that is neither text nor in-vocabulary token ids. The message names the
     responder and the env row(s). The env is left exactly as it was before the
     call (the same promise as ``RewardError``), so the call can be retried.
+    """
+
+
+class ResponderTimeout(ResponderError):
+    """A concurrent responder's call for a row did not answer within
+    ``responder_timeout`` and the env was built with ``on_responder_timeout="raise"``.
+
+    The message names the responder, the env row(s) and the timeout; the env is left
+    exactly as it was before the step (the late call's answer, if it ever comes, is
+    dropped).
     """
 
 
@@ -104,12 +130,18 @@ class TurnOutput:
         rewards: ``k`` floats, the reward of the turn that just ended.
         done: ``k`` bools, the episode is over (the env reports ``terminated``).
         states: ``k`` new states (ignored for rows that are done).
+        truncated: ``k`` bools or ``None`` (all ``False``): the environment cut the
+            episode short (a time limit, as a Gymnasium env's ``truncated``) rather
+            than ended it. Such a row's episode is over whatever its ``done`` says,
+            and the env reports it ``truncated``, not ``terminated`` (a value-based
+            agent bootstraps there).
     """
 
     observations: Sequence[str | Sequence[int] | None]
     rewards: Sequence[float]
     done: Sequence[bool]
     states: Sequence[Any]
+    truncated: Sequence[bool] | None = None
 
 
 @runtime_checkable
@@ -119,6 +151,10 @@ class Responder(Protocol):
     Attributes:
         role: the chat role its text observations are rendered as (``"user"`` for a
             game or feedback, ``"tool"`` for a tool result).
+
+    Optional: ``thread_safe = True`` (or an ``async def respond``) makes the env call
+    ``respond`` once per row, concurrently (see the module docstring); ``start`` may
+    be ``async def`` too (it is still called once, batched).
     """
 
     role: ObservationRole

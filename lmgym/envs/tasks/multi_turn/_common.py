@@ -22,6 +22,7 @@ class Reply:
     reward: float
     done: bool
     state: Any
+    truncated: bool = False
 
 
 def frame(text: str | None, prompt: Prompt) -> str | None:
@@ -35,12 +36,15 @@ def frame(text: str | None, prompt: Prompt) -> str | None:
 
 def turn_output(replies: Sequence[Reply], prompts: Sequence[Prompt]) -> TurnOutput:
     """The ``TurnOutput`` of per-row replies (in row order), their observations
-    ``frame``-d for each row's prompt."""
+    ``frame``-d for each row's prompt (``truncated`` is ``None`` when no reply is)."""
     return TurnOutput(
         observations=[frame(r.observation, p) for r, p in zip(replies, prompts, strict=True)],
         rewards=[float(r.reward) for r in replies],
         done=[bool(r.done) for r in replies],
         states=[r.state for r in replies],
+        truncated=[bool(r.truncated) for r in replies]
+        if any(r.truncated for r in replies)
+        else None,
     )
 
 

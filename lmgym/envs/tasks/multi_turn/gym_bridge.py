@@ -15,11 +15,22 @@ observation is the parse error, naming the valid moves (``"unknown move: jump.
 write one of left, down, right, up, or 0-3"``); the episode goes on, and the
 env's ``max_turns`` bounds how long.
 
+Ends. The Gymnasium env's ``terminated`` ends the episode as ``done`` (the env
+reports ``terminated``); its ``truncated`` (a ``TimeLimit``) as ``truncated``
+(``TurnOutput.truncated``: the env reports ``truncated``, not ``terminated``).
+
 State. A row's responder state is ``GameState(seed, actions)``: the game seed and
-the actions taken so far. ``respond`` replays them on a Gymnasium env the
-responder keeps (one per thread), from ``reset(seed=seed)`` (the toy-text envs are
-tiny and, given the seed, deterministic, their randomness included), so states are
-immutable values and nothing leaks between rows or survives a failed step.
+the actions taken so far, which is what it compares by. It also carries the *live
+game*: the Gymnasium env standing at that state, owned by that state alone, which
+the next move steps on (no replay: a game whose randomness is not drawn from
+``reset(seed=...)`` plays on as one game), and a digest of every observation,
+reward and end seen so far. A state with no live game (one made by hand, a pickled
+copy, or an old state the env retries after a failed step: its game moved on with
+the answer that was dropped) is replayed from ``reset(seed=seed)`` on a spare env,
+and a replay that does not read exactly as the digest says is refused
+(``ValueError``, naming the game and the seed: the game is not deterministic given
+its seed, so it cannot be retried or copied) instead of silently showing other
+observations. States are still immutable values; nothing leaks between rows.
 
 The built-in games (FrozenLake, CliffWalking, Taxi, Blackjack) and how each reads
 as text are in ``lmgym.envs.tasks.multi_turn.games``. Any other discrete env: ``TextGame.generic(env_id)`` (numbers as moves,
@@ -30,6 +41,7 @@ split into train/eval like the other tasks.
 
 from __future__ import annotations
 
+import hashlib
 import numbers
 import string
 import threading
@@ -59,12 +71,50 @@ def render_generic(env: Any, obs: Any) -> str:
     return f"observation: {obs}"
 
 
+class LiveGame:
+    """A Gymnasium env standing at one ``GameState``; whoever ``take``s it first owns
+    it. Pickled or copied, it is empty (a Gymnasium env does not travel)."""
+
+    def __init__(self, env: gym.Env | None = None) -> None:
+        self._env = env
+        self._lock = threading.Lock()
+
+    def take(self) -> gym.Env | None:
+        """The env (``None`` if taken already); afterwards this holds none."""
+        with self._lock:
+            env, self._env = self._env, None
+        return env
+
+    def __reduce__(self) -> tuple[type[LiveGame], tuple[()]]:
+        return (LiveGame, ())
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> LiveGame:
+        return LiveGame()
+
+
+def step_digest(digest: str, action: int, text: str, reward: float, ends: tuple[bool, bool]) -> str:
+    """The digest after one move: of the one before, the action, the observation's
+    text, the reward and ``(terminated, truncated)`` (stable across processes)."""
+    record = f"{digest}|{action}|{text}|{reward!r}|{ends}".encode()
+    return hashlib.blake2b(record, digest_size=12).hexdigest()
+
+
 @dataclass(frozen=True)
 class GameState:
-    """One episode of a bridged game: its seed and the actions taken so far."""
+    """One episode of a bridged game: its seed and the actions taken so far.
+
+    Attributes:
+        seed: the game seed (``reset(seed=seed)``).
+        actions: the actions taken so far.
+        digest: ``step_digest`` of every move so far (``""`` before the first);
+            ``None`` for a state made by hand (its replay is not checked).
+        live: the Gymnasium env standing at this state, if any (not compared).
+    """
 
     seed: int
     actions: tuple[int, ...] = ()
+    digest: str | None = field(default=None, compare=False, repr=False)
+    live: LiveGame | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -154,37 +204,70 @@ class GymResponder:
         self.game = game
         self.invalid_penalty = float(invalid_penalty)
         self.column = column
-        self._local = threading.local()  # one Gymnasium env per thread, made on first use
+        self._spare: list[gym.Env] = []  # envs of finished games, reused by new ones
+        self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"GymResponder({self.game.env_id!r}, invalid_penalty={self.invalid_penalty})"
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled (or deep-copied) without its Gymnasium envs; a copy makes its own."""
-        return {k: v for k, v in self.__dict__.items() if k != "_local"}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_spare", "_lock")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._local = threading.local()
+        self._spare, self._lock = [], threading.Lock()
 
-    @property
-    def env(self) -> gym.Env:
-        """This thread's Gymnasium env, which every replay resets (made on first use)."""
-        env = getattr(self._local, "env", None)
-        if env is None:
-            env = self._local.env = gym.make(self.game.env_id, **self.game.kwargs)
-        return env
+    def _spare_env(self) -> gym.Env:
+        """An env no game stands on (a finished game's, else a new one)."""
+        with self._lock:
+            if self._spare:
+                return self._spare.pop()
+        return gym.make(self.game.env_id, **self.game.kwargs)
+
+    def _release(self, env: gym.Env) -> None:
+        with self._lock:
+            self._spare.append(env)
+
+    def _replayed(self, state: GameState) -> tuple[gym.Env, Any]:
+        """A spare env replayed to ``state`` from ``reset(seed=state.seed)`` and its
+        last observation, after checking the replay against ``state.digest``.
+
+        Raises:
+            ValueError: the replay reads otherwise than the episode did.
+        """
+        env = self._spare_env()
+        obs, _ = env.reset(seed=state.seed)
+        digest = ""
+        for action in state.actions:
+            obs, step_reward, terminated, truncated, _ = env.step(action)
+            text = self.game.render(env.unwrapped, obs)
+            ends = (bool(terminated), bool(truncated))
+            digest = step_digest(digest, action, text, float(step_reward), ends)
+        if state.digest is not None and digest != state.digest:
+            self._release(env)
+            raise ValueError(
+                f"GymResponder({self.game.env_id}): replaying game seed {state.seed} "
+                f"(moves {list(state.actions)}) from reset(seed={state.seed}) shows other "
+                "observations than the episode saw: the game is not deterministic given "
+                "its seed (it draws from an RNG other than the env's np_random), so its "
+                "state cannot be replayed (a retried step, a copied state); seed all its "
+                "randomness in reset(seed=...)"
+            )
+        return env, obs
 
     def play(self, state: GameState) -> tuple[str, float, bool]:
         """``(observation text, reward of the last action, episode over)`` after
-        ``reset(seed=state.seed)`` and ``state.actions``, replayed on a fresh episode."""
-        env = self.env
+        ``reset(seed=state.seed)`` and ``state.actions``, replayed on a spare env."""
+        env = self._spare_env()
         obs, _ = env.reset(seed=state.seed)
         reward, over = 0.0, False
         for action in state.actions:
             obs, step_reward, terminated, truncated, _ = env.step(action)
             reward, over = float(step_reward), bool(terminated or truncated)
-        return self.game.render(env.unwrapped, obs), reward, over
+        text = self.game.render(env.unwrapped, obs)
+        self._release(env)
+        return text, reward, over
 
     def first_observation(self, seed: int) -> str:
         """The text of the game's first observation under ``seed``."""
@@ -202,18 +285,38 @@ class GymResponder:
         for j, seed in enumerate(seeds):
             if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
                 raise ValueError(f"GymResponder: row {j}: seed {seed!r} is not an integer")
-            states.append(GameState(int(seed)))
+            states.append(GameState(int(seed), digest=""))
         return states
 
     def reply(self, text: str, state: GameState) -> Reply:
-        """Play one turn: parse the move, step the game (by replaying it)."""
+        """Play one turn: parse the move and step the game on the state's live env
+        (a state without one is replayed first, see the module docstring).
+
+        Raises:
+            ValueError: the state had to be replayed and the game is not deterministic.
+        """
         try:
             action = self.game.parse(text)
         except ValueError as err:
             return Reply(str(err), self.invalid_penalty, False, state)
-        moved = GameState(state.seed, (*state.actions, action))
-        text, reward, over = self.play(moved)
-        return Reply(None if over else text, reward, over, moved)
+        env = state.live.take() if state.live is not None else None
+        if env is None:
+            env, _ = self._replayed(state)
+        obs, step_reward, terminated, truncated, _ = env.step(action)
+        text = self.game.render(env.unwrapped, obs)
+        reward, ends = float(step_reward), (bool(terminated), bool(truncated))
+        over = ends[0] or ends[1]
+        digest = step_digest(state.digest or "", action, text, reward, ends)
+        if state.digest is None:  # a state made by hand: its digest starts with the replay
+            digest = None
+        if over:
+            self._release(env)
+        moved = GameState(
+            state.seed, (*state.actions, action), digest, None if over else LiveGame(env)
+        )
+        return Reply(
+            None if over else text, reward, ends[0], moved, truncated=ends[1] and not ends[0]
+        )
 
     def respond(self, turns: TurnInput) -> TurnOutput:
         """Answer each row's move (see the module docstring)."""
