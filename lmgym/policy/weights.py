@@ -1,6 +1,13 @@
-"""Checks on the weights a policy is given, before anything runs on them."""
+"""Checks on the weights a policy is given, before anything runs on them: the weight
+files of a model directory before transformers reads them (``check_weight_files``),
+and the loaded values (``check_finite_weights``)."""
 
 from __future__ import annotations
+
+import pickle
+import re
+import zipfile
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -34,3 +41,60 @@ def check_finite_weights(model: nn.Module) -> None:
             "training; the model's weight file is damaged or was badly converted, so load "
             "an intact copy of the model"
         )
+
+
+PICKLED_WEIGHTS = ("*.bin", "*.pt", "*.pth")
+"""Weight files transformers reads with ``torch.load`` when a directory has no safetensors."""
+
+
+def check_weight_files(directory: str | Path) -> None:
+    """Refuse, in one line naming the file and the fix, a model directory whose weight
+    file cannot be read, before transformers reads it (and fails with a traceback).
+
+    A ``*.safetensors`` file's header must read (a truncated file's does not); with no
+    safetensors, each ``*.bin`` / ``*.pt`` / ``*.pth`` is loaded as transformers would,
+    ``torch.load(weights_only=True)`` (memory-mapped where the format allows), so a
+    truncated file, or one holding pickled objects other than tensors (a whole pickled
+    module), is named here.
+
+    Raises:
+        ValueError: ``model weights FILE is truncated or damaged (...)`` or ``... holds
+            pickled objects other than tensors (...)``, with the fix.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    directory = Path(directory)
+    safetensors = sorted(directory.glob("*.safetensors"))
+    for file in safetensors:
+        try:
+            with safe_open(str(file), framework="pt") as handle:
+                handle.keys()
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise ValueError(_damaged(file, exc)) from None
+    if safetensors:
+        return  # transformers loads these, never a .bin beside them
+    for file in sorted(p for pattern in PICKLED_WEIGHTS for p in directory.glob(pattern)):
+        try:
+            torch.load(file, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(file))
+        except pickle.UnpicklingError as exc:
+            found = re.search(r"Unsupported global: GLOBAL [\w.]+", str(exc))
+            what = found.group(0) if found else _first_line(exc)
+            raise ValueError(
+                f"model weights {file} holds pickled objects other than tensors ({what}), which "
+                "lmgym does not unpickle; load the model where you trust it and save it with "
+                "save_pretrained (safetensors)"
+            ) from None
+        except (RuntimeError, EOFError, ValueError, OSError) as exc:
+            raise ValueError(_damaged(file, exc)) from None
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+
+
+def _damaged(file: Path, exc: BaseException) -> str:
+    return (
+        f"model weights {file} is truncated or damaged ({type(exc).__name__}: "
+        f"{_first_line(exc)}); get an intact copy of the model (download it again, or "
+        "save_pretrained it again)"
+    )

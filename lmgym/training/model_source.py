@@ -11,7 +11,10 @@ after transformers' network retries:
    error), so ``--model`` takes what ``GRPO("path/or/name", env)`` takes;
 2. a packaged model's name (``smollm2-135m-instruct``, ``lmgym.policy.packaged``) is
    its cached transformers directory, converted from the installed package on first
-   use (without the package: one line naming the install command);
+   use (without the package: one line naming the install command; a damaged cache
+   or GGUF file, or an ``LMGYM_MODEL_CACHE`` that is not a directory: one line
+   naming it and the fix); a bare name close to a packaged one
+   (``smollm2-135m-instrct``) is refused at once, naming the close match;
 3. something that can only be a path (``./m``, ``/m``, ``~/m``, ``a/b/c``, a
    trailing ``/``) and does not exist is an error naming it;
 4. otherwise it is a hub name (``gpt2``, ``org/name``). With ``HF_HUB_OFFLINE`` /
@@ -29,7 +32,14 @@ import socket
 from pathlib import Path
 from urllib.parse import urlparse
 
-from lmgym.policy.packaged import PackagedModelMissingError, is_packaged_name, packaged_model_dir
+from lmgym.policy.packaged import (
+    PACKAGED_MODELS,
+    PackagedModelError,
+    PackagedModelMissingError,
+    close_packaged_names,
+    is_packaged_name,
+    packaged_model_dir,
+)
 
 PROBE_SECONDS = 2.0
 _HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
@@ -108,6 +118,14 @@ def resolve_model(model: str) -> str:
             return str(packaged_model_dir(model))
         except PackagedModelMissingError as exc:
             raise ModelNotFoundError(f"--model {model}: {exc}") from None
+        except PackagedModelError as exc:
+            raise PackagedModelError(f"--model {model}: {exc}") from None
+    close = [] if "/" in model else close_packaged_names(model)
+    if close:
+        raise ModelNotFoundError(
+            f"--model {model}: no such directory, and not a packaged model; did you mean "
+            f"--model {close[0]}? (packaged models: {', '.join(sorted(PACKAGED_MODELS))})"
+        )
     if _looks_like_path(model):
         raise ModelNotFoundError(
             f"--model {model}: no such directory (pass a directory written by save_pretrained, "

@@ -61,12 +61,13 @@ def fake_package(folder: Path, with_file: bool = True) -> importlib.machinery.Mo
 
 
 def stub_convert(calls: list[Path]):
-    """A ``_convert`` that records its target and writes a config and the marker."""
+    """A ``_convert`` that records its target and writes a config and the marker (which
+    records the config's size and hash, as the real one's records every file's)."""
 
     def convert(spec, source: Path, target: Path) -> None:
         calls.append(target)
         (target / "config.json").write_text("{}")
-        (target / MARKER).write_text("{}")
+        packaged._write_marker(spec, target)
 
     return convert
 
@@ -120,7 +121,8 @@ def test_the_cache_location_honours_lmgym_model_cache_then_xdg(tmp_path, monkeyp
 def test_a_complete_directory_is_used_without_the_package_or_a_conversion(cache, monkeypatch):
     target = cache / f"{NAME}-{SPEC.version}"
     target.mkdir(parents=True)
-    (target / MARKER).write_text("{}")
+    (target / "config.json").write_text("{}")
+    packaged._write_marker(SPEC, target)
     hide_modules(monkeypatch, {SPEC.module: None})  # the package is not even needed
 
     def no_conversion(*args: object) -> None:
