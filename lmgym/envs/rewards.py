@@ -17,8 +17,10 @@ The adapters cover the usual sources:
 
 Errors. Anything unusable becomes a ``RewardError`` that names the reward (its
 ``name``) and, where one row is at fault, the row with its prompt and completion:
-a function that raises, returns the wrong number of values, NaN/inf, or something
-that is not a number. ``TokenVectorEnv.step`` computes every reward before it
+a function that raises, returns the wrong number of values or the wrong shape
+(``[N]`` or ``[N, 1]``, never flattened from another shape), NaN/inf, a complex
+number, or something that is not a number. A returned tensor is detached: the env
+never holds a reward model's autograd graph. ``TokenVectorEnv.step`` computes every reward before it
 commits any state, so after a ``RewardError`` the env is exactly as it was and the
 same step can be retried.
 """
@@ -63,8 +65,20 @@ def _row_text(batch: RewardInput, row: int) -> str:
     return f"prompt={batch.prompts[row]!r}, completion={batch.completions[row]!r}"
 
 
+def _is_complex(value: Any) -> bool:
+    """Whether ``value`` is a complex number, or a tensor or array of complex dtype."""
+    if isinstance(value, Tensor):
+        return value.is_complex()
+    if isinstance(value, np.ndarray):
+        return bool(np.iscomplexobj(value))
+    return isinstance(value, complex | np.complexfloating)
+
+
 def to_float(value: Any) -> float:
-    """One reward value as a float; ``TypeError`` for anything but a real number."""
+    """One reward value as a float; ``TypeError`` for anything but a real number (a
+    complex one included: its imaginary part would be dropped)."""
+    if _is_complex(value):
+        raise TypeError(f"{value!r} ({type(value).__name__}) is complex, not a real number")
     if isinstance(value, Real | np.number):  # bool is an int, so it counts
         return float(value)
     if isinstance(value, Tensor) and value.numel() == 1:
@@ -90,19 +104,29 @@ def validate_rewards(
     """Convert a reward output to ``[N] float32`` and reject anything unusable.
 
     Args:
-        values: the reward model's output: ``[N]`` (or ``[N, 1]``) numbers.
+        values: the reward model's output: ``[N]`` (or ``[N, 1]``) real numbers.
         batch: the input it was computed on (``N`` rows).
         reward: the reward model, for the error message.
 
     Returns:
-        ``[N] float32`` on the completions' device.
+        ``[N] float32`` on the completions' device, detached from any autograd graph.
 
     Raises:
-        RewardError: wrong number of values, a value that is not a real number,
-            or NaN/inf; the message names the reward model and the offending row.
+        RewardError: another shape than ``[N]`` / ``[N, 1]`` (named with the expected
+            one), a complex value, a value that is not a real number, or NaN/inf;
+            the message names the reward model and the offending row.
     """
     name = reward_name(reward)
     n = batch.completion_ids.shape[0]
+    complex_row = _complex_row(values)
+    if complex_row is not None:
+        where = (
+            "" if complex_row < 0 else f" for row {complex_row} ({_row_text(batch, complex_row)})"
+        )
+        raise RewardError(
+            f"reward {name!r} returned complex values{where}; rewards must be real numbers "
+            "(return the real part, or abs(), explicitly)"
+        )
     if isinstance(values, str | bytes):
         raise RewardError(
             f"reward {name!r} returned {type(values).__name__} that is not a sequence of "
@@ -120,12 +144,22 @@ def validate_rewards(
             f"reward {name!r} returned {type(values).__name__} that is not a sequence of "
             f"numbers ({err}){where}; return one float per completion"
         ) from err
-    scores = scores.to(batch.completion_ids.device).reshape(-1)
-    if scores.shape[0] != n:
+    # A tensor that requires grad keeps its autograd graph (and the reward model's
+    # activations) alive for as long as the env holds the rewards: detached here.
+    scores = scores.detach().to(batch.completion_ids.device)
+    column = scores.dim() <= 1 or (scores.dim() == 2 and scores.shape[1] == 1)
+    if column and scores.numel() != n:
         raise RewardError(
-            f"reward {name!r} returned {scores.shape[0]} values for {n} completions; "
+            f"reward {name!r} returned {scores.numel()} values for {n} completions; "
             "return exactly one float per completion, in input order"
         )
+    if not column:
+        raise RewardError(
+            f"reward {name!r} returned shape {list(scores.shape)} for {n} completions; "
+            f"return shape [{n}] (or [{n}, 1]): exactly one float per completion, in input "
+            "order"
+        )
+    scores = scores.reshape(-1)
     bad = ~torch.isfinite(scores)
     if bool(bad.any()):
         row = int(bad.nonzero()[0, 0])
@@ -135,6 +169,21 @@ def validate_rewards(
             "rewards must be finite: map failures to a finite penalty instead"
         )
     return scores
+
+
+def _complex_row(values: Any) -> int | None:
+    """The first row of a reward output holding a complex number (-1: the output as a
+    whole is complex, no row named), or ``None``."""
+    if isinstance(values, Tensor | np.ndarray):
+        if not _is_complex(values):
+            return None
+        flat = values.reshape(-1)
+        imaginary = flat.imag != 0
+        hit = imaginary.nonzero()[0] if isinstance(flat, np.ndarray) else imaginary.nonzero()
+        return int(hit[0]) if len(hit) and values.ndim == 1 else -1
+    if isinstance(values, list | tuple):
+        return next((row for row, value in enumerate(values) if _is_complex(value)), None)
+    return None
 
 
 def call_reward(reward: RewardModel, batch: RewardInput) -> Tensor:
@@ -388,7 +437,12 @@ class TokenScoreReward:
                 f"reward {self.name!r} returned {shape}; a per-token scorer must return a "
                 f"tensor of shape {tuple(mask.shape)} ([N, T]: one score per completion token)"
             )
-        scores = torch.where(mask, out.float(), 0.0)
+        if out.is_complex():
+            raise RewardError(
+                f"reward {self.name!r} returned complex token scores; scores must be real "
+                "numbers (return the real part, or abs(), explicitly)"
+            )
+        scores = torch.where(mask, out.detach().float(), 0.0)
         bad = ~torch.isfinite(scores)
         if bool(bad.any()):
             row, col = (int(x) for x in bad.nonzero()[0])
