@@ -12,9 +12,10 @@
 - ``write_errors``: the errors libraries raise on a failed write (a full disk
   inside ``torch.save`` or safetensors) turned into ``OSError`` naming the file.
 
-This package imports nothing from ``lmgym.agents`` or ``lmgym.training``, so both
-can use it without an import cycle: an agent hands it ``state_dict()`` and takes
-back ``load_state_dict(...)``.
+This package imports nothing from ``lmgym.training``, and from ``lmgym.agents`` only
+``lmgym.agents.config.config_from_dict`` (inside ``load_agent``; that module imports
+no agent and nothing of this package), so both can use it without an import cycle:
+an agent hands it ``state_dict()`` and takes back ``load_state_dict(...)``.
 """
 
 from __future__ import annotations

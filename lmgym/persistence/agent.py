@@ -14,9 +14,12 @@ Layout of a saved agent (also ``agent/`` inside a training checkpoint)::
 ``torch.load(weights_only=True)`` (``lmgym.persistence.state``); the weights are
 safetensors, and a policy directory carrying a pickle-based weight file is
 refused. ``load`` verifies the manifest and every safetensors header before it
-reads any file, then rebuilds the agent and hands it ``load_state_dict(state)``:
-this module reads no private field of an agent and imports nothing of
-``lmgym.agents``.
+reads any file, checks ``agent_config.json`` against the copy ``agent_state.pt``
+holds and the optimizer state for NaN, then rebuilds the agent and hands it
+``load_state_dict(state)``: this module reads no private field of an agent. Of
+``lmgym.agents`` it imports one function, when loading:
+``lmgym.agents.config.config_from_dict`` (which reads every stored config), never
+an agent.
 """
 
 from __future__ import annotations
@@ -46,6 +49,9 @@ if TYPE_CHECKING:
 STATE_FILE = "agent_state.pt"
 CONFIG_FILE = "agent_config.json"
 POLICY_DIR = "policy"
+SAVED_CONFIG = "agent_config"
+"""Key of ``agent_state.pt`` holding the config as written to ``agent_config.json``:
+``load_agent`` refuses a config file that no longer matches it."""
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 """Weight formats that unpickle on load: never read from a checkpoint's policy directory."""
 
@@ -110,10 +116,11 @@ def write_agent(agent: SavableAgent, directory: Path) -> None:
             "torch.distributed, transformers writes on rank 0 only). Save on rank 0: the "
             "weights are the same on every data-parallel rank"
         )
-    save_state(agent_state(agent), directory / STATE_FILE, name="agent state")
-    (directory / CONFIG_FILE).write_text(
-        json.dumps({"algorithm": agent.name, **dataclasses.asdict(agent.config)}, indent=2)
-    )
+    config = json.dumps({"algorithm": agent.name, **dataclasses.asdict(agent.config)}, indent=2)
+    state = agent_state(agent)
+    state[SAVED_CONFIG] = json.loads(config)  # checked against CONFIG_FILE on load
+    save_state(state, directory / STATE_FILE, name="agent state")
+    (directory / CONFIG_FILE).write_text(config)
     write_manifest(directory)
 
 
@@ -185,6 +192,75 @@ def check_safetensors(directory: Path) -> None:
             ) from None
 
 
+def check_saved_config(path: Path, written: dict[str, Any], saved: dict[str, Any] | None) -> None:
+    """Refuse an ``agent_config.json`` that differs from the config saved with the agent.
+
+    The manifest catches a file changed afterwards unless the manifest was recomputed
+    too; then the checkpoint's config would silently differ from the one it trained
+    with, and a resume would ask to adopt the changed value. ``agent_state.pt`` holds
+    the config as it was written (``SAVED_CONFIG``). Checkpoints written before it did
+    hold none and are not checked.
+
+    Raises:
+        CheckpointError: naming the first field that differs, the saved value and the fix.
+    """
+    if saved is None:
+        return
+    if written == saved:
+        return
+    differing = sorted(k for k in written.keys() | saved.keys() if written.get(k) != saved.get(k))
+    field = differing[0]
+    raise CheckpointError(
+        f"checkpoint {path} is refused: its {CONFIG_FILE} does not match the config saved with "
+        f"the agent in {STATE_FILE} ({field} is {written.get(field)!r} in the file, "
+        f"{saved.get(field)!r} as saved): the file was changed after the save. Resume from "
+        f"another checkpoint, or put the file back ({field}: {saved.get(field)!r})"
+    )
+
+
+def check_optimizer_state(path: Path, optimizer: Any) -> None:
+    """Refuse optimizer state holding a NaN: no training step saves one (a step whose
+    loss or gradient is non-finite is refused before it is applied), so the file was
+    damaged or changed. Left in, it would make the next step's weights NaN (AdamW moves
+    a weight by its moments even where its gradient is 0, in a row no token uses) and
+    the error would blame the learning rate.
+
+    Raises:
+        CheckpointError: naming the state entry, where the first NaN is, and the fix.
+    """
+
+    def walk(value: Any, where: str) -> str | None:
+        if isinstance(value, torch.Tensor):
+            if not value.is_floating_point() or not bool(value.isnan().any()):
+                return None
+            first = value.isnan().nonzero()[0].tolist() if value.dim() else []
+            at = (
+                f" (first at row {first[0]})"
+                if value.dim() > 1
+                else (f" (first at index {first[0]})" if first else "")
+            )
+            return f"{where}{at}"
+        if isinstance(value, dict):
+            items = value.items()
+        elif isinstance(value, list | tuple):
+            items = enumerate(value)
+        else:
+            return None
+        for key, item in items:
+            found = walk(item, f"{where}[{key!r}]")
+            if found is not None:
+                return found
+        return None
+
+    found = walk(optimizer, "optimizer")
+    if found is not None:
+        raise CheckpointError(
+            f"checkpoint {path} is refused: {STATE_FILE} holds a NaN in the optimizer state, "
+            f"{found}; training never saves one, so the file is damaged or was changed after "
+            "the save. Resume from an earlier checkpoint"
+        )
+
+
 def load_agent(
     cls: type[AgentT],
     path: str | Path,
@@ -211,7 +287,9 @@ def load_agent(
     Raises:
         FileNotFoundError: ``path`` is not a saved agent.
         CheckpointError: a file is missing, truncated, altered, unsafe or unlisted
-            (checked against ``manifest.json`` before anything is read).
+            (checked against ``manifest.json`` before anything is read);
+            ``agent_config.json`` differs from the config saved in ``agent_state.pt``;
+            the optimizer state holds a NaN.
         ValueError: the directory holds another algorithm.
     """
     from lmgym.agents.config import config_from_dict
@@ -222,13 +300,15 @@ def load_agent(
     if not verified:
         check_agent_dir(path)
     saved = json.loads((path / CONFIG_FILE).read_text())
+    state = load_state(path / STATE_FILE, map_location=device)
+    check_saved_config(path, saved, state.pop(SAVED_CONFIG, None))
     algorithm = saved.pop("algorithm")
     if algorithm != cls.name:
         raise ValueError(f"{path} holds a {algorithm!r} agent; load it with that class")
-    state = load_state(path / STATE_FILE, map_location=device)
     if rank_state is not None:
         own = ("generator", "shuffle", "env", "tokens_generated", "optimizer")
         state.update({k: rank_state[k] for k in own if k in rank_state})
+    check_optimizer_state(path, state.get("optimizer"))
     policy = CausalLMPolicy.from_pretrained(path / POLICY_DIR, device=device, **state["sampling"])
     if ref_policy is None and policy.is_peft and saved.get("beta", 0) > 0:
         ref_policy = frozen_copy(policy)  # the base under the adapter: exact, no copy

@@ -1,0 +1,90 @@
+"""A checkpoint changed after it was saved, its manifests recomputed (as anyone who can
+write the directory can), is refused in one line that names what does not match and
+never recommends the changed value (issue 40).
+
+Before: a changed ``agent_config.json`` made ``--resume`` say ``config.json was
+edited ... restore 0.5 in config.json`` (0.5 being the planted value); a NaN planted in
+the optimizer state of an embedding row no token uses surfaced after the first step
+as ``the weights diverged ... lower learning_rate``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from lmgym.agents import GRPO
+from lmgym.envs.tasks.target_string import make_target_string_vector
+from lmgym.persistence import CheckpointError, write_manifest
+from lmgym.policy import make_char_tokenizer
+
+
+def one_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.endswith("\n"), err
+    return err[:-1]
+
+
+def reseal(checkpoint: Path) -> None:
+    """Recompute both manifests, as anyone who can write the directory can."""
+    write_manifest(checkpoint / "agent")
+    write_manifest(checkpoint, ["trainer_state.pt", "agent/manifest.json"])
+
+
+@pytest.fixture
+def checkpoint(tmp_path, train) -> Path:
+    run = tmp_path / "run"
+    assert train("--iterations", "2", "--run-dir", str(run)) == 0
+    return run / "checkpoints" / "iter_000002"
+
+
+def test_a_changed_agent_config_is_refused_without_recommending_the_change(
+    checkpoint, train, capsys
+):
+    config_file = checkpoint / "agent" / "agent_config.json"
+    config = json.loads(config_file.read_text())
+    saved_rate = config["learning_rate"]
+    config["learning_rate"] = 0.5
+    config_file.write_text(json.dumps(config, indent=2))
+    reseal(checkpoint)
+    capsys.readouterr()
+
+    assert train("--iterations", "4", "--resume", str(checkpoint.parent.parent)) == 2
+    line = one_line(capsys)
+    assert line == (
+        f"lmgym train: error: checkpoint {checkpoint / 'agent'} is refused: its "
+        "agent_config.json does not match the config saved with the agent in agent_state.pt "
+        f"(learning_rate is 0.5 in the file, {saved_rate!r} as saved): the file was changed "
+        "after the save. Resume from another checkpoint, or put the file back "
+        f"(learning_rate: {saved_rate!r})"
+    )
+    assert "restore 0.5" not in line
+    env = make_target_string_vector(num_envs=32, group_size=8, tokenizer=make_char_tokenizer())
+    with pytest.raises(CheckpointError, match="does not match the config saved with the agent"):
+        GRPO.load(checkpoint / "agent", env)
+
+
+def test_a_nan_in_the_optimizer_state_of_an_unused_row_is_named_not_the_learning_rate(
+    checkpoint, train, capsys
+):
+    state_file = checkpoint / "agent" / "agent_state.pt"
+    state = torch.load(state_file, weights_only=True)
+    moments = state["optimizer"]["state"][0]["exp_avg"]  # the token embedding's
+    unused = make_char_tokenizer().unk_token_id  # never in a prompt, never sampled
+    moments[unused, 3] = float("nan")
+    torch.save(state, state_file)
+    reseal(checkpoint)
+    capsys.readouterr()
+
+    assert train("--iterations", "4", "--resume", str(checkpoint.parent.parent)) == 2
+    line = one_line(capsys)
+    assert line == (
+        f"lmgym train: error: checkpoint {checkpoint / 'agent'} is refused: agent_state.pt "
+        f"holds a NaN in the optimizer state, optimizer['state'][0]['exp_avg'] (first at row "
+        f"{unused}); training never saves one, so the file is damaged or was changed after the "
+        "save. Resume from an earlier checkpoint"
+    )
+    assert "learning_rate" not in line
