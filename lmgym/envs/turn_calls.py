@@ -10,8 +10,10 @@ A *concurrent* responder (``respond`` is ``async def``, or the responder has
   on a daemon thread of its own (made on first use, so that ``step`` works from
   inside a running loop too, and an async client bound to that loop lives across
   steps); a late call is cancelled.
-- ``thread_safe = True``: each call runs on a daemon thread of its own; a late
-  call cannot be stopped, it runs on and its answer is dropped.
+- ``thread_safe = True``: each call runs on a daemon thread of a pool the caller
+  keeps (an idle thread reused, else a new one: a call never waits for a thread);
+  a late call cannot be stopped, it runs on (holding its thread) and its answer is
+  dropped.
 
 Each call has ``timeout`` seconds (``None``: no limit) counted from its own start.
 The answers are put together in row order, whatever order they came in, so the
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import queue
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -171,21 +174,30 @@ class ResponderCaller:
         self.timeout = timeout
         self.on_timeout = on_timeout
         self._loop: _LoopThread | None = None
-        self._loop_lock = threading.Lock()
+        self._pool: DaemonPool | None = None
+        self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
-        """Pickled (or deep-copied) without its event loop; a copy makes its own."""
-        return {k: v for k, v in self.__dict__.items() if k not in ("_loop", "_loop_lock")}
+        """Pickled (or deep-copied) without its event loop and threads; a copy makes its own."""
+        return {k: v for k, v in self.__dict__.items() if k not in ("_loop", "_pool", "_lock")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._loop, self._loop_lock = None, threading.Lock()
+        self._loop, self._pool, self._lock = None, None, threading.Lock()
 
     def _run(self, coroutine: Awaitable[Any]) -> Any:
-        with self._loop_lock:
+        with self._lock:
             if self._loop is None:
                 self._loop = _LoopThread()
         return self._loop.run(coroutine)
+
+    def _threads(self) -> DaemonPool:
+        """The pool the calls of a ``thread_safe`` responder run on (made on first use;
+        its idle threads are reused, so a step does not start a thread per call)."""
+        with self._lock:
+            if self._pool is None:
+                self._pool = DaemonPool("lmgym-responder")
+        return self._pool
 
     # ------------------------------------------------------------------ start
     def start(self, episodes: EpisodeStart) -> list[Any]:
@@ -217,7 +229,7 @@ class ResponderCaller:
         if self.is_async:
             results = self._run(self._gather(inputs))
         else:
-            results = _threaded(self.responder.respond, inputs, self.timeout)
+            results = _threaded(self._threads(), self.responder.respond, inputs, self.timeout)
         return self._assembled(results, turns, row_list)
 
     async def _gather(self, inputs: list[TurnInput]) -> list[Any]:
@@ -265,37 +277,74 @@ class ResponderCaller:
         return Answers(output, [result is _LATE for result in results])
 
 
+class DaemonPool:
+    """Daemon threads that run submitted calls, an idle one reused, else a new one
+    started: a call never waits for a thread, and a call that never returns holds
+    its own thread only (never the interpreter's exit: the threads are daemons)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._tasks: queue.SimpleQueue[tuple[Callable[..., None], tuple[Any, ...]]] = (
+            queue.SimpleQueue()
+        )
+        self._lock = threading.Lock()
+        self._idle = 0
+        self.threads = 0
+
+    def submit(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run ``fn(*args)`` on a thread of the pool (``fn`` must not raise)."""
+        with self._lock:
+            if self._idle > 0:
+                self._idle -= 1  # that thread takes this call
+            else:
+                self.threads += 1
+                name = f"{self.name}-{self.threads}"
+                threading.Thread(target=self._work, name=name, daemon=True).start()
+        self._tasks.put((fn, args))
+
+    def _work(self) -> None:
+        while True:
+            fn, args = self._tasks.get()
+            fn(*args)
+            with self._lock:
+                self._idle += 1
+
+
 def _threaded(
-    call: Callable[[TurnInput], Any], inputs: Sequence[TurnInput], timeout: float | None
+    pool: DaemonPool,
+    call: Callable[[TurnInput], Any],
+    inputs: Sequence[TurnInput],
+    timeout: float | None,
 ) -> list[Any]:
-    """``call(x)`` for every ``x`` on a daemon thread each; per input, its answer, the
+    """``call(x)`` for every ``x`` on ``pool``'s threads; per input, its answer, the
     exception it raised, or ``_LATE`` if it ran past ``timeout`` seconds from its start."""
     results: list[Any] = [_LATE] * len(inputs)
     finished = [threading.Event() for _ in inputs]
-    started = [0.0] * len(inputs)
+    started: list[float | None] = [None] * len(inputs)
     took = [float("inf")] * len(inputs)
 
     def work(j: int) -> None:
+        started[j] = begun = time.monotonic()
         try:
             results[j] = call(inputs[j])
         except Exception as err:
             results[j] = err
         finally:
-            took[j] = time.monotonic() - started[j]
+            took[j] = time.monotonic() - begun
             finished[j].set()
 
-    threads = []
     for j in range(len(inputs)):
-        started[j] = time.monotonic()
-        thread = threading.Thread(target=work, args=(j,), name=f"lmgym-responder-{j}", daemon=True)
-        thread.start()
-        threads.append(thread)
+        pool.submit(work, j)
     out: list[Any] = []
     for j, event in enumerate(finished):
-        if timeout is None:
-            event.wait()
-        else:
-            event.wait(max(0.0, started[j] + timeout - time.monotonic()))
+        while not event.is_set():
+            begun = started[j]
+            if timeout is None:
+                event.wait()
+            elif begun is None:  # its thread has not picked it up yet: no clock yet
+                event.wait(0.01)
+            elif not event.wait(max(0.0, begun + timeout - time.monotonic())):
+                break
         # A call that finished after its deadline is late however soon this thread
         # looked: the outcome is the call's duration against the timeout.
         on_time = event.is_set() and (timeout is None or took[j] <= timeout)

@@ -20,7 +20,7 @@ new ones; an immutable tuple or a frozen record is the safe choice).
 Concurrent responders. A responder whose ``respond`` is ``async def``, or that
 declares ``thread_safe = True``, is called once *per row*: the env runs the calls
 for all the rows that ended a turn at the same time (an event loop the env keeps on
-a thread of its own for ``async``; one thread per call otherwise), each with
+a thread of its own for ``async``; a pool of threads otherwise), each with
 ``TurnInput`` of one row, and assembles the answers in row order, so a slow row
 does not hold up the others and the outcome does not depend on which call finished
 first (determinism under a seed is kept as long as a call's answer depends on its
