@@ -5,6 +5,7 @@ live env (and refuses to replay a game that is not deterministic), the documente
 
 from __future__ import annotations
 
+import gc
 import random
 from dataclasses import replace
 from pathlib import Path
@@ -293,3 +294,17 @@ def test_turn_only_options_are_refused_without_a_responder_and_checked(make_env)
         EnvOptions(responder_timeout=-1)
     with pytest.raises(ValueError, match="on_responder_timeout='later' is not one of"):
         EnvOptions(on_responder_timeout="later")
+
+
+def test_a_dropped_live_game_hands_its_env_back_for_the_next_game():
+    """An episode the env cuts (max_turns, the budget) drops its state untaken: its
+    env goes to the spares, so a new game does not make (Taxi: build) another."""
+    responder = GymResponder(GAMES["Taxi"])
+    state = responder.respond(turn_input(["south"], [GameState(3, digest="")])).states[0]
+    assert responder._spare == []
+    del state
+    gc.collect()
+    assert len(responder._spare) == 1
+    spare = responder._spare[0]
+    state = responder.respond(turn_input(["north"], [GameState(4, digest="")])).states[0]
+    assert responder._spare == [] and state.live.take() is spare

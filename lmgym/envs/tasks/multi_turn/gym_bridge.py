@@ -73,10 +73,14 @@ def render_generic(env: Any, obs: Any) -> str:
 
 class LiveGame:
     """A Gymnasium env standing at one ``GameState``; whoever ``take``s it first owns
-    it. Pickled or copied, it is empty (a Gymnasium env does not travel)."""
+    it. Pickled or copied, it is empty (a Gymnasium env does not travel). Dropped
+    untaken (its episode cut by the env: ``max_turns``, the budget), it hands its env
+    to ``spare`` (a list ``append`` is atomic, so this is safe from any thread or
+    the garbage collector), so a new game need not make one."""
 
-    def __init__(self, env: gym.Env | None = None) -> None:
+    def __init__(self, env: gym.Env | None = None, spare: list[gym.Env] | None = None) -> None:
         self._env = env
+        self._spare = spare
         self._lock = threading.Lock()
 
     def take(self) -> gym.Env | None:
@@ -84,6 +88,11 @@ class LiveGame:
         with self._lock:
             env, self._env = self._env, None
         return env
+
+    def __del__(self) -> None:
+        env, spare = getattr(self, "_env", None), getattr(self, "_spare", None)
+        if env is not None and spare is not None:
+            spare.append(env)
 
     def __reduce__(self) -> tuple[type[LiveGame], tuple[()]]:
         return (LiveGame, ())
@@ -205,29 +214,27 @@ class GymResponder:
         self.invalid_penalty = float(invalid_penalty)
         self.column = column
         self._spare: list[gym.Env] = []  # envs of finished games, reused by new ones
-        self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"GymResponder({self.game.env_id!r}, invalid_penalty={self.invalid_penalty})"
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled (or deep-copied) without its Gymnasium envs; a copy makes its own."""
-        return {k: v for k, v in self.__dict__.items() if k not in ("_spare", "_lock")}
+        return {k: v for k, v in self.__dict__.items() if k != "_spare"}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._spare, self._lock = [], threading.Lock()
+        self._spare = []
 
     def _spare_env(self) -> gym.Env:
         """An env no game stands on (a finished game's, else a new one)."""
-        with self._lock:
-            if self._spare:
-                return self._spare.pop()
-        return gym.make(self.game.env_id, **self.game.kwargs)
+        try:
+            return self._spare.pop()  # atomic: no lock, which LiveGame.__del__ could not take
+        except IndexError:
+            return gym.make(self.game.env_id, **self.game.kwargs)
 
     def _release(self, env: gym.Env) -> None:
-        with self._lock:
-            self._spare.append(env)
+        self._spare.append(env)
 
     def _replayed(self, state: GameState) -> tuple[gym.Env, Any]:
         """A spare env replayed to ``state`` from ``reset(seed=state.seed)`` and its
@@ -312,7 +319,10 @@ class GymResponder:
         if over:
             self._release(env)
         moved = GameState(
-            state.seed, (*state.actions, action), digest, None if over else LiveGame(env)
+            state.seed,
+            (*state.actions, action),
+            digest,
+            None if over else LiveGame(env, self._spare),
         )
         return Reply(
             None if over else text, reward, ends[0], moved, truncated=ends[1] and not ends[0]
