@@ -51,6 +51,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
 BASE_DIR = "base"
 BASE_REFERENCE = "base_model.json"
 BASE_ENV = "LMGYM_LORA_BASE"
@@ -189,6 +190,37 @@ def _base_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 
 class BaseModelError(ValueError):
     """A LoRA checkpoint's base model is missing, or is not the model it was trained on."""
+
+
+class AdapterMismatchError(ValueError):
+    """An adapter's saved weights do not fit the adapter its config and base model build
+    (a rank or a layer's shape changed after the save)."""
+
+
+_SIZE_MISMATCH = re.compile(
+    r"size mismatch for (\S+): copying a param with shape torch\.Size\((\[[^\]]*\])\) from "
+    r"checkpoint, the shape in current model is torch\.Size\((\[[^\]]*\])\)"
+)
+
+
+def _adapter_mismatch(path: Path, exc: RuntimeError) -> str:
+    """One line for peft's ``load_state_dict`` error on the adapter at ``path``."""
+    found = _SIZE_MISMATCH.search(str(exc))
+    if found:
+        name, saved, built = found.groups()
+        what = (
+            f"{name} is {saved} in {ADAPTER_WEIGHTS}, but {ADAPTER_CONFIG} and the base model "
+            f"make it {built}"
+        )
+    else:
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        what = (lines[1] if len(lines) > 1 else lines[0] if lines else "")[:200]
+    return (
+        f"LoRA checkpoint {path}: its adapter weights do not fit its adapter ({what}); "
+        f"{ADAPTER_WEIGHTS} or {ADAPTER_CONFIG} was changed after the save, or they come from "
+        "different saves: resume from another checkpoint, or restore both files from the "
+        "same save"
+    )
 
 
 def state_sha256(state: dict[str, torch.Tensor]) -> str:
@@ -348,7 +380,12 @@ def load_adapter_model(
                 f"{reference.get('dtype', '?')}); pass the same model ({BASE_ENV}=DIR)"
             )
     with _peft_wrapping():
-        model = peft.PeftModel.from_pretrained(base, path, is_trainable=True)
+        try:
+            model = peft.PeftModel.from_pretrained(base, path, is_trainable=True)
+        except RuntimeError as exc:
+            if "Error(s) in loading state_dict" not in str(exc):
+                raise
+            raise AdapterMismatchError(_adapter_mismatch(path, exc)) from None
     model = model.to(device)
     if reference is not None:  # saved again, it names the same base (where it is now)
         model._lmgym_base_reference = {

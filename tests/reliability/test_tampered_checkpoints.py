@@ -88,3 +88,33 @@ def test_a_nan_in_the_optimizer_state_of_an_unused_row_is_named_not_the_learning
         "save. Resume from an earlier checkpoint"
     )
     assert "learning_rate" not in line
+
+
+@pytest.mark.parametrize(("rank", "extra"), [(8, 0), (4, 3)], ids=["rank", "input width"])
+def test_a_lora_adapter_whose_shape_was_changed_is_one_line(tmp_path, train, capsys, rank, extra):
+    pytest.importorskip("peft")
+    from safetensors.torch import load_file, save_file
+
+    run = tmp_path / "run"
+    assert train("--iterations", "2", "--lora-r", "4", "--run-dir", str(run)) == 0
+    checkpoint = run / "checkpoints" / "iter_000002"
+    policy = checkpoint / "agent" / "policy"
+    weights = load_file(policy / "adapter_model.safetensors")
+    name = sorted(k for k in weights if "lora_A" in k)[0]
+    width = weights[name].shape[1]
+    weights[name] = torch.zeros(rank, width + extra)
+    save_file(weights, policy / "adapter_model.safetensors", metadata={"format": "pt"})
+    reseal(checkpoint)
+    capsys.readouterr()
+
+    assert train("--iterations", "4", "--resume", str(run)) == 2
+    line = one_line(capsys)
+    assert line.startswith(
+        f"lmgym train: error: LoRA checkpoint {policy}: its adapter weights do not fit its "
+        f"adapter (base_model.model.transformer.h.0.attn.c_attn.lora_A.default.weight is "
+        f"[{rank}, {width + extra}] in adapter_model.safetensors, but adapter_config.json and "
+        f"the base model make it [4, {width}]); "
+    ), line
+    assert line.endswith(
+        "resume from another checkpoint, or restore both files from the same save"
+    ), line
