@@ -41,19 +41,55 @@ def check_finite(name: str, value: Tensor, where: str) -> None:
         )
 
 
-def check_parameters(params: Sequence[Tensor], where: str, learning_rate: float) -> None:
+def check_parameters(
+    params: Sequence[Tensor],
+    where: str,
+    learning_rate: float,
+    optimizer: torch.optim.Optimizer | None = None,
+) -> None:
     """Raise ``NonFiniteUpdateError`` if an optimizer step left a NaN/inf weight.
 
     A finite gradient times a huge learning rate can still overflow the weights;
     caught here, the error names the cause instead of the next rollout's sampler.
     One fused norm over the parameters: cheap next to a forward and backward pass.
+
+    The gradients were checked finite before the step, so a NaN in the optimizer's
+    state for the weight that went bad (AdamW's moments) came from elsewhere: state
+    loaded damaged, not the step size. With ``optimizer`` given, that case is named
+    instead of the learning rate (AdamW moves even a weight whose gradient is 0, a
+    row no token uses, by its moments).
     """
-    if not bool(torch.isfinite(torch.nn.utils.get_total_norm(params))):
+    if bool(torch.isfinite(torch.nn.utils.get_total_norm(params))):
+        return
+    state = _nan_optimizer_state(params, optimizer) if optimizer is not None else None
+    if state is not None:
         raise NonFiniteUpdateError(
-            f"parameters are non-finite after the optimizer step at {where} "
-            f"(learning_rate={learning_rate}): the weights diverged. Resume from the last "
-            "checkpoint with a lower learning_rate"
+            f"parameters are non-finite after the optimizer step at {where}: the optimizer "
+            f"state {state} holds NaN, which no finite gradient puts there (the gradients "
+            "were checked finite), so the state was loaded or set damaged; the learning rate "
+            "is not the cause. Resume from an earlier checkpoint, or reset the optimizer"
         )
+    raise NonFiniteUpdateError(
+        f"parameters are non-finite after the optimizer step at {where} "
+        f"(learning_rate={learning_rate}): the weights diverged. Resume from the last "
+        "checkpoint with a lower learning_rate"
+    )
+
+
+def _nan_optimizer_state(params: Sequence[Tensor], optimizer: torch.optim.Optimizer) -> str | None:
+    """``"exp_avg of parameter 3 (first NaN at row 48)"`` for the first non-finite
+    parameter whose optimizer state holds a NaN, or ``None``."""
+    for index, param in enumerate(params):
+        if bool(torch.isfinite(param).all()):
+            continue
+        for key, value in optimizer.state.get(param, {}).items():
+            if isinstance(value, Tensor) and value.is_floating_point():
+                nan = value.isnan()
+                if bool(nan.any()):
+                    first = nan.nonzero()[0].tolist() if value.dim() else []
+                    at = f" (first NaN at row {first[0]})" if value.dim() > 1 else ""
+                    return f"{key} of parameter {index}{at}"
+    return None
 
 
 def total_grad_norm(params: Sequence[Tensor]) -> Tensor:

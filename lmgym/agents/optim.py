@@ -209,5 +209,5 @@ def sync_check_step(
     if any(isinstance(p, DTensor) for p in params):  # the global norm of the sharded weights
         check_parameters([full_value(get_total_norm(params))], where, config.learning_rate)
     else:
-        check_parameters(params, where, config.learning_rate)
+        check_parameters(params, where, config.learning_rate, optimizer)
     return terms, full_norm

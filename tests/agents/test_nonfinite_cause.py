@@ -1,0 +1,55 @@
+"""A weight made NaN by the optimizer's own state is not blamed on the learning rate
+(issue 40): AdamW moves a row whose gradient is 0 (an embedding row no token uses)
+by its moments, so a NaN planted there made the step's weights NaN, and the error
+said 'the weights diverged ... lower learning_rate'."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from lmgym.agents.config import AgentConfig
+from lmgym.agents.numerics import NonFiniteUpdateError
+from lmgym.agents.optim import LearningRateSchedule, sync_check_step
+from lmgym.agents.records import MicroBatchLoss
+from lmgym.distributed import DataParallelGroup
+
+
+def part() -> tuple[torch.Tensor, MicroBatchLoss]:
+    one = torch.zeros(1, 1)
+    terms = {"policy_loss": torch.tensor(0.5)}
+    return torch.tensor([0]), MicroBatchLoss(one.sum(), terms, one, None, None, one, one)
+
+
+def step(weight: nn.Parameter, optimizer: torch.optim.Optimizer) -> None:
+    weight.grad = torch.tensor([[1.0, 1.0], [0.0, 0.0], [1.0, 1.0]])  # row 1: unused
+    config = AgentConfig(learning_rate=1e-3)
+    schedule = LearningRateSchedule(optimizer, config)
+    sync_check_step([part()], optimizer, schedule, DataParallelGroup(), config, "iteration 3")
+
+
+def test_a_nan_in_the_optimizer_state_of_an_unused_row_is_named_not_the_learning_rate():
+    weight = nn.Parameter(torch.zeros(3, 2))
+    optimizer = torch.optim.AdamW([weight], lr=1e-3)
+    step(weight, optimizer)  # builds the moments
+    optimizer.state[weight]["exp_avg"][1, 0] = float("nan")  # as a damaged state would be
+    with pytest.raises(NonFiniteUpdateError) as caught:
+        step(weight, optimizer)
+    assert str(caught.value) == (
+        "parameters are non-finite after the optimizer step at iteration 3: the optimizer "
+        "state exp_avg of parameter 0 (first NaN at row 1) holds NaN, which no finite gradient "
+        "puts there (the gradients were checked finite), so the state was loaded or set "
+        "damaged; the learning rate is not the cause. Resume from an earlier checkpoint, or "
+        "reset the optimizer"
+    )
+
+
+def test_a_diverging_step_with_finite_state_still_names_the_learning_rate():
+    weight = nn.Parameter(torch.full((3, 2), -3e38))  # near float32's largest
+    optimizer = torch.optim.SGD([weight], lr=1e38)  # one step overflows it
+    with pytest.raises(
+        NonFiniteUpdateError, match=r"\(learning_rate=0.001\): the weights diverged"
+    ):
+        step(weight, optimizer)
+    assert not bool(torch.isfinite(weight).all())
