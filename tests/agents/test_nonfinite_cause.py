@@ -53,3 +53,18 @@ def test_a_diverging_step_with_finite_state_still_names_the_learning_rate():
     ):
         step(weight, optimizer)
     assert not bool(torch.isfinite(weight).all())
+
+
+def test_a_large_finite_weight_in_an_unused_row_is_not_called_diverged():
+    """Its square overflows the float32 norm of the weights; no weight is non-finite.
+    (Before: 'the weights diverged ... lower learning_rate' on the first step of a
+    model with 1e30 in an embedding row no token uses.)"""
+    weight = nn.Parameter(torch.zeros(3, 2))
+    with torch.no_grad():
+        weight[1] = 1e30
+    optimizer = torch.optim.AdamW([weight], lr=1e-3)
+    step(weight, optimizer)
+    step(weight, optimizer)
+    assert bool(torch.isfinite(weight).all()) and weight[1, 0].item() == pytest.approx(
+        1e30, rel=1e-3
+    )
