@@ -97,7 +97,8 @@ def collect_batch(
 
     Raises:
         NonFiniteUpdateError: the policy's sampling probabilities are NaN/inf (its
-            weights diverged), naming the iteration and the fix.
+            weights diverged; in the first rollout, before any update, the model as
+            loaded), naming the iteration and the fix.
     """
     tokens = 0
 
@@ -108,11 +109,16 @@ def collect_batch(
         except RuntimeError as error:
             if "probability tensor contains" not in str(error):
                 raise
+            cause = (
+                "no update has run yet, so the model as loaded gives NaN/inf logits (an "
+                "extreme or damaged weight, not the learning rate); load an intact model"
+                if iteration == 0
+                else f"the weights diverged (learning_rate={config.learning_rate}). Resume "
+                "from the last checkpoint with a lower learning_rate"
+            )
             raise NonFiniteUpdateError(
                 f"the policy's next-token probabilities are NaN/inf in the rollout of "
-                f"iteration {iteration + 1}: the weights diverged (learning_rate="
-                f"{config.learning_rate}). Resume from the last checkpoint with a lower "
-                "learning_rate"
+                f"iteration {iteration + 1}: {cause}"
             ) from error
         tokens += int(batch.policy_lengths.sum())
         return batch

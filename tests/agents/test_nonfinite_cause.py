@@ -68,3 +68,24 @@ def test_a_large_finite_weight_in_an_unused_row_is_not_called_diverged():
     assert bool(torch.isfinite(weight).all()) and weight[1, 0].item() == pytest.approx(
         1e30, rel=1e-3
     )
+
+
+def test_nan_probabilities_before_any_update_blame_the_model_not_the_learning_rate():
+    from lmgym.agents import GRPO
+    from lmgym.envs.tasks.target_string import make_target_string_vector
+    from lmgym.policy import CausalLMPolicy, make_char_tokenizer, make_tiny_model
+
+    tokenizer = make_char_tokenizer()
+    model = make_tiny_model(len(tokenizer), seed=0)
+    with torch.no_grad():  # finite, so the policy takes it; its logits overflow
+        model.get_input_embeddings().weight[tokenizer.convert_tokens_to_ids("a")] = 3e38
+    policy = CausalLMPolicy(model, tokenizer)
+    env = make_target_string_vector(tokenizer=tokenizer, num_envs=8, group_size=4)
+    agent = GRPO(policy, env, learning_rate=1e-3)
+    with pytest.raises(NonFiniteUpdateError) as caught:
+        agent.learn(1)
+    assert str(caught.value) == (
+        "the policy's next-token probabilities are NaN/inf in the rollout of iteration 1: no "
+        "update has run yet, so the model as loaded gives NaN/inf logits (an extreme or "
+        "damaged weight, not the learning rate); load an intact model"
+    )
