@@ -119,13 +119,10 @@ def _train(argv: Sequence[str]) -> int:
         print(f"\nlmgym train: interrupted{hint}", file=sys.stderr)
         return 130
 
-    if result.before is None or result.after is None:
+    line = result.report_line()
+    if line is None or result.after is None:
         return 0  # a data-parallel rank other than 0: rank 0 reports
-    print(
-        f"reward before: {result.before.reward_mean:.3f}   after: {result.after.reward_mean:.3f}"
-        f"   ({len(result.history)} iterations in {result.seconds:.1f} s, "
-        f"{result.tokens_generated} tokens generated)"
-    )
+    print(line)
     for sample in result.after.samples[: trainer.config.samples]:
         print(sample_line(*sample))
     return 0

@@ -26,6 +26,7 @@ from lmgym.persistence.atomic import complete_lines
 from lmgym.training.callbacks import Printer
 from lmgym.training.evaluation import EvalResult, HeldOut
 from lmgym.training.run import RunDirectory
+from lmgym.training.suspect import SuspectWatch
 
 Boundary = Literal["start", "end"]
 
@@ -37,10 +38,18 @@ class BoundaryEval:
         held_out: what to evaluate on (``evaluation.HeldOut``).
         run: where to append ``eval.jsonl`` (``None``: nowhere).
         out: where the lines go.
+        watch: the run's suspect-result warnings: the start evaluation is their
+            baseline, the end one is checked against it (``None``: none).
     """
 
-    def __init__(self, held_out: HeldOut, run: RunDirectory | None, out: Printer) -> None:
-        self.held_out, self.run, self.out = held_out, run, out
+    def __init__(
+        self,
+        held_out: HeldOut,
+        run: RunDirectory | None,
+        out: Printer,
+        watch: SuspectWatch | None = None,
+    ) -> None:
+        self.held_out, self.run, self.out, self.watch = held_out, run, out, watch
 
     def _recorded_end(self, iteration: int) -> EvalResult | None:
         """The end evaluation ``eval.jsonl`` holds at ``iteration`` with these settings."""
@@ -76,6 +85,7 @@ class BoundaryEval:
                 "from eval.jsonl)"
             )
             self._append(agent, at, recorded)
+            self._watch(agent, at, recorded)
             return recorded
         self.out(
             f"evaluating {which} training (iteration {agent.iteration}): "
@@ -86,7 +96,16 @@ class BoundaryEval:
         result = self.held_out.evaluate(agent.policy, agent.iteration, stream=0)
         self.out(f"eval {which}: {result.summary()} in {time.perf_counter() - start:.1f} s")
         self._append(agent, at, result)
+        self._watch(agent, at, result)
         return result
+
+    def _watch(self, agent: Agent, at: Boundary, result: EvalResult) -> None:
+        if self.watch is None:
+            return
+        if at == "start":
+            self.watch.baseline(result)
+        else:
+            self.watch.check_eval(agent, result)
 
     def _append(self, agent: Agent, at: Boundary, result: EvalResult) -> None:
         if self.run is not None:

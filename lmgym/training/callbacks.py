@@ -32,6 +32,7 @@ from lmgym.rollout import collect
 from lmgym.training.checkpoint import CheckpointManager
 from lmgym.training.evaluation import EvalResult, HeldOut, derived_seed
 from lmgym.training.logger import record_metrics
+from lmgym.training.pace import Pace
 from lmgym.training.ranks import Ranks
 from lmgym.training.run import RunDirectory
 from lmgym.training.sample_text import episode_texts, prompt_label, sample_line
@@ -124,14 +125,18 @@ class EarlyStopAtThreshold(TrainingCallback):
 
 
 class PeriodicEval(TrainingCallback):
-    """Every ``every`` iterations, evaluate the policy and add ``eval/*`` to the metrics.
+    """Every ``every`` iterations (or at a ``Pace``), evaluate the policy and add ``eval/*``
+    to the metrics.
 
     Args:
         held_out: what to evaluate on (env, prompts, the run's seed, pass@k threshold,
             split); each evaluation derives its seed from the run's and the iteration.
-        every: iterations between evaluations.
+        every: iterations between evaluations, or a ``Pace`` (iterations or wall time,
+            whichever first: ``lmgym.training.pace``).
         run: where to append ``eval.jsonl`` (``None``: nowhere).
         out: where to print the one-line summary (``None``: silent).
+        on_result: called with ``(agent, result)`` after each evaluation (the run's
+            ``SuspectWatch``).
 
     Attributes:
         results: ``(iteration, EvalResult)`` of every evaluation so far.
@@ -142,20 +147,25 @@ class PeriodicEval(TrainingCallback):
     def __init__(
         self,
         held_out: HeldOut,
-        every: int,
+        every: int | Pace,
         run: RunDirectory | None = None,
         out: Printer | None = tqdm_print,
+        on_result: Callable[[Agent, EvalResult], None] | None = None,
     ) -> None:
-        check_at_least("every", every)
-        self.held_out, self.every, self.run, self.out = held_out, every, run, out
+        self.pace = _pace(every)
+        self.every = self.pace.every
+        self.held_out, self.run, self.out, self.on_result = held_out, run, out, on_result
         self.results: list[tuple[int, EvalResult]] = []
+
+    def on_learn_start(self, agent: Agent) -> None:
+        self.pace.start()
 
     def evaluate(self, agent: Agent) -> EvalResult:
         """Evaluate now (seeded by the iteration), without touching the training streams."""
         return self.held_out.evaluate(agent.policy, agent.iteration, stream=1)
 
     def __call__(self, agent: Agent, metrics: dict[str, float]) -> bool | None:
-        if agent.iteration % self.every != 0:
+        if not self.pace.due(agent.iteration):
             return None
         result = self.evaluate(agent)
         self.results.append((agent.iteration, result))
@@ -166,7 +176,20 @@ class PeriodicEval(TrainingCallback):
             )
         if self.out is not None:
             self.out(f"[eval @ {agent.iteration}] {result.summary()}")
+        if self.on_result is not None:
+            self.on_result(agent, result)
+        self.pace.done()
         return None
+
+
+def _pace(every: int | Pace) -> Pace:
+    """``every`` as a ``Pace`` (an int: every that many iterations, at least 1)."""
+    if isinstance(every, Pace):
+        if not every.active:
+            raise ValueError("every: a Pace that is never due (every 0 and no seconds)")
+        return every
+    check_at_least("every", every)
+    return Pace(every)
 
 
 class SamplePrinter(TrainingCallback):
@@ -174,7 +197,7 @@ class SamplePrinter(TrainingCallback):
 
     Args:
         env: the env to sample from (e.g. the evaluation env).
-        every: iterations between prints.
+        every: iterations between prints, or a ``Pace`` (iterations or wall time).
         count: completions printed.
         seed: the run's seed (each print derives its own).
         run: where to append ``samples.jsonl`` (``None``: nowhere).
@@ -186,21 +209,18 @@ class SamplePrinter(TrainingCallback):
     def __init__(
         self,
         env: TokenVectorEnv,
-        every: int,
+        every: int | Pace,
         count: int = 4,
         seed: int = 0,
         run: RunDirectory | None = None,
         out: Printer | None = tqdm_print,
     ) -> None:
-        check_at_least("every", every)
-        self.env, self.every, self.count, self.seed, self.run, self.out = (
-            env,
-            every,
-            count,
-            seed,
-            run,
-            out,
-        )
+        self.pace = _pace(every)
+        self.every = self.pace.every
+        self.env, self.count, self.seed, self.run, self.out = env, count, seed, run, out
+
+    def on_learn_start(self, agent: Agent) -> None:
+        self.pace.start()
 
     def sample(self, agent: Agent) -> list[tuple[str, str, float]]:
         """``count`` ``(prompt, completion, reward)``, one per prompt first."""
@@ -222,7 +242,7 @@ class SamplePrinter(TrainingCallback):
         ]
 
     def __call__(self, agent: Agent, metrics: dict[str, float]) -> bool | None:
-        if self.count == 0 or agent.iteration % self.every != 0:
+        if self.count == 0 or not self.pace.due(agent.iteration):
             return None
         samples = self.sample(agent)
         lines = [f"[samples @ {agent.iteration}]"] + [sample_line(*sample) for sample in samples]
@@ -239,6 +259,7 @@ class SamplePrinter(TrainingCallback):
                         "reward": reward,
                     },
                 )
+        self.pace.done()
         return None
 
 
@@ -253,19 +274,24 @@ class MetricsLogger(TrainingCallback):
     Args:
         logger: the file logger (``make_logger``): CSV (+ TensorBoard).
         stdout: a stdout logger (``make_stdout_logger``), or ``None``.
-        log_interval: iterations between stdout tables (0: never).
+        log_interval: iterations between stdout tables (0: never by iterations), or a
+            ``Pace`` (iterations or wall time, whichever first).
     """
 
     state_key = "metrics_logger"
 
-    def __init__(self, logger: Logger, stdout: Logger | None = None, log_interval: int = 0):
-        self.logger, self.stdout, self.log_interval = logger, stdout, log_interval
+    def __init__(
+        self, logger: Logger, stdout: Logger | None = None, log_interval: int | Pace = 0
+    ) -> None:
+        self.pace = log_interval if isinstance(log_interval, Pace) else Pace(log_interval)
+        self.logger, self.stdout, self.log_interval = logger, stdout, self.pace.every
         self._start = time.perf_counter()
         self._iterations = 0
 
     def on_learn_start(self, agent: Agent) -> None:
         self._start = time.perf_counter()
         self._iterations = 0
+        self.pace.start()
 
     def __call__(self, agent: Agent, metrics: dict[str, float]) -> bool | None:
         self._iterations += 1
@@ -278,12 +304,9 @@ class MetricsLogger(TrainingCallback):
         if "learning_rate" not in row:
             row["learning_rate"] = float(agent.optimizer.param_groups[0]["lr"])
         record_metrics(self.logger, row, agent.iteration)
-        if (
-            self.stdout is not None
-            and self.log_interval
-            and agent.iteration % self.log_interval == 0
-        ):
+        if self.stdout is not None and self.pace.due(agent.iteration):
             record_metrics(self.stdout, row, agent.iteration)
+            self.pace.done()
         return None
 
 

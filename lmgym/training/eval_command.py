@@ -7,7 +7,10 @@ flags, with the same meaning, as ``lmgym train``: ``--task ID`` (``module:Id``
 for your own), or ``--prompts FILE.jsonl --reward module:function`` (with
 ``--prompt-field``). A model has no task of its own, so ``--model`` needs one of
 them: scoring a toy task nobody asked for would be a silent wrong answer.
-``--num-prompts N`` prompts are drawn and ``-k K`` completions sampled for each.
+``--num-prompts N`` prompts are drawn and ``-k K`` completions sampled for each,
+from the task's held-out ``--split eval`` by default: for a prompt file the rows
+``lmgym train --prompts FILE`` holds out (``lmgym.training.holdout``; a run's own
+``--eval-prompts-file`` or ``--no-holdout`` with ``--run``), ``--split all`` every row.
 
 Before this release ``--prompts`` was the count; a number given to ``--prompts``,
 or a file given to ``--num-prompts``, is an error naming the other flag.
@@ -26,6 +29,7 @@ from typing import Any
 from lmgym.agents.config import config_from_dict
 from lmgym.training.cli_common import error, parse_env_kwarg, quiet_transformers
 from lmgym.training.flags import add_typed_flag
+from lmgym.training.holdout import TooFewRows
 from lmgym.training.run import DEFAULT_TASK, TrainConfig
 from lmgym.training.sample_text import sample_line
 from lmgym.training.threads import auto_threads
@@ -173,8 +177,18 @@ def _own_task(args: argparse.Namespace) -> tuple[str, str] | None:
         return args.task, resolve_task(args.task)
     if args.prompts is None and args.reward is None:
         return None
-    config = TrainConfig(prompts=args.prompts, reward=args.reward, prompt_field=args.prompt_field)
-    env_id = prepare_task(config)
+    # The held-out rows are the ones lmgym train --prompts FILE holds out (the default
+    # --split eval: a baseline before training); --split all scores every row.
+    config = TrainConfig(
+        prompts=args.prompts,
+        reward=args.reward,
+        prompt_field=args.prompt_field,
+        holdout=args.split != "all",
+    )
+    try:
+        env_id = prepare_task(config)
+    except TooFewRows as exc:
+        raise ValueError(f"{exc}; lmgym eval --split all scores every row") from None
     return env_id, env_id
 
 
@@ -265,6 +279,8 @@ def run_eval(argv: Sequence[str]) -> int:
             env_kwargs=with_policy_stop_ids(env_id, env_kwargs, policy),
             device=args.device,
         )
+        if args.prompts is not None and args.split == "all":
+            split = f"all (every row of {Path(args.prompts).name})"
         threshold = (
             args.correct_threshold
             if args.correct_threshold is not None

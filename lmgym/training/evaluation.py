@@ -7,7 +7,8 @@ generator of its own, so evaluating never moves a training run's random streams.
 
 ``make_eval_env`` builds that env for a registered task: the task's held-out
 ``split="eval"`` where its factory has one (Reverse, Sort, CopyRule, Arithmetic,
-ArithmeticProcess), otherwise the task's only prompts.
+ArithmeticProcess, a ``--prompts`` file: ``lmgym.training.holdout``), otherwise the
+task's only prompts, which are its training prompts (``TRAINING_SPLIT`` says so).
 
 pass@k. A completion is *correct* when its reward reaches the task's maximum
 (``TaskInfo.reward_range[1]``, minus 1e-6) on the tasks whose reward is an
@@ -33,6 +34,7 @@ from lmgym.envs.registration import vector_entry_point
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.policy.causal_lm import CausalLMPolicy
 from lmgym.rollout import collect
+from lmgym.training.diversity import answer_spread
 from lmgym.training.sample_text import episode_texts, prompt_label
 from lmgym.typed_values import check_at_least
 
@@ -47,6 +49,10 @@ VERIFIED_TASKS: dict[str, str] = {
     "lmgym/ChatArithmetic-v0": "the answer, as the task's answer= rule extracts it",
 }
 """Tasks whose maximal reward means an exactly right answer: pass@k is defined there."""
+
+TRAINING_SPLIT = "training prompts (no held-out split)"
+"""The split an evaluation names when the task has no held-out prompts: it ran on the
+prompts the run trains on (a task without a ``split``, or ``--prompts`` with ``--no-holdout``)."""
 
 EVAL_BATCH_PROMPTS = 32
 """Prompts per evaluation rollout (the env's ``num_prompts``)."""
@@ -99,13 +105,13 @@ def make_eval_env(
 
     Returns:
         ``(env, split)``, ``split`` saying which prompts were used, e.g. ``"eval"`` or
-        ``"all (no held-out split)"``.
+        ``TRAINING_SPLIT``.
     """
     kwargs = dict(env_kwargs or {})
     kwargs.pop("split", None)
     if factory_accepts(task, "autoreset"):
         kwargs["autoreset"] = False
-    used = "all (no held-out split)"
+    used = TRAINING_SPLIT
     if factory_accepts(task, "split"):
         kwargs["split"] = split
         used = split
@@ -150,6 +156,9 @@ class EvalResult:
         samples: a few ``(prompt, completion, reward)``, one per prompt first; a chat
             prompt as its last user message (``sample_text.prompt_label``), a
             multi-turn completion as its whole episode (``sample_text.episode_texts``).
+        distinct_per_prompt, top_answer, top_answer_share, top_answer_reward: how varied
+            the answers were (``lmgym.training.diversity``); ``None`` in records written
+            before them.
     """
 
     reward_mean: float
@@ -162,6 +171,10 @@ class EvalResult:
     split: str = ""
     correct_threshold: float | None = None
     samples: list[tuple[str, str, float]] = field(default_factory=list, repr=False)
+    distinct_per_prompt: float | None = None
+    top_answer: str | None = None
+    top_answer_share: float | None = None
+    top_answer_reward: float | None = None
 
     def metrics(self, prefix: str = "eval/") -> dict[str, float]:
         """The numbers as a flat metrics dict (``eval/reward_mean``, ``eval/pass@4``, ...)."""
@@ -173,6 +186,9 @@ class EvalResult:
         if self.pass_at_1 is not None and self.pass_at_k is not None:
             out[f"{prefix}pass@1"] = self.pass_at_1
             out[f"{prefix}pass@{self.samples_per_prompt}"] = self.pass_at_k
+        if self.distinct_per_prompt is not None and self.top_answer_share is not None:
+            out[f"{prefix}distinct_per_prompt"] = self.distinct_per_prompt
+            out[f"{prefix}top_answer_share"] = self.top_answer_share
         return out
 
     def summary(self) -> str:
@@ -243,6 +259,7 @@ def evaluate_policy(
         have = int(torch.cat(groups).unique().numel())
     score = torch.cat(scores)
     group = torch.cat(groups)
+    spread = answer_spread(completions, group.tolist(), score.tolist())
     index = torch.cat(prompt_index)
     pass1 = passk = None
     if correct_threshold is not None:
@@ -268,6 +285,10 @@ def evaluate_policy(
         split=split,
         correct_threshold=correct_threshold,
         samples=samples,
+        distinct_per_prompt=spread.distinct_per_prompt,
+        top_answer=spread.top_answer,
+        top_answer_share=spread.top_answer_share,
+        top_answer_reward=spread.top_answer_reward,
     )
 
 

@@ -39,3 +39,16 @@ class TrainResult:
     stopped_early: bool
     agent: Agent = field(repr=False)
     merged: Path | None = None
+
+    def report_line(self) -> str | None:
+        """The line ``lmgym train`` ends with: the reward before and after, and the split
+        and prompts they were measured on (``None`` without both evaluations)."""
+        if self.before is None or self.after is None:
+            return None
+        after = self.after
+        return (
+            f"reward before: {self.before.reward_mean:.3f}   after: {after.reward_mean:.3f}"
+            f"   ({len(self.history)} iterations in {self.seconds:.1f} s, "
+            f"{self.tokens_generated} tokens generated; measured on split {after.split or '?'}: "
+            f"{after.num_prompts} prompts x {after.samples_per_prompt} samples)"
+        )

@@ -2,14 +2,22 @@
 
 ``main_callbacks`` builds what the run's rank 0 calls after every iteration:
 
-1. ``RunProgressBar`` (unless ``no_progress``): reward, flat groups, KL when ``beta > 0``;
-2. ``PeriodicEval`` (``eval_every``), adding ``eval/*`` for the loggers after it;
+1. ``RunProgressBar`` (unless ``no_progress``): reward, flat groups, KL when ``beta > 0``,
+   the suspect-result warnings that hold;
+2. ``PeriodicEval`` (``eval_every`` iterations or ``eval_time``, whichever first),
+   adding ``eval/*`` for the loggers after it;
 3. ``EarlyStopAtThreshold`` (``early_stop``);
-4. ``MetricsLogger``: ``progress.csv``, TensorBoard, the stdout table;
+4. ``MetricsLogger``: ``progress.csv``, TensorBoard, the stdout table (``log_interval``
+   iterations or ``report_time``);
 5. ``NoSignalWarning``: flat groups or zero gradients for many iterations in a row;
-6. ``SamplePrinter`` (``sample_every``);
-7. the ``--callback`` ones and the ``Trainer``'s ``callbacks``;
-8. ``WallClockLimit`` (``max_time``), last, so its stop line follows the others.
+6. ``SuspectWatch``: collapse to one answer, a high share of flat groups, the held-out
+   reward falling while the training reward rises (it also sees every evaluation);
+7. ``SamplePrinter`` (``sample_every`` iterations or ``report_time``);
+8. the ``--callback`` ones and the ``Trainer``'s ``callbacks``;
+9. ``WallClockLimit`` (``max_time``), last, so its stop line follows the others.
+
+Reports come "whichever first" of an iteration count and a wall time
+(``lmgym.training.pace``), so a slow real-model run shows numbers within minutes.
 
 ``assemble`` then adds the checkpoint callback on every process that takes part
 in checkpoints, restores the callbacks' saved state on a resume, and (data
@@ -37,11 +45,13 @@ from lmgym.training.callbacks import (
 from lmgym.training.checkpoint import CheckpointManager
 from lmgym.training.evaluation import HeldOut
 from lmgym.training.logger import make_logger, make_stdout_logger
+from lmgym.training.pace import pace_of
 from lmgym.training.progress import RunProgressBar
 from lmgym.training.ranks import Ranks
 from lmgym.training.resume import fixed_fields
 from lmgym.training.run import RunDirectory, TrainConfig
 from lmgym.training.signal_watch import NoSignalWarning
+from lmgym.training.suspect import RunKnobs, SuspectWatch
 from lmgym.training.wall_clock import WallClockLimit, parse_duration
 
 
@@ -73,12 +83,15 @@ class Session:
         callbacks: in calling order.
         early: the early stop, if any (``solved_at`` says whether it stopped the run).
         wall_clock: the ``max_time`` bound, if any.
+        watch: the suspect-result warnings (the evaluations before and after training
+            reach it through ``BoundaryEval``).
         closers: loggers and the progress bar, closed by ``close``.
     """
 
     callbacks: list[Callback] = field(default_factory=list)
     early: EarlyStopAtThreshold | None = None
     wall_clock: WallClockLimit | None = None
+    watch: SuspectWatch | None = None
     closers: list[Any] = field(default_factory=list)
 
     def close(self) -> None:
@@ -96,6 +109,7 @@ def main_callbacks(
     *,
     seed: int,
     beta: float,
+    learning_rate: float = float("nan"),
     correct_threshold: float | None,
     resumed_at: int | None,
     start: float,
@@ -111,6 +125,7 @@ def main_callbacks(
         run: the run directory (logs, samples, evaluations).
         seed: the agent's seed (evaluations and samples derive theirs).
         beta: the agent's KL coefficient (the bar shows KL when > 0).
+        learning_rate: the agent's, quoted in the warnings' advice.
         correct_threshold: reward counted as correct, for pass@k.
         resumed_at: a resume's checkpoint iteration (``progress.csv`` continues), else None.
         start: ``time.perf_counter()`` when the session began (``max_time`` counts from it).
@@ -119,34 +134,36 @@ def main_callbacks(
     """
     session = Session()
     add = session.callbacks.append
+    from lmgym.envs.registration import TASKS
+
+    info = TASKS.get(env_id)
+    best = info.reward_range[1] if info is not None else None
+    knobs = RunKnobs(learning_rate, config.temperature, config.group_size, beta)
+    session.watch = watch = SuspectWatch(knobs, best, out=out)
     if not config.no_progress:
-        bar = RunProgressBar(config.iterations, config.algo, show_kl=beta > 0)
+        bar = RunProgressBar(
+            config.iterations, config.algo, show_kl=beta > 0, warnings=watch.status
+        )
         add(bar)
         session.closers.append(bar)
-    if config.eval_every:
-        add(
-            PeriodicEval(
-                HeldOut(eval_env, config.eval_prompts, seed, correct_threshold, split),
-                config.eval_every,
-                run,
-                out,
-            )
-        )
+    eval_pace = pace_of(config.eval_every, config.eval_time, "eval_time")
+    if eval_pace.active:
+        held_out = HeldOut(eval_env, config.eval_prompts, seed, correct_threshold, split)
+        add(PeriodicEval(held_out, eval_pace, run, out, on_result=watch.check_eval))
     threshold = stop_threshold(config, env_id)
     if threshold is not None:
         session.early = EarlyStopAtThreshold(threshold, config.stop_window, out=out)
         add(session.early)
     logger = make_logger(run.path, resume_at=resumed_at)
+    table_pace = pace_of(config.log_interval, config.report_time, "report_time")
     stdout = make_stdout_logger() if config.log_interval else None
     session.closers += [logger] + ([stdout] if stdout is not None else [])
-    add(MetricsLogger(logger, stdout, config.log_interval))
-    from lmgym.envs.registration import TASKS
-
-    info = TASKS.get(env_id)
-    best = info.reward_range[1] if info is not None else None
+    add(MetricsLogger(logger, stdout, table_pace))
     add(NoSignalWarning(config.group_size, config.temperature, best, out=out))
+    add(watch)
     if config.sample_every and config.samples:
-        add(SamplePrinter(eval_env, config.sample_every, config.samples, seed, run, out))
+        sample_pace = pace_of(config.sample_every, config.report_time, "report_time")
+        add(SamplePrinter(eval_env, sample_pace, config.samples, seed, run, out))
     session.callbacks += list(extra)
     if config.max_time is not None:
         limit = parse_duration(config.max_time)

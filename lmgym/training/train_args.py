@@ -177,7 +177,33 @@ def _known(argv: list[str]) -> argparse.Namespace:
     pre = argparse.ArgumentParser(add_help=False)
     for name in ("--algo", "--config", "--resume", "--actors", "--learners"):
         pre.add_argument(name, default=None)
+    pre.add_argument("--model", default=None)
+    pre.add_argument("--lora-r", "--lora_r", dest="lora_r", default=None)
     return pre.parse_known_args(argv)[0]
+
+
+def _show_pretrained_defaults(
+    parser: argparse.ArgumentParser, known: argparse.Namespace, values: dict[str, Any]
+) -> None:
+    """Make ``--help`` show the defaults a run with ``--model`` gets (``PRETRAINED_DEFAULTS``):
+    set them as the parser's defaults for the fields the config file does not set. The
+    values the run uses are applied after parsing (``_pretrained_defaults``), the same."""
+    from lmgym.training.pretrained import PRETRAINED_DEFAULTS
+
+    model = known.model if known.model is not None else values.get("model")
+    if model is None or str(model).lower() in ("none", "null"):
+        return
+    lora_r = known.lora_r if known.lora_r is not None else values.get("lora_r", 0)
+    try:
+        lora = int(lora_r) > 0
+    except (TypeError, ValueError):
+        return  # the parser names the bad value
+    defaults = {
+        field: value
+        for field, (_, value) in PRETRAINED_DEFAULTS.values(lora).items()
+        if field not in values and any(a.dest == field for a in parser._actions)
+    }
+    parser.set_defaults(**defaults)
 
 
 def _file_values(known: argparse.Namespace) -> tuple[dict[str, Any], str | None]:
@@ -247,6 +273,8 @@ def parse_train(argv: Sequence[str]) -> TrainRequest:
     parser, run_fields, agent_fields = _train_parser(algo)
     # A resumed run's saved values are the defaults: a flag that changes one shows.
     _apply_file_values(parser, values, str(source))
+    if known.resume is None:  # --help with --model shows the defaults the run will use
+        _show_pretrained_defaults(parser, known, values)
     args = parser.parse_args(argv)
     run_values, agent_values = _split_namespace(args, run_fields, agent_fields)
     try:

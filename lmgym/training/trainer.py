@@ -416,12 +416,13 @@ class Trainer:
             assert eval_env is not None
             session = main_callbacks(
                 cfg, self.env_id, eval_env, split, run,
-                seed=seed, beta=self.agent_config.beta, correct_threshold=threshold,
+                seed=seed, beta=self.agent_config.beta,
+                learning_rate=self.agent_config.learning_rate, correct_threshold=threshold,
                 resumed_at=agent.iteration if self.plan is not None else None,
                 start=time.perf_counter(), extra=[*extra, *self.user_callbacks], out=self.out,
             )  # fmt: skip
             held_out = HeldOut(eval_env, cfg.eval_prompts, seed, threshold, split)
-            boundary = BoundaryEval(held_out, run, self.out)
+            boundary = BoundaryEval(held_out, run, self.out, session.watch)
         if self.async_config is None:
             callbacks, checkpoint = assemble(session, run, cfg, state, ranks, share_stop=ranks)
         else:

@@ -7,10 +7,11 @@
   JSON Lines prompt file and a reward (``register_prompt_task``): a plain
   function becomes ``FunctionReward(score)`` (batched: ``score(prompts,
   completions, **columns) -> floats``), any other callable is used as a
-  ``RewardModel``. The task id is ``prompts/<file stem>-v0``.
+  ``RewardModel``. The task id is ``prompts/<file stem>-v0``. Part of the file is
+  held out for evaluation unless ``--no-holdout`` (``lmgym.training.holdout``).
 - A run records what it imports (``run_imports``, the ``imports`` section of
-  ``config.json``): the modules, and the prompt file's absolute path with its
-  SHA-256, so that a resume re-imports the same code and notices a changed file
+  ``config.json``): the modules, and the prompt file's (and a held-out
+  ``--eval-prompts-file``'s) absolute path with its SHA-256, so that a resume re-imports the same code and notices a changed file
   (``check_prompt_file``).
 
 Modules are imported by name with the current directory on ``sys.path`` (as
@@ -178,19 +179,30 @@ def prompt_task_id(prompts: str | Path) -> str:
     return f"{PROMPT_TASK_NAMESPACE}/{stem}-v0"
 
 
-def register_prompt_task(prompts: str | Path, reward: str, prompt_field: str = "prompt") -> str:
+def register_prompt_task(
+    prompts: str | Path,
+    reward: str,
+    prompt_field: str = "prompt",
+    *,
+    holdout: bool = False,
+    eval_file: str | Path | None = None,
+) -> str:
     """Register the task of a prompt file and a reward; returns its id (``prompt_task_id``).
 
-    The env is ``register_reward_env(id, load_reward(reward), JsonlPrompts(prompts,
-    field=prompt_field))``: its options (``max_new_tokens``, ``reward_mode``, ...) are
-    the run's ``env_kwargs``.
+    Without ``holdout`` or ``eval_file`` the env is ``register_reward_env(id,
+    load_reward(reward), JsonlPrompts(prompts, field=prompt_field))``, every row a
+    training prompt (``--no-holdout``). With either, its factory takes ``split``
+    (``lmgym.training.holdout``): ``"train"`` the rows trained on, ``"eval"`` the
+    held-out ones. Its options (``max_new_tokens``, ``reward_mode``, ...) are the run's
+    ``env_kwargs``.
 
     Raises:
-        ValueError: the file is missing or malformed (line number named), or the
-            reward cannot be imported.
+        ValueError: a file is missing or malformed (line number named), too small to
+            hold out a part, or the reward cannot be imported.
     """
     from lmgym.envs import register_reward_env
     from lmgym.envs.prompts import JsonlPrompts
+    from lmgym.training.holdout import prompt_parts, register_split_task
 
     path = Path(prompts)
     if not path.is_file():
@@ -200,11 +212,20 @@ def register_prompt_task(prompts: str | Path, reward: str, prompt_field: str = "
     source = JsonlPrompts(path, field=prompt_field)
     if len(source) == 0:
         raise ValueError(f"prompts {str(prompts)!r}: the file holds no prompt")
+    env_id = prompt_task_id(path)
+    if holdout or eval_file is not None:
+        parts, split = prompt_parts(path, prompt_field, eval_file)
+        return register_split_task(
+            env_id,
+            load_reward(reward),
+            parts,
+            f"prompts from {path.name} ({split}), reward {reward}",
+        )
     return register_reward_env(
-        prompt_task_id(path),
+        env_id,
         load_reward(reward),
         source,
-        description=f"prompts from {path.name}, reward {reward}",
+        description=f"prompts from {path.name} (no held-out part), reward {reward}",
     )
 
 
@@ -221,6 +242,12 @@ def prepare_task(config: TrainConfig) -> str:
             ``register_prompt_task`` raise.
     """
     if config.prompts is None and config.reward is None:
+        if config.eval_prompts_file is not None:
+            raise ValueError(
+                f"eval_prompts_file={config.eval_prompts_file!r} needs --prompts FILE.jsonl "
+                "--reward module:function (it holds out prompts of a prompt-file task; a "
+                "built-in task's held-out prompts are its split='eval')"
+            )
         return resolve_task(config.task)
     if config.prompts is None or config.reward is None:
         given, missing = ("prompts", "reward") if config.reward is None else ("reward", "prompts")
@@ -235,7 +262,15 @@ def prepare_task(config: TrainConfig) -> str:
             f"task={config.task!r} and prompts={config.prompts!r} both name the run's task; "
             "pass one (--prompts builds the task from the file and --reward)"
         )
-    config.task = register_prompt_task(config.prompts, config.reward, config.prompt_field)
+    if config.eval_prompts_file is not None:
+        config.eval_prompts_file = str(Path(config.eval_prompts_file).expanduser().resolve())
+    config.task = register_prompt_task(
+        config.prompts,
+        config.reward,
+        config.prompt_field,
+        holdout=config.holdout,
+        eval_file=config.eval_prompts_file,
+    )
     return config.task
 
 
@@ -262,7 +297,11 @@ def run_imports(config: TrainConfig) -> dict[str, Any]:
     prompts = None
     if config.prompts is not None:
         prompts = {"path": config.prompts, "sha256": file_sha256(config.prompts)}
-    return {"modules": modules, "prompts": prompts}
+    record = {"modules": modules, "prompts": prompts}
+    if config.eval_prompts_file is not None:
+        path = config.eval_prompts_file
+        record["eval_prompts"] = {"path": path, "sha256": file_sha256(path)}
+    return record
 
 
 def user_code_specs(run: dict[str, Any]) -> list[tuple[str, str]]:
@@ -278,29 +317,31 @@ def user_code_specs(run: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def check_prompt_file(imports: dict[str, Any] | None, action: str) -> str | None:
-    """Compare a run's prompt file with the SHA-256 it recorded.
+    """Compare a run's prompt files (``--prompts``, ``--eval-prompts-file``) with the
+    SHA-256 each recorded.
 
     Args:
         imports: the run's ``imports`` record (``None`` or without prompts: nothing to check).
         action: what is being done, for the message (``"resume"``).
 
     Returns:
-        ``None`` when the file is unchanged (or there is none), else a sentence saying
+        ``None`` when the files are unchanged (or there are none), else a sentence saying
         what changed.
 
     Raises:
-        ValueError: the file is gone.
+        ValueError: a file is gone.
     """
-    record = (imports or {}).get("prompts")
-    if not record:
-        return None
-    path = Path(record["path"])
-    if not path.is_file():
-        raise ValueError(f"the run's prompt file {path} is missing; restore it to {action} the run")
-    now = file_sha256(path)
-    if now == record["sha256"]:
-        return None
-    return (
-        f"the run's prompt file {path} changed since the run started (SHA-256 {now[:12]}..., "
-        f"recorded {record['sha256'][:12]}...)"
-    )
+    for key, what in (("prompts", "prompt file"), ("eval_prompts", "held-out prompt file")):
+        record = (imports or {}).get(key)
+        if not record:
+            continue
+        path = Path(record["path"])
+        if not path.is_file():
+            raise ValueError(f"the run's {what} {path} is missing; restore it to {action} the run")
+        now = file_sha256(path)
+        if now != record["sha256"]:
+            return (
+                f"the run's {what} {path} changed since the run started (SHA-256 {now[:12]}..., "
+                f"recorded {record['sha256'][:12]}...)"
+            )
+    return None

@@ -301,7 +301,7 @@ def test_eval_reports_reward_pass_at_k_and_length(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.startswith(
         f"eval of {run / 'checkpoints' / 'iter_000002'} on lmgym/TargetString-v0 "
-        "(split all (no held-out split)): 3 prompts x 4 samples"
+        "(split training prompts (no held-out split)): 3 prompts x 4 samples"
     )
     for label in ("mean reward", "pass@1", "pass@4", "mean length"):
         assert f"  {label}" in out

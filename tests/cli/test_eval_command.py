@@ -61,10 +61,13 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_eval_takes_a_prompt_file_and_reward_as_train_does(user_dir, tiny_model, capsys):
     args = ["eval", "--model", str(tiny_model), "--prompts", "sums.jsonl"]
     args += ["--reward", "eval_rewards:exact_answer", "--num-prompts", "3", "-k", "2"]
-    assert main(args) == 0
+    assert main(args) == 0  # the row lmgym train --prompts sums.jsonl holds out
     out = capsys.readouterr().out
-    assert out.startswith(f"eval of {tiny_model} on prompts/sums-v0 (split all")
+    assert out.startswith(f"eval of {tiny_model} on prompts/sums-v0 (split eval)")
     assert ": 3 prompts x 2 samples" in out.splitlines()[0]
+    assert main([*args, "--split", "all"]) == 0  # every row
+    out = capsys.readouterr().out
+    assert out.startswith(f"eval of {tiny_model} on prompts/sums-v0 (split all (every row of ")
     assert "  reward 0.00: '1+1=' -> " in out or "  reward 1.00: '1+1=' -> " in out
 
 
@@ -113,4 +116,4 @@ def test_task_and_prompts_together_are_refused(user_dir, tiny_model, capsys):
 def test_a_module_task_is_found_without_its_namespace(user_dir, tiny_model, capsys, task):
     args = ["eval", "--model", str(tiny_model), "--task", task, "--num-prompts", "1", "-k", "2"]
     assert main(args) == 0
-    assert f"on {task} (split all" in capsys.readouterr().out
+    assert f"on {task} (split training prompts (no held-out split))" in capsys.readouterr().out

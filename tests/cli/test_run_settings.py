@@ -39,9 +39,14 @@ def quiet(_: str) -> None:
 def test_lora_fields_make_a_peft_lora_config():
     peft = pytest.importorskip("peft")
     assert TrainConfig().peft_config() is None
-    config = TrainConfig(lora_r=8).peft_config()
-    assert isinstance(config, peft.LoraConfig)
-    assert (config.r, config.lora_alpha, config.target_modules) == (8, 16.0, "all-linear")
+    config = TrainConfig(lora_r=8, model="path/to/llama").peft_config()
+    assert isinstance(config, peft.LoraConfig)  # the measured default: alpha 32 on q/k/v/o
+    assert (config.r, config.lora_alpha) == (8, 32.0)
+    assert config.target_modules == {"q_proj", "k_proj", "v_proj", "o_proj"}
+    config = TrainConfig(lora_r=8).peft_config()  # the tiny GPT-2 has no q/k/v/o projections
+    assert (config.lora_alpha, config.target_modules) == (32.0, "all-linear")
+    named = TrainConfig(lora_r=8, lora_target_modules=["c_attn"]).peft_config()
+    assert named.target_modules == {"c_attn"}  # targets given are used as given
     config = TrainConfig(lora_r=4, lora_alpha=8.0, lora_target_modules=["q_proj"]).peft_config()
     assert (config.r, config.lora_alpha, config.target_modules) == (4, 8.0, {"q_proj"})
 

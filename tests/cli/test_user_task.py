@@ -121,7 +121,7 @@ def test_a_task_from_your_module_trains_evaluates_and_resumes(
     forget("my_sums", "sums/Sums-v0")  # eval imports the module again
     capsys.readouterr()
     assert main(["eval", "--run", str(run), "--num-prompts", "2", "-k", "2"]) == 0
-    assert f"on {task} (split all (no held-out split)): 2 prompts x 2 samples" in (
+    assert f"on {task} (split training prompts (no held-out split)): 2 prompts x 2 samples" in (
         capsys.readouterr().out
     )
 
@@ -189,7 +189,7 @@ def test_prompts_and_reward_train_evaluate_and_resume(user_dir, tiny_model, tmp_
     forget("my_rewards", "prompts/sums-v0")
     capsys.readouterr()
     assert main(["eval", "--run", str(run), "--num-prompts", "2", "-k", "2"]) == 0
-    assert "on prompts/sums-v0 (split all (no held-out split))" in capsys.readouterr().out
+    assert "on prompts/sums-v0 (split eval): 2 prompts x 2 samples" in capsys.readouterr().out
 
     forget("my_rewards", "prompts/sums-v0")
     assert train("--resume", str(run), "--iterations", "3") == 0

@@ -45,6 +45,9 @@ def test_eval_prints_the_last_user_message_not_the_system_prompt(tmp_path, capsy
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.chdir(tmp_path)
     args = ["eval", "--model", str(path), "--prompts", "chat.jsonl", "--reward", "chat_reward:one"]
+    assert main([*args, "--num-prompts", "1", "-k", "2"]) == 2  # one row: nothing held out
+    assert "lmgym eval --split all scores every row" in capsys.readouterr().err
+    args += ["--split", "all"]
     assert main([*args, "--num-prompts", "1", "-k", "2", "--json", "out.json"]) == 0
     out = capsys.readouterr().out
     assert "  reward 1.00: 'and 2+2?' -> " in out

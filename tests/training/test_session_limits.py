@@ -137,6 +137,7 @@ def test_a_run_on_a_reward_that_never_varies_warns(tmp_path, capsys, monkeypatch
     (tmp_path / "p.jsonl").write_text('{"prompt": "say hello:"}\n')
     monkeypatch.syspath_prepend(str(tmp_path))
     args = ["train", *QUIET, "--prompts", str(tmp_path / "p.jsonl"), "--reward", "zero_reward:zero"]
+    args += ["--no-holdout"]  # one row: nothing to hold out
     args += ["--iterations", str(NO_SIGNAL_PATIENCE), "--run-dir", str(tmp_path / "run")]
     assert main(args) == 0
     out = capsys.readouterr().out
