@@ -139,3 +139,35 @@ def overlap(train: PromptSource, held_out: PromptSource) -> int:
     """How many held-out prompts also occur (as text) among the training prompts."""
     seen = {repr(train[i]) for i in range(len(train))}
     return sum(repr(held_out[i]) in seen for i in range(len(held_out)))
+
+
+def holdout_lines(
+    prompts: str | None, prompt_field: str, holdout: bool, eval_file: str | None
+) -> list[str]:
+    """What a run on a prompt file says before training: which rows it evaluates on, and
+    a note when a named held-out file shares prompts with the training file."""
+    if prompts is None:
+        return []
+    name = Path(prompts).name
+    if eval_file is None and not holdout:
+        return [
+            f"held-out prompts: none (--no-holdout): every evaluation is on training prompts "
+            f"of {name}"
+        ]
+    parts, _ = prompt_parts(prompts, prompt_field, eval_file)
+    train, held = parts["train"], parts["eval"]
+    if eval_file is None:
+        return [
+            f"held-out prompts: {len(held)} of the {len(parts['all'])} rows of {name} (seed "
+            f"{HOLDOUT_SEED}), never trained on; training on the other {len(train)}"
+        ]
+    lines = [
+        f"held-out prompts: the {len(held)} of {Path(eval_file).name}; training on every row of {name}"
+    ]
+    shared = overlap(train, held)
+    if shared:
+        lines.append(
+            f"note: {shared} of the {len(held)} prompts of {Path(eval_file).name} are also in "
+            f"{name}: the evaluation of those is not held out"
+        )
+    return lines

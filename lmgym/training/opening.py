@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from lmgym.training.holdout import holdout_lines
 from lmgym.training.run import TrainConfig
 
 
@@ -47,6 +48,8 @@ def opening_lines(
             f"({cfg.num_prompts} prompts x {cfg.group_size}), {cfg.iterations} iterations, "
             f"model {cfg.model or 'tiny GPT-2 (built locally)'}"
         )
+    if resumed is None:
+        lines += holdout_lines(cfg.prompts, cfg.prompt_field, cfg.holdout, cfg.eval_prompts_file)
     if async_config is None and world_size > 1:
         lines.append(
             f"data parallel: {world_size} processes x {cfg.num_prompts} prompts = "

@@ -91,6 +91,7 @@ def test_train_never_trains_on_the_held_out_rows_and_reports_them(data, capsys):
     train_rows = {parts["train"][i] for i in range(len(parts["train"]))}
     assert seen() <= held | train_rows and seen() & held
     assert "split eval ..." in out and "(4 prompts x 2 samples, split eval)" in out
+    assert "held-out prompts: 3 of the 30 rows of data.jsonl (seed 0), never trained on" in out
     assert "reward before: " in out and "measured on split eval: 4 prompts x 2 samples)" in out
     records = [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines()]
     assert {r["split"] for r in records} == {"eval"}
@@ -122,6 +123,7 @@ def test_no_holdout_trains_on_every_row_and_every_report_says_so(data, capsys):
     args = ["--prompts", "data.jsonl", "--reward", "yn_reward:exact", "--iterations", "1"]
     assert main(["train", *QUIET, *args, "--no-holdout", "--run-dir", str(run)]) == 0
     out = capsys.readouterr().out
+    assert "held-out prompts: none (--no-holdout): every evaluation is on training" in out
     assert f"split {TRAINING_SPLIT}" in out
     assert f"measured on split {TRAINING_SPLIT}: 4 prompts x 2 samples)" in out
     capsys.readouterr()
@@ -137,6 +139,9 @@ def test_an_eval_prompts_file_is_what_every_evaluation_uses(data, capsys):
     assert main(["train", *QUIET, *args, "--run-dir", str(run)]) == 0
     held = {f"q{i}:" for i in range(100, 104)}
     assert held <= seen()
+    assert "held-out prompts: the 4 of held.jsonl; training on every row of data.jsonl" in (
+        capsys.readouterr().out
+    )
     saved = json.loads((run / "config.json").read_text())
     assert saved["run"]["eval_prompts_file"] == str(data / "held.jsonl")
     assert len(saved["imports"]["eval_prompts"]["sha256"]) == 64
@@ -148,6 +153,17 @@ def test_an_eval_prompts_file_is_what_every_evaluation_uses(data, capsys):
     capsys.readouterr()
     assert main(["train", "--resume", str(run), "--iterations", "2"]) == 2
     assert "the run's held-out prompt file" in capsys.readouterr().err
+
+
+def test_a_held_out_file_sharing_training_prompts_is_noted(data, capsys):
+    (data / "held.jsonl").write_text(rows(2, start=0) + rows(2, start=100))
+    args = ["--prompts", "data.jsonl", "--reward", "yn_reward:exact", "--iterations", "1"]
+    args += ["--eval-prompts-file", "held.jsonl", "--run-dir", str(data / "run")]
+    assert main(["train", *QUIET, *args]) == 0
+    assert (
+        "note: 2 of the 4 prompts of held.jsonl are also in data.jsonl: the evaluation of "
+        "those is not held out" in capsys.readouterr().out
+    )
 
 
 def test_an_eval_prompts_file_without_prompts_is_refused(data, capsys):
