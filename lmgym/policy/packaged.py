@@ -275,9 +275,12 @@ def _convert(spec: PackagedModel, source: Path, target: Path) -> None:
         loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     except (ValueError, OSError, EOFError, IndexError, KeyError, struct.error) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        kind = type(exc).__name__
+        if type(exc).__module__ != "builtins":  # struct.error, not "error"
+            kind = f"{type(exc).__module__}.{kind}"
         raise PackagedModelError(
             f"model {spec.name!r}: the packaged file {source} cannot be read, it is truncated "
-            f"or damaged ({type(exc).__name__}: {first}); reinstall the package: "
+            f"or damaged ({kind}: {first}); reinstall the package: "
             f"{spec.reinstall}"
         ) from None
     config = loaded.config

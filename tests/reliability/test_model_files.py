@@ -256,6 +256,7 @@ def test_a_gguf_file_the_reader_cannot_read_is_named(cache, tmp_path, monkeypatc
         "be read, it is truncated or damaged ("
     )
     assert line.endswith(f"); reinstall the package: {REINSTALL}")
+    assert "it is truncated or damaged (struct.error: unpack_from requires" in line
     assert [p.name for p in cache.iterdir()] == [f".{NAME}.lock"]  # no half-written model
 
 
