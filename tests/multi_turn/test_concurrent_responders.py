@@ -29,6 +29,7 @@ from lmgym.envs.turns import (
 EOS = 1
 PROMPTS = ("ab", "xyz", "q", "rr")
 WAIT = 10.0  # seconds a barrier waits before it reports the calls were not concurrent
+TIMEOUT = 1.0  # responder_timeout in the timeout tests: ample for a call that answers at once
 
 
 def answer(turns: TurnInput) -> TurnOutput:
@@ -166,7 +167,7 @@ def test_a_late_call_ends_its_episode_with_the_tasks_penalty(make_turn_env, ids,
         make_turn_env,
         ids,
         responder,
-        responder_timeout=0.2,
+        responder_timeout=TIMEOUT,
         unfinished="penalty",
         unfinished_penalty=-2.5,
     )
@@ -186,12 +187,12 @@ def test_a_late_call_under_raise_names_the_row_and_leaves_the_env_as_it_was(make
     release = threading.Event()
     responder = Gated(gate=blocked_on(release, {1, 3}))
     env = env_ending_a_turn_on_every_row(
-        make_turn_env, ids, responder, responder_timeout=0.2, on_responder_timeout="raise"
+        make_turn_env, ids, responder, responder_timeout=TIMEOUT, on_responder_timeout="raise"
     )
     before = (env._rows, env._stream, env._turn_states)
     try:
         with pytest.raises(
-            ResponderTimeout, match=r"env row\(s\) \[1, 3\] within responder_timeout=0.2 s"
+            ResponderTimeout, match=r"env row\(s\) \[1, 3\] within responder_timeout=1.0 s"
         ):
             env.step(torch.tensor([EOS] * 4))
     finally:
@@ -307,3 +308,19 @@ def test_an_env_with_a_running_caller_copies(make_turn_env, ids):
     assert isinstance(twin._turns.caller, ResponderCaller) and twin._turns.caller._loop is None
     a, b = env.step(torch.tensor([5] * 4)), twin.step(torch.tensor([5] * 4))
     assert torch.equal(a[0]["input_ids"], b[0]["input_ids"])
+
+
+def test_the_timeout_options_reach_a_registered_env_through_make_vec():
+    import gymnasium as gym
+
+    from lmgym.envs import register_responder_env
+
+    env_id = register_responder_env("Issue39AsyncGated", AsyncGated(), ["a", "b"], max_turns=2)
+    env = gym.make_vec(
+        env_id, num_envs=2, responder_timeout=5, on_responder_timeout="raise", max_turn_tokens=6
+    )
+    assert env.options.responder_timeout == 5.0 and env.on_responder_timeout == "raise"
+    assert env._turns.caller.timeout == 5.0 and env._turns.max_turn_tokens == 6
+    env.reset(seed=0)
+    _, rewards, _, _, _ = env.step(torch.tensor([EOS, EOS]))
+    assert rewards.tolist() == pytest.approx([0.1, 1.1])
