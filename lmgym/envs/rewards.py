@@ -528,7 +528,7 @@ class TokenModuleReward:
     def __call__(self, batch: RewardInput) -> Tensor:
         ids = torch.cat([batch.prompt_ids, batch.completion_ids], dim=1)
         mask = torch.cat([batch.prompt_mask, batch.completion_mask], dim=1)
-        return self.module(ids, mask).reshape(-1)
+        return self.module(ids, mask)  # its shape is checked, not flattened (validate_rewards)
 
 
 # ----------------------------------------------------------------- combined

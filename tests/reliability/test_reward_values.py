@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from lmgym.envs import FunctionReward, RewardError, TokenScoreReward
+from lmgym.envs.rewards import TokenModuleReward
 
 EOS = 1
 
@@ -94,3 +95,15 @@ def test_a_reward_of_another_shape_is_refused_naming_the_expected_one(make_env, 
         ),
     ):
         step_once(env, 4)
+
+
+def test_a_token_module_reward_of_another_shape_is_refused_not_flattened(make_env):
+    reward = TokenModuleReward(lambda ids, mask: torch.zeros(2, ids.shape[0] // 2), name="mod")
+    env = make_env(num_prompts=4, prompts=["ab", "xyz", "a", "b"], reward=reward)
+    with pytest.raises(
+        RewardError, match=r"reward 'mod' returned shape \[2, 2\] for 4 completions"
+    ):
+        step_once(env, 4)
+    fine = TokenModuleReward(lambda ids, mask: torch.ones(ids.shape[0], 1), name="mod")
+    env = make_env(num_prompts=4, prompts=["ab", "xyz", "a", "b"], reward=fine)
+    assert step_once(env, 4)[1].tolist() == [1.0] * 4
