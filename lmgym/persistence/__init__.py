@@ -13,9 +13,10 @@
   inside ``torch.save`` or safetensors) turned into ``OSError`` naming the file.
 
 This package imports nothing from ``lmgym.training``, and from ``lmgym.agents`` only
-``lmgym.agents.config.config_from_dict`` (inside ``load_agent``; that module imports
-no agent and nothing of this package), so both can use it without an import cycle:
-an agent hands it ``state_dict()`` and takes back ``load_state_dict(...)``.
+``lmgym.agents.config.config_from_dict``, inside ``load_agent`` (when an agent is
+loaded, so ``lmgym.agents`` is imported by then anyway; ``agents.config`` imports
+nothing of this package). So both can use it without an import cycle: an agent
+hands it ``state_dict()`` and takes back ``load_state_dict(...)``.
 """
 
 from __future__ import annotations
