@@ -182,6 +182,26 @@ def _known(argv: list[str]) -> argparse.Namespace:
     return pre.parse_known_args(argv)[0]
 
 
+def eval_file_given_as_count(argv: Sequence[str]) -> str | None:
+    """The error for a file given to ``--eval-prompts`` (the count of prompts per
+    evaluation; the held-out file is ``--eval-prompts-file``), or ``None``."""
+    for i, arg in enumerate(argv):
+        name, sep, value = arg.partition("=")
+        if name not in ("--eval-prompts", "--eval_prompts"):
+            continue
+        if not sep:
+            value = argv[i + 1] if i + 1 < len(argv) else ""
+        try:
+            int(value)
+        except ValueError:
+            if value.endswith(".jsonl") or os.path.isfile(value):
+                return (
+                    f"--eval-prompts {value}: --eval-prompts is the number of prompts per "
+                    f"evaluation; a file of held-out prompts is --eval-prompts-file {value}"
+                )
+    return None
+
+
 def _show_pretrained_defaults(
     parser: argparse.ArgumentParser, known: argparse.Namespace, values: dict[str, Any]
 ) -> None:
@@ -256,6 +276,9 @@ def parse_train(argv: Sequence[str]) -> TrainRequest:
             )
         if nproc < 1:
             raise UsageError(f"--nproc-per-node {nproc}: must be >= 1")
+    moved = eval_file_given_as_count(argv)
+    if moved is not None:
+        raise UsageError(moved)
     known = _known(argv)
     if known.resume is not None and (known.actors or known.learners) is not None:
         raise UsageError(ASYNC_RESUME_REFUSED)

@@ -166,6 +166,14 @@ def test_a_held_out_file_sharing_training_prompts_is_noted(data, capsys):
     )
 
 
+def test_a_file_given_to_the_count_flag_names_the_file_flag(data, capsys):
+    assert main(["train", "--eval-prompts", "held.jsonl"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "lmgym train: error: --eval-prompts held.jsonl: --eval-prompts is the number of prompts "
+        "per evaluation; a file of held-out prompts is --eval-prompts-file held.jsonl"
+    )
+
+
 def test_an_eval_prompts_file_without_prompts_is_refused(data, capsys):
     assert main(["train", *QUIET, "--eval-prompts-file", "x.jsonl"]) == 2
     assert "eval_prompts_file='x.jsonl' needs --prompts FILE.jsonl" in capsys.readouterr().err
