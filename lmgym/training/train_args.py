@@ -218,6 +218,9 @@ def _show_pretrained_defaults(
         lora = int(lora_r) > 0
     except (TypeError, ValueError):
         return  # the parser names the bad value
+    from lmgym.policy.adapters import is_adapter_dir
+
+    lora = lora or is_adapter_dir(str(model))  # as apply_pretrained_defaults decides
     defaults = {
         field: value
         for field, (_, value) in PRETRAINED_DEFAULTS.values(lora).items()
