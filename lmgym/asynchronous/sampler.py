@@ -137,6 +137,7 @@ class AdmissionCollector:
             episode_starts=self._starts,
             generator=self.generator,
             group_ids=self._info["group_id"] if shareable else None,
+            idle=~self.live,
         )
         self._starts, self._fresh = None, False
         obs, reward, terminated, truncated, info = env.step(actions.to(env.device))

@@ -532,8 +532,9 @@ class CausalLMPolicy(nn.Module):
         (``ModelTrunk.hidden_states`` documents it)."""
         return self.trunk.hidden_states
 
-    #: ``act(obs, state=None, episode_starts=None, generator=None, group_ids=None)``:
-    #: sample the next token of every row (``RolloutEngine.act`` documents it).
+    #: ``act(obs, state=None, episode_starts=None, generator=None, group_ids=None,
+    #: idle=None)``: sample the next token of every row (``RolloutEngine.act``
+    #: documents it), with the engine ``lmgym.policy.set_rollout_engine`` chose.
     act = _EngineAct()
 
     @labelled(LM_HEAD)

@@ -494,6 +494,7 @@ class RolloutEngine:
         episode_starts: Tensor | None = None,
         generator: torch.Generator | None = None,
         group_ids: Tensor | None = None,
+        idle: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, PolicyState]:
         """Sample the next token of every row.
 
@@ -517,6 +518,9 @@ class RolloutEngine:
                 mid-episode (``state=None`` on rows with completions). ``None``: no
                 sharing. (Restarted rows' text is packed into the decode step, each
                 row its own; the ids are not needed then.)
+            idle: ``[N] bool`` rows whose action the env will ignore (finished, or
+                about to be refilled). Unused here: one batched step decodes every
+                row; an engine that generates per request (``vllm_engine``) skips them.
 
         Returns:
             ``(actions [N] int64, sampler_logprobs [N] float32, new_state)``.
