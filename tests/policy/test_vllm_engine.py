@@ -322,3 +322,39 @@ def test_unknown_engines_and_settings_are_refused(base):
         set_rollout_engine(policy, "vllm", kv_cache=2)
     with pytest.raises(ValueError, match="takes no engine settings"):
         set_rollout_engine(policy, "lmgym", kv_cache_gib=2)
+
+
+def test_as_an_async_actor_weights_change_in_flight_and_tokens_carry_their_version(
+    base, engine
+):
+    from lmgym.asynchronous.sampler import AdmissionCollector
+    from lmgym.asynchronous.transport import flatten_weights, load_weights
+
+    policy = served(copy.deepcopy(base), engine)
+    env = make_env(policy, QUESTIONS[:2], group_size=2, max_new_tokens=24)
+    collector = AdmissionCollector(env, policy, torch.Generator().manual_seed(0), seed=0)
+    collector.admit(None)
+    for _ in range(3):
+        collector.step(0)
+    # The learner publishes version 1 (here: the weights moved by seeded noise); the
+    # actor loads it into its policy as run_actor does, mid-episode.
+    newer = copy.deepcopy(base)
+    noise = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in newer.parameters():
+            p.add_(torch.randn(p.shape, generator=noise) * 2e-3)
+    load_weights(policy.model, flatten_weights(newer.model, torch.device("cpu")))
+    while collector.num_live:
+        collector.step(1)
+    rollout = collector.take_groups()
+    assert rollout is not None and rollout.batch.batch_size == 4
+    batch, versions = rollout.batch, rollout.versions
+    # The first three tokens of every row were sampled by version 0, the rest by 1.
+    assert (versions[:, :3] == 0).all()
+    later = (versions == 1) & batch.policy_mask
+    assert later.any()
+    diff = (teacher_forced(policy, batch) - batch.sampler_logprobs).abs()
+    # vLLM reloaded the new weights before the next token: the later tokens' log-probs
+    # are the new policy's; the first ones' are not (they record the old sampler).
+    assert diff[later].max().item() < TOLERANCE
+    assert diff[:, :3].max().item() > 10 * TOLERANCE
