@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from lmgym.policy.causal_lm import CausalLMPolicy
     from lmgym.policy.vllm_engine import VLLMEngine
 
-__all__ = ["ROLLOUT_ENGINES", "engine_name", "set_rollout_engine"]
+__all__ = ["ROLLOUT_ENGINES", "choose_rollout_engine", "engine_name", "set_rollout_engine"]
 
 ROLLOUT_ENGINES = ("lmgym", "vllm")
 
@@ -86,3 +86,12 @@ def set_rollout_engine(
         engine.sampling = current.sampling
         engine.serve(policy)
     policy.engine = engine
+
+
+def choose_rollout_engine(policy: CausalLMPolicy, name: str, kv_cache_gib: float) -> None:
+    """The command line's choice (``--rollout-engine``, ``--vllm-kv-cache-gib``): ``name``,
+    with vLLM's KV cache size when it is ``"vllm"``."""
+    if name == "vllm":
+        set_rollout_engine(policy, name, kv_cache_gib=kv_cache_gib)
+    else:
+        set_rollout_engine(policy, name)

@@ -196,6 +196,27 @@ class VLLMEngine:
                 f"{need / 2**30:.3f} GiB; raise kv_cache_gib or lower max_model_len"
             )
 
+    def _check_head_size(self) -> None:
+        """vLLM's CPU attention runs a few head sizes only; say so before it fails inside."""
+        if self.policy.device.type != "cpu":
+            return
+        try:
+            from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+        except ImportError:  # another vLLM layout: let vLLM check
+            return
+        config = self.policy.model.config
+        heads = getattr(config, "num_attention_heads", None) or config.n_head
+        hidden = getattr(config, "hidden_size", None) or config.n_embd
+        head_dim = getattr(config, "head_dim", None) or hidden // heads
+        sizes = CPUAttentionBackend.get_supported_head_sizes()
+        if head_dim not in sizes:
+            raise ValueError(
+                f"rollout_engine='vllm': vLLM's CPU attention supports head sizes "
+                f"{', '.join(map(str, sizes))}; this model's is {head_dim} (lmgym's built-in "
+                "tiny GPT-2 is smaller than any); use rollout_engine='lmgym', or a model such "
+                "as smollm2-135m-instruct"
+            )
+
     def _dtype(self) -> torch.dtype:
         return next(self.policy.model.parameters()).dtype
 
@@ -203,7 +224,18 @@ class VLLMEngine:
         """Start vLLM on the policy's current weights (no-op when started)."""
         if self.llm is not None:
             return
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        if distributed and torch.distributed.get_world_size() > 1:
+            # vLLM adopts the process group as its own world and leaves it unusable
+            # (tried: 2 gloo ranks generate, then the next collective fails).
+            raise RuntimeError(
+                "rollout_engine='vllm' runs vLLM inside this process and cannot share a "
+                f"torch.distributed run of {torch.distributed.get_world_size()} processes "
+                "(data parallel or async actors under torchrun) yet; use "
+                "rollout_engine='lmgym' there, or one process"
+            )
         self._check_kv_cache()
+        self._check_head_size()
         # In-process: the weights reach the worker as tensors (reload_weights).
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm import LLM

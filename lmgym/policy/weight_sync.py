@@ -79,10 +79,12 @@ def save_for_engine(policy: CausalLMPolicy, directory: Path) -> None:
     if getattr(lm, "generation_config", None) is not None:
         lm.generation_config.save_pretrained(directory)
     tensors: dict[str, Tensor] = {}
-    stored: set[int] = set()
+    # Every yielded tensor is kept alive until the end: a freed merged tensor's memory
+    # is reused by the next one, and the same address would read as a tied tensor.
+    seen: dict[int, Tensor] = {}
     for name, tensor in engine_weights(policy):
-        if tensor.data_ptr() in stored:
+        if tensor.data_ptr() in seen:
             continue  # a tied tensor: safetensors stores shared memory once
-        stored.add(tensor.data_ptr())
+        seen[tensor.data_ptr()] = tensor
         tensors[name] = tensor.to("cpu").clone()
     save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})

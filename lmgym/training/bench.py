@@ -94,6 +94,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     from transformers.utils import logging as hf_logging
 
     from lmgym.agents import ALGORITHMS
+    from lmgym.policy.engines import choose_rollout_engine
     from lmgym.training.user_code import resolve_task
 
     hf_logging.disable_progress_bar()  # a worker loading the Preference reward model
@@ -115,6 +116,9 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         # model with as many positions as the task needs (build.tiny_positions).
         torch.manual_seed(seed)
         policy = bench_policy(None, seed, positions=env.seq_len)
+    choose_rollout_engine(
+        policy, job.get("rollout_engine", "lmgym"), job.get("vllm_kv_cache_gib", 2.0)
+    )
     agent = ALGORITHMS[job["agent"]](policy, env, seed=seed, **job["overrides"])  # type: ignore[arg-type]
     start_rss = _rss_mib()
     start = time.perf_counter()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from lmgym.training.cli_common import error, quiet_transformers
+from lmgym.training.cli_common import add_rollout_engine_flags, error, quiet_transformers
 from lmgym.training.flags import FlagType, add_typed_flag
 
 
@@ -88,6 +88,7 @@ def _bench_parser() -> argparse.ArgumentParser:
         "--out", default=DEFAULT_OUT, help=f"output directory (default: {DEFAULT_OUT})"
     )
     parser.add_argument("--overwrite", action="store_true", help="replace results already in --out")
+    add_rollout_engine_flags(parser)
     parser.add_argument(
         "--quick",
         action="store_true",
@@ -116,6 +117,8 @@ def bench(argv: Sequence[str]) -> int:
             num_prompts=args.num_prompts,
             group_size=args.group_size,
             workers=args.workers,
+            rollout_engine=args.rollout_engine,
+            vllm_kv_cache_gib=args.vllm_kv_cache_gib,
         )
         summary = run_bench(spec, args.out, overwrite=args.overwrite)
     except (BenchOutputExistsError, FileNotFoundError, ValueError) as exc:

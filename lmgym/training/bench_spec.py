@@ -65,6 +65,8 @@ class BenchSpec:
         env_kwargs: extra env factory arguments per task.
         model: a local directory or hub name of a causal LM (``None``: the tiny GPT-2).
         learning_rate: every agent's learning rate (``None``: ``agent_overrides``').
+        rollout_engine, vllm_kv_cache_gib: what samples the rollouts (``TrainConfig``'s
+            fields of the same names); each run's process starts its own engine.
     """
 
     agents: tuple[str, ...] = DEFAULT_AGENTS
@@ -79,6 +81,8 @@ class BenchSpec:
     env_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)
     model: str | None = None
     learning_rate: float | None = None
+    rollout_engine: str = "lmgym"
+    vllm_kv_cache_gib: float = 2.0
 
     @classmethod
     def quick(cls) -> BenchSpec:
@@ -154,6 +158,11 @@ class BenchSpec:
         if self.iterations is not None:
             check_at_least("iterations", self.iterations)
         check_at_least("workers", self.workers, 0)
+        engine = {
+            "rollout_engine": self.rollout_engine,
+            "vllm_kv_cache_gib": self.vllm_kv_cache_gib,
+        }
+        TrainConfig(**engine).check()  # the run config's own checks of the two fields
 
     def overrides_for(self, agent: str) -> dict[str, Any]:
         """``agent``'s config overrides (``learning_rate`` replacing its rate when set)."""
@@ -180,4 +189,8 @@ class BenchSpec:
             for agent in self.agents
             for seed in self.seeds
         ]
+        if self.rollout_engine != "lmgym":  # jobs at the default keep their old keys
+            for job in jobs:
+                job["rollout_engine"] = self.rollout_engine
+                job["vllm_kv_cache_gib"] = self.vllm_kv_cache_gib
         return sorted(jobs, key=lambda j: -j["iterations"] * _COST.get(j["agent"], 1.0))

@@ -147,6 +147,7 @@ def policy_for(
         tiny_positions=positions,
     )
     config.mark_base_storage(policy)
+    config.use_rollout_engine(policy)
     return policy
 
 

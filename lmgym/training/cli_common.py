@@ -38,3 +38,32 @@ def quiet_transformers() -> None:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+
+
+def add_rollout_engine_flags(parser: argparse.ArgumentParser) -> None:
+    """``--rollout-engine`` and ``--vllm-kv-cache-gib`` as ``lmgym train`` has them: the
+    choices, defaults and help of ``TrainConfig``'s fields (``lmgym eval``, ``lmgym bench``)."""
+    from typing import get_args
+
+    from lmgym.agents.config import field_help
+    from lmgym.training.flags import add_typed_flag
+    from lmgym.training.run import TrainConfig
+
+    helps = field_help(TrainConfig)  # type: ignore[arg-type]
+    defaults = TrainConfig()
+    engines = get_args(TrainConfig.__dataclass_fields__["rollout_engine"].type)
+    parser.add_argument(
+        "--rollout-engine",
+        "--rollout_engine",
+        choices=engines or ("lmgym", "vllm"),
+        default=defaults.rollout_engine,
+        help=f"{helps['rollout_engine']} (default: {defaults.rollout_engine})",
+    )
+    add_typed_flag(
+        parser,
+        "--vllm_kv_cache_gib",
+        "--vllm-kv-cache-gib",
+        kind=float,
+        default=defaults.vllm_kv_cache_gib,
+        help=f"{helps['vllm_kv_cache_gib']} (default: {defaults.vllm_kv_cache_gib})",
+    )

@@ -27,7 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from lmgym.agents.config import config_from_dict
-from lmgym.training.cli_common import error, parse_env_kwarg, quiet_transformers
+from lmgym.training.cli_common import (
+    add_rollout_engine_flags,
+    error,
+    parse_env_kwarg,
+    quiet_transformers,
+)
 from lmgym.training.flags import add_typed_flag
 from lmgym.training.holdout import TooFewRows
 from lmgym.training.run import DEFAULT_TASK, TrainConfig
@@ -141,6 +146,7 @@ def eval_parser() -> argparse.ArgumentParser:
         "--json", default=None, metavar="FILE", help="also write the result as JSON"
     )
     parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    add_rollout_engine_flags(parser)
     add_typed_flag(
         parser,
         "--threads",
@@ -233,6 +239,7 @@ def run_eval(argv: Sequence[str]) -> int:
 
     from lmgym.persistence import CheckpointError
     from lmgym.policy import CausalLMPolicy
+    from lmgym.policy.engines import choose_rollout_engine
     from lmgym.training.env_args import check_env_kwargs, with_policy_stop_ids
     from lmgym.training.evaluation import correct_threshold_for, evaluate_policy, make_eval_env
     from lmgym.training.run import check_device
@@ -270,6 +277,7 @@ def run_eval(argv: Sequence[str]) -> int:
         policy = CausalLMPolicy.from_pretrained(
             model_path, device=args.device, temperature=temperature
         )
+        choose_rollout_engine(policy, args.rollout_engine, args.vllm_kv_cache_gib)
         env, split = make_eval_env(
             env_id,
             policy.tokenizer,
@@ -289,7 +297,7 @@ def run_eval(argv: Sequence[str]) -> int:
         result = evaluate_policy(
             policy, env, args.num_prompts, seed=args.seed, correct_threshold=threshold, split=split
         )
-    except (CheckpointError, FileNotFoundError, ValueError, OSError) as exc:
+    except (CheckpointError, FileNotFoundError, ValueError, OSError, ImportError) as exc:
         return error("eval", str(exc))
 
     print(

