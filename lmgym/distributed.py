@@ -66,7 +66,10 @@ def shutdown() -> None:
     interpreter shutdown, a gloo thread torn down after the group aborts a finished
     rank now and then ('terminate called without an active exception').
     """
-    if dist.is_available() and dist.is_initialized():
+    # Only a group of more than one rank is lmgym's (``init_from_env`` joins no other):
+    # a one-process group is vLLM's own (``--rollout-engine vllm``), which its engine
+    # tears down itself.
+    if is_distributed():
         gc.collect()
         dist.destroy_process_group()
 

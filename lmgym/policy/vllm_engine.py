@@ -238,10 +238,13 @@ class VLLMEngine:
         self._check_head_size()
         # In-process: the weights reach the worker as tensors (reload_weights).
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        # vLLM logs every start at INFO and warns about the tokenizer it is not given
+        # (lmgym sends ids); set VLLM_LOGGING_LEVEL to see them.
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
         from vllm import LLM
 
         directory = Path(tempfile.mkdtemp(prefix="lmgym-vllm-"))
-        threads = torch.get_num_threads()
+        threads, set_threads = torch.get_num_threads(), torch.set_num_threads
         try:
             save_for_engine(self.policy, directory)
             eager = self.settings.enforce_eager
@@ -260,7 +263,10 @@ class VLLMEngine:
                 enforce_eager=eager,
             )
         finally:
-            # vLLM lowers the process's torch threads for serving; the learner shares them.
+            # vLLM's CPU worker lowers the process's torch threads for serving and then
+            # replaces torch.set_num_threads with a warning; the learner shares the
+            # process, so both are put back (lmgym's --threads keeps working).
+            torch.set_num_threads = set_threads
             torch.set_num_threads(threads)
             shutil.rmtree(directory, ignore_errors=True)
         self._served = weights_key(self.policy)

@@ -324,9 +324,7 @@ def test_unknown_engines_and_settings_are_refused(base):
         set_rollout_engine(policy, "lmgym", kv_cache_gib=2)
 
 
-def test_as_an_async_actor_weights_change_in_flight_and_tokens_carry_their_version(
-    base, engine
-):
+def test_as_an_async_actor_weights_change_in_flight_and_tokens_carry_their_version(base, engine):
     from lmgym.asynchronous.sampler import AdmissionCollector
     from lmgym.asynchronous.transport import flatten_weights, load_weights
 
