@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from pathlib import Path
 
 from lmgym.training.cli_common import add_rollout_engine_flags, error, quiet_transformers
 from lmgym.training.flags import FlagType, add_typed_flag
@@ -15,7 +16,14 @@ def _csv_list(text: str) -> list[str]:
 
 def _bench_parser() -> argparse.ArgumentParser:
     from lmgym.training.bench import DEFAULT_AGENTS, DEFAULT_OUT, DEFAULT_SEEDS, DEFAULT_TASKS
-    from lmgym.training.bench_spec import DEFAULT_GROUP_SIZE, DEFAULT_NUM_PROMPTS
+    from lmgym.training.bench_spec import (
+        DEFAULT_EVAL_PROMPTS,
+        DEFAULT_EVAL_SAMPLES,
+        DEFAULT_GROUP_SIZE,
+        DEFAULT_NUM_PROMPTS,
+    )
+    from lmgym.training.pretrained import PRETRAINED_DEFAULTS
+    from lmgym.training.run import LORA_ALPHA, LORA_TARGETS
 
     parser = argparse.ArgumentParser(
         prog="lmgym bench",
@@ -38,16 +46,26 @@ def _bench_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--model",
         default=None,
-        help="local directory or hub name of your causal LM, loaded afresh for every run "
-        "(default: a tiny GPT-2 initialised with the run's seed)",
+        help="local directory or hub name of your causal LM, loaded afresh for every run, "
+        "trained with the pretrained defaults and evaluated on held-out prompts before and "
+        "after (default: a tiny GPT-2 initialised with the run's seed)",
+    )
+    add_typed_flag(
+        parser,
+        "--lora-r",
+        kind=int,
+        default=0,
+        help=f"with --model: train a fresh LoRA adapter of this rank (alpha {LORA_ALPHA:g}, on "
+        f"{' '.join(LORA_TARGETS)}, as lmgym train); 0 trains every weight (default: 0)",
     )
     add_typed_flag(
         parser,
         "--learning-rate",
         kind=float,
         default=None,
-        help="every agent's learning rate (default: each agent's own, for the tiny GPT-2; a "
-        "pretrained model wants far less: docs/cli.md, Pretrained models)",
+        help="every agent's learning rate (default: each agent's own for the tiny GPT-2; with "
+        f"--model the pretrained defaults': {PRETRAINED_DEFAULTS.learning_rate_lora:g} with "
+        f"--lora-r, {PRETRAINED_DEFAULTS.learning_rate_full:g} without)",
     )
     parser.add_argument(
         "--seeds",
@@ -60,7 +78,46 @@ def _bench_parser() -> argparse.ArgumentParser:
         "--iterations",
         kind=int,
         default=None,
-        help="iterations for every task (default: per task)",
+        help="iterations for every task (default: per task; none with --max-time alone)",
+    )
+    parser.add_argument(
+        "--max-time",
+        default=None,
+        help="wall time of every run's training: seconds (600) or with a unit (90s, 8m, 1h); "
+        "each run stops before an iteration that would end past it (default: none)",
+    )
+    parser.add_argument(
+        "--prompts",
+        default=None,
+        help="a task of your own: JSON Lines prompt file, with --reward module:function (as "
+        "lmgym train); benchmarked as the task prompts/<file stem>-v0 next to --tasks (default: "
+        "only --tasks when you name them), a tenth of its rows held out for evaluation",
+    )
+    parser.add_argument("--reward", default=None, help="the reward of --prompts, module:function")
+    parser.add_argument(
+        "--prompt-field", default="prompt", help="field of --prompts holding the prompt"
+    )
+    parser.add_argument(
+        "--eval",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="evaluate the base model and every trained model on the held-out prompts, "
+        "greedy and sampled (default: with --model)",
+    )
+    add_typed_flag(
+        parser,
+        "--eval-prompts",
+        kind=int,
+        default=DEFAULT_EVAL_PROMPTS,
+        help=f"prompts per held-out evaluation (default: {DEFAULT_EVAL_PROMPTS})",
+    )
+    add_typed_flag(
+        parser,
+        "--eval-samples",
+        kind=int,
+        default=DEFAULT_EVAL_SAMPLES,
+        help="sampled completions per held-out prompt, the k of pass@k (default: "
+        f"{DEFAULT_EVAL_SAMPLES})",
     )
     add_typed_flag(
         parser,
@@ -73,8 +130,9 @@ def _bench_parser() -> argparse.ArgumentParser:
         parser,
         "--group-size",
         kind=int,
-        default=DEFAULT_GROUP_SIZE,
-        help=f"completions per prompt (default: {DEFAULT_GROUP_SIZE}, as lmgym train)",
+        default=None,
+        help=f"completions per prompt (default: {DEFAULT_GROUP_SIZE}, as lmgym train; with "
+        f"--model {PRETRAINED_DEFAULTS.group_size}, the pretrained default)",
     )
     add_typed_flag(
         parser,
@@ -87,7 +145,12 @@ def _bench_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--out", default=DEFAULT_OUT, help=f"output directory (default: {DEFAULT_OUT})"
     )
-    parser.add_argument("--overwrite", action="store_true", help="replace results already in --out")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace results already in --out (without it, a rerun of the same command "
+        "continues an unfinished bench there)",
+    )
     add_rollout_engine_flags(parser)
     parser.add_argument(
         "--quick",
@@ -101,24 +164,45 @@ def bench(argv: Sequence[str]) -> int:
     """``lmgym bench``: the agent benchmark."""
     from lmgym.agents import ALGORITHMS
     from lmgym.training.bench import BenchOutputExistsError, BenchSpec, run_bench
+    from lmgym.training.pretrained import PRETRAINED_DEFAULTS
 
     args = _bench_parser().parse_args(list(argv))
     quiet_transformers()
     agents = sorted(ALGORITHMS) if args.agents == ["all"] else args.agents
+    group_size = args.group_size
+    if group_size is None and args.model is not None:
+        group_size = PRETRAINED_DEFAULTS.group_size
     try:
+        tasks = args.tasks
+        prompts = args.prompts
+        if prompts is not None or args.reward is not None:
+            from lmgym.training.bench_spec import register_user_task
+
+            if prompts is not None:
+                prompts = str(Path(prompts).expanduser().resolve())
+            task = register_user_task(prompts, args.reward, args.prompt_field)
+            tasks = [*(tasks or []), task]
         spec = BenchSpec.quick() if args.quick else BenchSpec()
         spec = spec.replace(
             agents=agents,
             model=args.model,
+            lora_r=args.lora_r,
             learning_rate=args.learning_rate,
-            tasks=args.tasks,
+            tasks=tasks,
             seeds=args.seeds,
             iterations=args.iterations,
+            max_time=args.max_time,
             num_prompts=args.num_prompts,
-            group_size=args.group_size,
+            group_size=group_size,
             workers=args.workers,
             rollout_engine=args.rollout_engine,
             vllm_kv_cache_gib=args.vllm_kv_cache_gib,
+            prompts=prompts,
+            reward=args.reward,
+            prompt_field=args.prompt_field,
+            evaluate=args.model is not None if args.eval is None else args.eval,
+            eval_prompts=args.eval_prompts,
+            eval_samples=args.eval_samples,
         )
         summary = run_bench(spec, args.out, overwrite=args.overwrite)
     except (BenchOutputExistsError, FileNotFoundError, ValueError) as exc:

@@ -13,6 +13,11 @@ text with no side effects (the machine and date come in as an argument), and
 
 A task of the user's own (``module:Id``, registered without ``TaskInfo``) has no
 solved threshold or description: its tables leave those out.
+
+Runs with a held-out evaluation (``BenchSpec.evaluate``: ``trained_eval`` and
+``base_eval`` in their records) get a second table per task (``format_eval_table``):
+base, trained and gain on the held-out prompts, greedy and sampled (pass@k where the
+task has a verifier), reached / kept, seconds per iteration and peak memory.
 """
 
 from __future__ import annotations
@@ -135,8 +140,83 @@ def summarize(
                 "wall_s": statistics.fmean(r["wall_s"] for r in runs),
                 "peak_rss_mib": max(r["peak_rss_mib"] for r in runs),
                 "start_rss_mib": max(r["start_rss_mib"] for r in runs),
+                "iterations": statistics.fmean(len(r["history"]) for r in runs),
+                "s_per_iteration": statistics.fmean(
+                    r["wall_s"] / max(1, len(r["history"])) for r in runs
+                ),
             }
+            if all("trained_eval" in r and "base_eval" in r for r in runs):
+                table[task][agent]["held_out"] = _held_out(runs)
     return table
+
+
+EVAL_MEASURES = (
+    ("greedy", "greedy", "reward_mean"),
+    ("sampled", "sampled", "reward_mean"),
+    ("pass@k", "sampled", "pass_at_k"),
+)
+"""The held-out numbers of the table: (column, evaluation, field)."""
+
+
+def _held_out(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """``{measure: {"base", "trained", "gain", "gain_std"}}`` over seeds (``None`` where
+    the task has no verifier for pass@k), and ``k`` and ``split``."""
+    row: dict[str, Any] = {}
+    for column, which, key in EVAL_MEASURES:
+        base = [r["base_eval"][which][key] for r in runs]
+        trained = [r["trained_eval"][which][key] for r in runs]
+        if any(v is None for v in base + trained):
+            row[column] = None
+            continue
+        gain_mean, gain_std = _mean_std([t - b for t, b in zip(trained, base, strict=True)])
+        row[column] = {
+            "base": statistics.fmean(base),
+            "trained": statistics.fmean(trained),
+            "gain": gain_mean,
+            "gain_std": gain_std,
+        }
+    sampled = runs[0]["trained_eval"]["sampled"]
+    row["k"] = sampled["samples_per_prompt"]
+    row["prompts"] = sampled["num_prompts"]
+    row["split"] = sampled["split"]
+    return row
+
+
+def format_eval_table(task_rows: dict[str, dict[str, Any]]) -> str:
+    """One task's held-out evaluation as a Markdown table: base, trained and gain
+    (greedy reward / sampled reward / pass@k), reached / kept, s/it and peak memory."""
+    rows = {agent: row for agent, row in task_rows.items() if "held_out" in row}
+    if not rows:
+        return ""
+    k = next(iter(rows.values()))["held_out"]["k"]
+    lines = [
+        f"| agent | base (greedy / sampled / pass@{k}) | trained (greedy / sampled / pass@{k}) "
+        f"| gain (greedy / sampled / pass@{k}) | reached / kept | iterations | s/it "
+        "| peak RSS (MiB) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+
+    def cells(held: dict[str, Any], key: str) -> str:
+        values = []
+        for column, _, _ in EVAL_MEASURES:
+            measure = held[column]
+            if measure is None:
+                values.append("—")
+            elif key == "gain":
+                values.append(f"{measure['gain']:+.3f}")
+            else:
+                values.append(f"{measure[key]:.3f}")
+        return " / ".join(values)
+
+    for agent, row in rows.items():
+        held, seeds = row["held_out"], row["seeds"]
+        lines.append(
+            f"| {agent} | {cells(held, 'base')} | {cells(held, 'trained')} "
+            f"| {cells(held, 'gain')} | {row['solved']}/{seeds} / {row['kept']}/{seeds} "
+            f"| {row['iterations']:.0f} | {row['s_per_iteration']:.2f} "
+            f"| {row['peak_rss_mib']:.0f} |"
+        )
+    return "\n".join(lines)
 
 
 def format_summary(table: dict[str, dict[str, dict[str, Any]]], spec: BenchSpec) -> str:
@@ -252,8 +332,7 @@ def plot_curves(
     ax.set_xlabel("completion tokens generated")
     ax.set_ylabel(f"reward (rolling mean of {spec.window} iterations)")
     ax.set_title(
-        f"{task}: {spec.iterations_for(task)} iterations of "
-        f"{spec.num_prompts}x{spec.group_size} completions"
+        f"{task}: {spec.budget_text(task)} of {spec.num_prompts}x{spec.group_size} completions"
     )
     if info is not None:
         ax.set_ylim(*info.reward_range)
@@ -272,7 +351,15 @@ def _model_text(spec: BenchSpec) -> str:
             "a fresh tiny GPT-2 per run (2 layers, 64 wide, character tokenizer, initialised "
             "with the run's seed)"
         )
-    return f"the model {spec.model} with its tokenizer, loaded afresh for every run"
+    text = f"the model {spec.model} with its tokenizer, loaded afresh for every run"
+    if spec.lora_r:
+        from lmgym.training.run import LORA_ALPHA, LORA_TARGETS
+
+        text += (
+            f", training a fresh LoRA adapter (r {spec.lora_r}, alpha {LORA_ALPHA:g}, on "
+            f"{' '.join(LORA_TARGETS)})"
+        )
+    return text
 
 
 def _task_text(task: str) -> str:
@@ -309,11 +396,32 @@ def bench_command(spec: BenchSpec, out: str | Path) -> str:
         parts += ["--workers", str(spec.workers)]
     if spec.model is not None:
         parts += ["--model", spec.model]
+    if spec.lora_r:
+        parts += ["--lora-r", str(spec.lora_r)]
     if spec.learning_rate is not None:
         parts += ["--learning-rate", f"{spec.learning_rate:g}"]
+    parts += _training_flags(spec, default)
     if str(out) != DEFAULT_OUT:
         parts += ["--out", str(out)]
     return shlex.join(parts)
+
+
+def _training_flags(spec: BenchSpec, default: BenchSpec) -> list[str]:
+    """``bench_command``'s flags for the wall-time budget, your task and the evaluation."""
+    parts = []
+    if spec.max_time is not None:
+        parts += ["--max-time", spec.max_time]
+    if spec.prompts is not None:
+        parts += ["--prompts", spec.prompts, "--reward", str(spec.reward)]
+        if spec.prompt_field != default.prompt_field:
+            parts += ["--prompt-field", spec.prompt_field]
+    if spec.evaluate != (spec.model is not None):
+        parts += ["--eval" if spec.evaluate else "--no-eval"]
+    if spec.evaluate and spec.eval_prompts != default.eval_prompts:
+        parts += ["--eval-prompts", str(spec.eval_prompts)]
+    if spec.evaluate and spec.eval_samples != default.eval_samples:
+        parts += ["--eval-samples", str(spec.eval_samples)]
+    return parts
 
 
 def machine_line() -> str:
@@ -349,7 +457,12 @@ def render_markdown(
     """
     table = summarize(results, spec)
     overrides = "; ".join(f"{agent} {_agent_settings(spec, agent)}" for agent in spec.agents)
-    iterations = ", ".join(f"{_short(t)} {spec.iterations_for(t)}" for t in spec.tasks)
+    if spec.max_time is not None:
+        budget = f"the same budget per run: {spec.budget_text(spec.tasks[0])} of `learn`"
+    else:
+        budget = "iterations per task: " + ", ".join(
+            f"{_short(t)} {spec.iterations_for(t)}" for t in spec.tasks
+        )
     process = (
         "the run's own, fresh worker process"
         if spec.workers
@@ -363,7 +476,7 @@ def render_markdown(
         "",
         f"Settings, equal for every agent: {_model_text(spec)}, "
         f"{spec.num_prompts} prompts x {spec.group_size} completions per iteration, bandit "
-        f"reward, iterations per task: {iterations}; seeds {', '.join(map(str, spec.seeds))}. "
+        f"reward, {budget}; seeds {', '.join(map(str, spec.seeds))}. "
         f"Each agent runs its documented defaults but for what is named: {overrides}.",
         "",
         f"Columns: *final reward* = mean `reward_mean` of the last {spec.window} iterations, "
@@ -385,6 +498,8 @@ def render_markdown(
         "mean over seeds and the band ± 1 std.",
         "",
     ]
+    if spec.evaluate:
+        lines += [_eval_text(spec, results), ""]
     if ablations:
         lines += [
             "Single-change ablations behind the comparison: [ablations.md](ablations.md).",
@@ -393,13 +508,34 @@ def render_markdown(
     lines += ["## Summary", "", format_summary(table, spec), ""]
     for task in spec.tasks:
         lines += [f"## {task}", "", _task_text(task), ""]
-        lines += [
-            format_table(table[task]),
-            "",
-            f"![{_short(task)} learning curves]({_short(task)}.png)",
-            "",
-        ]
+        lines += [format_table(table[task]), ""]
+        held_out = format_eval_table(table[task])
+        if held_out:
+            lines += [f"Held-out evaluation ({_split_text(table[task])}):", "", held_out, ""]
+        lines += [f"![{_short(task)} learning curves]({_short(task)}.png)", ""]
     return "\n".join(lines)
+
+
+def _split_text(task_rows: dict[str, dict[str, Any]]) -> str:
+    held = next(row["held_out"] for row in task_rows.values() if "held_out" in row)
+    return f"{held['prompts']} prompts, split {held['split'] or '?'}"
+
+
+def _eval_text(spec: BenchSpec, results: list[dict[str, Any]]) -> str:
+    """The paragraph that says what the held-out tables measure."""
+    k = spec.eval_samples
+    return (
+        f"Held-out evaluation: the base model (once per task and seed) and each trained "
+        f"model, on {spec.eval_prompts} prompts of the task's held-out split (`split=eval`; "
+        "a task without one is evaluated on its training prompts, and its table says so), "
+        f"the same prompts and sampler seed for base and trained. *greedy* = mean reward of "
+        f"the greedy completion; *sampled* = mean reward of {k} completions per prompt at "
+        f"the run's temperature; *pass@{k}* = share of prompts with a correct completion "
+        f"among the {k} (unbiased estimator; — where the task has no verifier); *gain* = "
+        "trained - base, mean over seeds; *reached / kept* as above; *iterations* = "
+        "iterations trained (mean over seeds); *s/it* = wall seconds of `learn` per "
+        "iteration; *peak RSS* = `ru_maxrss` of the run's process, training and evaluation."
+    )
 
 
 def render_json(results: list[dict[str, Any]], spec: BenchSpec, total_s: float) -> str:

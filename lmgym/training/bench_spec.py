@@ -14,6 +14,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from lmgym.training.durations import parse_duration
+from lmgym.training.pretrained import PRETRAINED_DEFAULTS
 from lmgym.training.run import TrainConfig
 from lmgym.typed_values import check_at_least
 
@@ -39,6 +41,11 @@ DEFAULT_NUM_PROMPTS: int = _TRAIN_DEFAULTS["num_prompts"]
 DEFAULT_GROUP_SIZE: int = _TRAIN_DEFAULTS["group_size"]
 """The bench's batch shape is ``lmgym train``'s (4 prompts x 16 completions): at 4 x 8
 the GRPO family kept TargetString on 3 of 5 seeds, at 4 x 16 on 5 of 5."""
+MAX_TIME_ITERATIONS = 1_000_000
+"""The iteration cap of a run bounded by ``max_time`` alone (never reached: the wall
+clock stops it first)."""
+DEFAULT_EVAL_PROMPTS: int = _TRAIN_DEFAULTS["eval_prompts"]
+DEFAULT_EVAL_SAMPLES: int = _TRAIN_DEFAULTS["eval_samples"]
 # Relative cost of an iteration, to start the longest runs first.
 _COST = {"ppo": 3.0, "dual_clip_ppo": 3.0, "vapo": 3.0, "remax": 1.5}
 
@@ -67,6 +74,25 @@ class BenchSpec:
         learning_rate: every agent's learning rate (``None``: ``agent_overrides``').
         rollout_engine, vllm_kv_cache_gib: what samples the rollouts (``TrainConfig``'s
             fields of the same names); each run's process starts its own engine.
+        lora_r: LoRA rank with ``model`` (0: every weight trains); alpha and target
+            modules are ``lmgym train``'s (``TrainConfig.peft_config``).
+        max_time: every run's wall-time budget (``10m``; ``durations.parse_duration``),
+            instead of, or as well as, ``iterations``: a run stops before an iteration
+            that would end past it (``WallClockLimit``).
+        prompts, reward, prompt_field: a task of your own from a JSON Lines file and a
+            reward (``lmgym train --prompts --reward``), benchmarked as the task
+            ``prompts/<file stem>-v0`` (name it in ``tasks``); its held-out rows are
+            ``lmgym.training.holdout``'s.
+        evaluate: evaluate the base model (once per task and seed) and every trained
+            model on the task's held-out prompts (``make_eval_env``), greedy and sampled.
+        eval_prompts, eval_samples: prompts per evaluation, and samples per prompt of
+            the sampled one (the k of pass@k), as ``lmgym train``'s.
+
+    With ``model``, every agent trains with the pretrained defaults
+    (``PRETRAINED_DEFAULTS``: learning rate 1e-4 with LoRA, 1e-5 for a full fine-tune,
+    no KL term, one pass over each batch) where ``agent_overrides`` and
+    ``learning_rate`` set nothing; their group size (8) is the command line's default
+    for ``group_size`` with ``--model`` (here the field is what it says).
     """
 
     agents: tuple[str, ...] = DEFAULT_AGENTS
@@ -83,6 +109,14 @@ class BenchSpec:
     learning_rate: float | None = None
     rollout_engine: str = "lmgym"
     vllm_kv_cache_gib: float = 2.0
+    lora_r: int = 0
+    max_time: str | None = None
+    prompts: str | None = None
+    reward: str | None = None
+    prompt_field: str = "prompt"
+    evaluate: bool = False
+    eval_prompts: int = DEFAULT_EVAL_PROMPTS
+    eval_samples: int = DEFAULT_EVAL_SAMPLES
 
     @classmethod
     def quick(cls) -> BenchSpec:
@@ -104,10 +138,36 @@ class BenchSpec:
         return dataclasses.replace(self, **changes)
 
     def iterations_for(self, task: str) -> int:
-        """The iteration budget of ``task``."""
+        """The iteration budget of ``task`` (with ``max_time`` alone: ``MAX_TIME_ITERATIONS``)."""
         if self.iterations is not None:
             return self.iterations
+        if self.max_time is not None:
+            return MAX_TIME_ITERATIONS
         return TASK_ITERATIONS.get(task, DEFAULT_ITERATIONS)
+
+    def budget_text(self, task: str) -> str:
+        """``150 iterations``, ``8m of wall time``, or both."""
+        parts = []
+        if self.iterations is not None or self.max_time is None:
+            parts.append(f"{self.iterations_for(task)} iterations")
+        if self.max_time is not None:
+            parts.append(f"{self.max_time} of wall time")
+        return " or ".join(parts)
+
+    def register_user_task(self) -> str | None:
+        """Register the ``prompts`` / ``reward`` task (in this process); its id, or ``None``."""
+        if self.prompts is None and self.reward is None:
+            return None
+        return register_user_task(self.prompts, self.reward, self.prompt_field)
+
+    def key(self) -> dict[str, Any]:
+        """What a resumed bench must share with the one it continues: every field but
+        ``workers`` (how many run at once changes no run), as JSON values."""
+        import json
+
+        data = dataclasses.asdict(self)
+        data.pop("workers")
+        return json.loads(json.dumps(data))
 
     def check(self) -> None:
         """Raise ``ValueError`` naming bad agents/tasks (with the valid ones) or sizes.
@@ -120,6 +180,7 @@ class BenchSpec:
         from lmgym.envs.registration import TASKS
         from lmgym.training.user_code import check_task_factory, resolve_task
 
+        self.register_user_task()
         bad = [a for a in self.agents if a not in ALGORITHMS]
         if bad:
             raise ValueError(
@@ -158,15 +219,40 @@ class BenchSpec:
         if self.iterations is not None:
             check_at_least("iterations", self.iterations)
         check_at_least("workers", self.workers, 0)
+        self._check_training()
         engine = {
             "rollout_engine": self.rollout_engine,
             "vllm_kv_cache_gib": self.vllm_kv_cache_gib,
         }
         TrainConfig(**engine).check()  # the run config's own checks of the two fields
 
+    def _check_training(self) -> None:
+        """``check``'s part for the budget, LoRA and the held-out evaluation."""
+        for name in ("eval_prompts", "eval_samples"):
+            check_at_least(name, getattr(self, name))
+        if self.max_time is not None:
+            parse_duration(self.max_time)
+        if self.lora_r < 0:
+            raise ValueError(f"lora_r={self.lora_r}: must be >= 0 (0: full fine-tuning)")
+        if self.lora_r and self.model is None:
+            raise ValueError(
+                f"lora_r={self.lora_r} needs --model (LoRA adapts a pretrained model; the "
+                "tiny GPT-2 of the default bench trains every weight)"
+            )
+
     def overrides_for(self, agent: str) -> dict[str, Any]:
-        """``agent``'s config overrides (``learning_rate`` replacing its rate when set)."""
-        overrides = dict(self.agent_overrides.get(agent, {}))
+        """``agent``'s config overrides: with ``model`` the pretrained defaults first
+        (``PRETRAINED_DEFAULTS``, the fields its config has), then ``agent_overrides``,
+        then ``learning_rate`` replacing its rate when set."""
+        overrides: dict[str, Any] = {}
+        if self.model is not None:
+            from lmgym.agents import ALGORITHMS
+
+            fields = {f.name for f in dataclasses.fields(ALGORITHMS[agent].config_class)}
+            for name, (section, value) in PRETRAINED_DEFAULTS.values(self.lora_r > 0).items():
+                if section == "agent" and name in fields:
+                    overrides[name] = value
+        overrides.update(self.agent_overrides.get(agent, {}))
         if self.learning_rate is not None:
             overrides["learning_rate"] = self.learning_rate
         return overrides
@@ -189,8 +275,32 @@ class BenchSpec:
             for agent in self.agents
             for seed in self.seeds
         ]
-        if self.rollout_engine != "lmgym":  # jobs at the default keep their old keys
-            for job in jobs:
-                job["rollout_engine"] = self.rollout_engine
-                job["vllm_kv_cache_gib"] = self.vllm_kv_cache_gib
+        # Jobs at the defaults keep their old keys.
+        extra: dict[str, Any] = {}
+        if self.rollout_engine != "lmgym":
+            extra["rollout_engine"] = self.rollout_engine
+            extra["vllm_kv_cache_gib"] = self.vllm_kv_cache_gib
+        if self.lora_r:
+            extra["lora_r"] = self.lora_r
+        if self.max_time is not None:
+            extra["max_time"] = self.max_time
+        if self.prompts is not None or self.reward is not None:
+            extra["user_task"] = [self.prompts, self.reward, self.prompt_field]
+        if self.evaluate:
+            extra["eval"] = {"prompts": self.eval_prompts, "samples": self.eval_samples}
+        for job in jobs:
+            job.update(extra)
         return sorted(jobs, key=lambda j: -j["iterations"] * _COST.get(j["agent"], 1.0))
+
+
+def register_user_task(prompts: str | None, reward: str | None, prompt_field: str) -> str:
+    """Register the task of a prompt file and a reward with its held-out split
+    (``user_code.prepare_task``, as ``lmgym train --prompts --reward`` does); its id.
+
+    Raises:
+        ValueError: one without the other, or what ``prepare_task`` raises.
+    """
+    from lmgym.training.user_code import prepare_task
+
+    config = TrainConfig(prompts=prompts, reward=reward, prompt_field=prompt_field)
+    return prepare_task(config)

@@ -394,15 +394,16 @@ def test_bench_on_your_model_and_your_task(user_dir, tiny_model, tmp_path, capsy
     readme = (out / "README.md").read_text()
     assert f"the model {tiny_model} with its tokenizer, loaded afresh for every run" in readme
     assert f"## {task}\n\nA task of your own (no solved threshold stated)." in readme
-    assert (
+    assert (  # the pretrained defaults (PRETRAINED_DEFAULTS), the rate replaced
         "Each agent runs its documented defaults but for what is named: grpo with "
-        "learning_rate=0.0001." in readme
+        "learning_rate=0.0001, beta=0, update_epochs=1, num_minibatches=1." in readme
     )
     assert f"--model {tiny_model}" in readme and "--learning-rate 0.0001" in readme
     assert (out / "Sums.png").read_bytes()[:4] == b"\x89PNG"
     results = json.loads((out / "results.json").read_text())
     assert sorted(r["task"] for r in results["runs"]) == ["lmgym/TargetString-v0", task]
-    assert all(r["overrides"] == {"learning_rate": 1e-4} for r in results["runs"])
+    pretrained = {"learning_rate": 1e-4, "beta": 0.0, "update_epochs": 1, "num_minibatches": 1}
+    assert all(r["overrides"] == pretrained for r in results["runs"])
 
 
 # ------------------------------------------------------------- user_code
