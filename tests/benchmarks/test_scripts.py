@@ -24,6 +24,7 @@ SCRIPTS = [
     "update",
     "async",
     "ragged",
+    "vllm_engine",
 ]
 sys.path.insert(0, str(BENCHMARKS))
 
