@@ -239,10 +239,12 @@ def held_out_eval(policy: Any, env_id: str, job: dict[str, Any]) -> dict[str, An
 def run_base_eval(job: dict[str, Any]) -> dict[str, Any]:
     """Evaluate the untrained ``model`` of a (task, seed) job (``held_out_eval``)."""
     import torch
+    from transformers.utils import logging as hf_logging
 
     from lmgym.policy.engines import choose_rollout_engine
     from lmgym.training.user_code import resolve_task
 
+    hf_logging.disable_progress_bar()
     torch.set_num_threads(1)
     _register_job_task(job)
     start = time.perf_counter()
