@@ -15,6 +15,17 @@ The first of these found in the turn counts (case-insensitive). A turn with
 neither is answered with the format reminder ``FORMAT_HINT`` and the episode goes
 on; the env ends it at ``max_turns`` or when the token budget runs out.
 
+The calculator is a tool (``lmgym.envs.tasks.multi_turn.tools``): the typed
+function ``calc(expression: str) -> str``, run in a worker process with a time and
+a memory limit (``time_limit``, ``memory_limit_mb``) like every tool. A call in
+the tool format, ``<tool_call>{"name": "calc", "arguments": {"expression":
+"37*23"}}</tool_call>``, is read too (the earliest call or answer in the turn
+counts); one that cannot run (malformed JSON, another tool's name, no
+``expression``) is answered ``"error: ..."`` and counts as a call. With
+``declare_tools=True`` a chat prompt declares ``calc`` in the model's format
+(``tools.tool_messages``: the chat template's ``tools`` support, else the
+default format) and asks for that call; the default keeps the prompts as they were.
+
 Reward: on the answering turn, ``R = 1`` if the answer's text, whitespace
 stripped, is a number equal to the expression's value (``"870"`` and
 ``"870.0"``; not ``"about 870"``), else 0; each calculator call adds
@@ -30,7 +41,7 @@ from __future__ import annotations
 
 import random
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from lmgym.envs.options import EnvOptions
@@ -39,7 +50,9 @@ from lmgym.envs.task_factory import build_env, task_factory
 from lmgym.envs.tasks._chat import chat_prompt, distinct_draws, wants_chat
 from lmgym.envs.tasks._common import Split
 from lmgym.envs.tasks.multi_turn._common import Reply, column, split_records, turn_output
-from lmgym.envs.tasks.multi_turn.safe_arith import CalcError, evaluate, format_number
+from lmgym.envs.tasks.multi_turn.safe_arith import evaluate, format_number
+from lmgym.envs.tasks.multi_turn.tools import Tool, ToolRunner, parse_call, tool_messages
+from lmgym.envs.tasks.multi_turn.tools.runner import DEFAULT_MEMORY_LIMIT_MB, DEFAULT_TIME_LIMIT
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.envs.turns import EpisodeStart, TurnInput, TurnOutput
 
@@ -69,6 +82,34 @@ def parse_turn(text: str) -> Action | None:
     return ("calc" if kind.startswith("calc") else "answer", match.group(kind).strip())
 
 
+def calc(expression: str) -> str:
+    """Evaluate an arithmetic expression.
+
+    Args:
+        expression: Numbers with + - * / // % ** and parentheses, e.g. "37*23+19".
+    """
+    return format_number(evaluate(expression))
+
+
+CALC_TOOL = Tool(calc)
+
+
+def parse_turn_with_tools(text: str) -> Action | tuple[Literal["error"], str] | None:
+    """``parse_turn``, with a ``<tool_call>`` JSON call of ``calc`` read as well (the
+    earliest of them counts): ``("calc", expression)``, ``("answer", text)``,
+    ``("error", why)`` for a tool call that cannot run, or ``None``."""
+    action = parse_turn(text)
+    call = parse_call(text, {"calc": CALC_TOOL}, line_calls=False)
+    if call is None:
+        return action
+    first = _CALL.search(text)
+    if action is not None and first is not None and first.start() < call.start:
+        return action
+    if not call.ok:
+        return ("error", str(call.error))
+    return ("calc", str(call.arguments["expression"]))
+
+
 def answer_matches(answer: str, expected: int | float) -> bool:
     """Whether ``answer`` (stripped) is a number equal to ``expected``."""
     answer = answer.strip()
@@ -86,11 +127,19 @@ class Calculator:
     Args:
         column: the prompt-source column holding each problem's answer (a number).
         call_cost: subtracted from the reward of each turn that calls the calculator.
+        time_limit, memory_limit_mb: each call's bounds (``tools.ToolRunner``).
     """
 
     column: str = "answer"
     call_cost: float = 0.0
+    time_limit: float = DEFAULT_TIME_LIMIT
+    memory_limit_mb: int = DEFAULT_MEMORY_LIMIT_MB
     role: Literal["tool"] = "tool"
+    runner: ToolRunner = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        runner = ToolRunner({"calc": calc}, self.time_limit, self.memory_limit_mb)
+        object.__setattr__(self, "runner", runner)
 
     def start(self, episodes: EpisodeStart) -> list[int]:
         """No calls yet in any new episode (and every row has an answer to score).
@@ -102,16 +151,21 @@ class Calculator:
 
     def reply(self, text: str, expected: Any, calls: int) -> Reply:
         """The answer to one turn ``text`` whose problem's value is ``expected``."""
-        action = parse_turn(text)
+        action = parse_turn_with_tools(text)
         if action is None:
             return Reply(FORMAT_HINT, 0.0, False, calls)
         kind, body = action
         if kind == "answer":
             return Reply(None, float(answer_matches(body, expected)), True, calls)
-        try:
-            observation = format_number(evaluate(body))
-        except CalcError as err:
-            observation = f"error: {err}"
+        if kind == "error":
+            return Reply(f"error: {body}", -self.call_cost, False, calls + 1)
+        result = self.runner.call("calc", {"expression": body})
+        if result.ok:
+            observation = result.text
+        elif result.error_type == "CalcError":  # written for the policy already
+            observation = f"error: {result.message}"
+        else:
+            observation = f"error: {result.error}"
         return Reply(observation, -self.call_cost, False, calls + 1)
 
     def respond(self, turns: TurnInput) -> TurnOutput:
@@ -154,9 +208,15 @@ def calculator_problems(
     return [(expression, int(evaluate(expression))) for expression in expressions]
 
 
-def question(expression: str, *, chat: bool) -> str:
-    """The prompt's text for ``expression``: tags for a chat model, line prefixes in
-    lowercase for plain text (the character tokenizer has no ``<``, ``>`` or ``/``)."""
+def question(expression: str, *, chat: bool, tool_call: bool = False) -> str:
+    """The prompt's text for ``expression``: tags for a chat model (``tool_call``:
+    the tool-call format instead of ``<calc>``), line prefixes in lowercase for plain
+    text (the character tokenizer has no ``<``, ``>`` or ``/``)."""
+    if chat and tool_call:
+        return (
+            f"What is {expression}? Call the calc tool to compute it, then give your final "
+            "answer as <answer>number</answer>."
+        )
     if chat:
         return (
             f"What is {expression}? You have a calculator: write <calc>expression</calc> "
@@ -172,6 +232,9 @@ def make_calculator_vector(
     operations: str = OPERATORS,
     dataset_size: int = 1000,
     call_cost: float = 0.0,
+    time_limit: float = DEFAULT_TIME_LIMIT,
+    memory_limit_mb: int = DEFAULT_MEMORY_LIMIT_MB,
+    declare_tools: bool = False,
     split: Split = "train",
     eval_fraction: float = 0.25,
     data_seed: int = 0,
@@ -184,6 +247,10 @@ def make_calculator_vector(
         operations: operators drawn from ``"+-*"``.
         dataset_size: distinct problems before the split.
         call_cost: reward subtracted per calculator call (default 0).
+        time_limit: seconds a calculator call may run (default 2).
+        memory_limit_mb: memory a call may add, MiB (default 256; 0: none).
+        declare_tools: a chat prompt declares ``calc`` in the model's tool format
+            and asks for a tool call (default: the ``<calc>`` tags, as before).
         split: ``"train"``, ``"eval"`` (held-out problems) or ``"all"``.
         eval_fraction: share of problems held out for ``"eval"``.
         data_seed: seeds the problems and the split.
@@ -195,12 +262,15 @@ def make_calculator_vector(
             (default 96).
     """
     chat = wants_chat(chat, options.tokenizer)
-    records = [
-        {"prompt": chat_prompt(question(expression, chat=chat), chat=chat), "answer": value}
-        for expression, value in calculator_problems(dataset_size, digits, operations, data_seed)
-    ]
+    tool_call = chat and declare_tools
+    records = []
+    for expression, value in calculator_problems(dataset_size, digits, operations, data_seed):
+        prompt = chat_prompt(question(expression, chat=chat, tool_call=tool_call), chat=chat)
+        if tool_call:
+            prompt = tool_messages(prompt, [CALC_TOOL], options.tokenizer)
+        records.append({"prompt": prompt, "answer": value})
     source = split_records(records, split, eval_fraction, data_seed)
-    responder = Calculator(column="answer", call_cost=call_cost)
+    responder = Calculator("answer", call_cost, time_limit, memory_limit_mb)
     return build_env(
         options, source, None, responder=responder, max_new_tokens=DEFAULT_MAX_NEW_TOKENS
     )
