@@ -220,8 +220,9 @@ def format_eval_table(task_rows: dict[str, dict[str, Any]]) -> str:
 
 
 def format_summary(table: dict[str, dict[str, dict[str, Any]]], spec: BenchSpec) -> str:
-    """Agents x tasks: final reward mean ± std, seeds that reached and kept the threshold,
-    as a Markdown table."""
+    """Agents x tasks: final reward mean ± std, seeds that reached and kept the threshold
+    (and, with a held-out evaluation, its greedy reward before and after), as a Markdown
+    table."""
     header = "| agent | " + " | ".join(_short(t) for t in spec.tasks) + " |"
     lines = [header, "|---|" + "---|" * len(spec.tasks)]
     for agent in spec.agents:
@@ -233,9 +234,19 @@ def format_summary(table: dict[str, dict[str, dict[str, Any]]], spec: BenchSpec)
                 if row is None
                 else f"{row['final_mean']:.3f} ± {row['final_std']:.3f} "
                 f"(reached {row['solved']}/{row['seeds']}, kept {row['kept']}/{row['seeds']})"
+                + _gain_text(row)
             )
         lines.append(f"| {agent} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _gain_text(row: dict[str, Any]) -> str:
+    """``; held-out greedy 0.250 -> 0.500`` for a summary cell, or ``""``."""
+    held = row.get("held_out")
+    if held is None or held["greedy"] is None:
+        return ""
+    greedy = held["greedy"]
+    return f"; held-out greedy {greedy['base']:.3f} -> {greedy['trained']:.3f}"
 
 
 def _fmt_count(value: float | None) -> str:
@@ -351,7 +362,10 @@ def _model_text(spec: BenchSpec) -> str:
             "a fresh tiny GPT-2 per run (2 layers, 64 wide, character tokenizer, initialised "
             "with the run's seed)"
         )
-    text = f"the model {spec.model} with its tokenizer, loaded afresh for every run"
+    text = (
+        f"the model {spec.model} with its tokenizer, loaded afresh for every run, every agent "
+        "with the pretrained defaults (docs/cli.md, Pretrained models)"
+    )
     if spec.lora_r:
         from lmgym.training.run import LORA_ALPHA, LORA_TARGETS
 

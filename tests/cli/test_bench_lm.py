@@ -45,6 +45,7 @@ def test_a_pretrained_model_trains_lora_with_the_pretrained_defaults_and_is_eval
         "| peak RSS (MiB) |" in readme
     )
     assert "Held-out evaluation (2 prompts, split eval):" in readme
+    assert "kept 0/1); held-out greedy " in readme  # the summary's cell
     assert "training a fresh LoRA adapter (r 4, alpha 32, on q_proj k_proj v_proj o_proj)" in readme
     assert "--lora-r 4" in readme and "| grpo | " in readme and "| rloo | " in readme
     assert (out / "Arithmetic.png").read_bytes()[:4] == b"\x89PNG"
