@@ -327,6 +327,9 @@ def register_multi_turn_tasks() -> None:
             description=f"multi-turn: {what}; the game as text, a move per turn, an "
             "unparseable move penalised",
         )
+    from lmgym.envs.tasks.multi_turn.textarena_games import register_textarena_tasks
+
+    register_textarena_tasks()  # listed only where textarena is installed
 
 
 def available_tasks() -> list[str]:
