@@ -90,8 +90,8 @@ def _bench_parser() -> argparse.ArgumentParser:
         "--prompts",
         default=None,
         help="a task of your own: JSON Lines prompt file, with --reward module:function (as "
-        "lmgym train); benchmarked as the task prompts/<file stem>-v0 next to --tasks (default: "
-        "only --tasks when you name them), a tenth of its rows held out for evaluation",
+        "lmgym train), benchmarked as the task prompts/<file stem>-v0 (alone, or beside the "
+        "--tasks you name), a tenth of its rows held out for evaluation",
     )
     parser.add_argument("--reward", default=None, help="the reward of --prompts, module:function")
     parser.add_argument(
