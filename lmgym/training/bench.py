@@ -122,38 +122,15 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
 
     Runs in a worker process (or in this one with ``workers=0``) with one torch thread.
     """
-    import gymnasium as gym
     import torch
     from transformers.utils import logging as hf_logging
 
     from lmgym.agents import ALGORITHMS
-    from lmgym.policy.engines import choose_rollout_engine
-    from lmgym.training.user_code import resolve_task
 
     hf_logging.disable_progress_bar()  # a worker loading the Preference reward model
     torch.set_num_threads(1)
-    _register_job_task(job)
     seed = job["seed"]
-    torch.manual_seed(seed)
-    policy = bench_policy(job.get("model"), seed, lora_r=job.get("lora_r", 0))
-    tokenizer = policy.tokenizer
-    env_id = resolve_task(job["task"])
-    env = gym.make_vec(
-        env_id,
-        num_envs=job["num_prompts"] * job["group_size"],
-        group_size=job["group_size"],
-        tokenizer=tokenizer,
-        **_env_kwargs(job, env_id, policy),
-    )
-    context = policy.context_length
-    if job.get("model") is None and context is not None and env.seq_len > context:
-        # A task longer than the tiny model (the Gymnasium games as text): the same
-        # model with as many positions as the task needs (build.tiny_positions).
-        torch.manual_seed(seed)
-        policy = bench_policy(None, seed, positions=env.seq_len)
-    choose_rollout_engine(
-        policy, job.get("rollout_engine", "lmgym"), job.get("vllm_kv_cache_gib", 2.0)
-    )
+    policy, env, env_id = _policy_and_env(job, job.get("lora_r", 0))
     agent = ALGORITHMS[job["agent"]](policy, env, seed=seed, **job["overrides"])  # type: ignore[arg-type]
     callbacks = []
     if job.get("max_time") is not None:
@@ -175,6 +152,40 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         result["trained_eval"] = held_out_eval(policy, env_id, job)
     result["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return result
+
+
+def _policy_and_env(job: dict[str, Any], lora_r: int) -> tuple[Any, Any, str]:
+    """``(policy, training env, env id)`` of a job, the policy sampling with the job's
+    rollout engine: the model (with a fresh LoRA adapter of rank ``lora_r``), or the
+    tiny GPT-2 initialised with the job's seed, as long as the task needs."""
+    import gymnasium as gym
+    import torch
+
+    from lmgym.policy.engines import choose_rollout_engine
+    from lmgym.training.user_code import resolve_task
+
+    _register_job_task(job)
+    seed = job["seed"]
+    torch.manual_seed(seed)
+    policy = bench_policy(job.get("model"), seed, lora_r=lora_r)
+    env_id = resolve_task(job["task"])
+    env = gym.make_vec(
+        env_id,
+        num_envs=job["num_prompts"] * job["group_size"],
+        group_size=job["group_size"],
+        tokenizer=policy.tokenizer,
+        **_env_kwargs(job, env_id, policy),
+    )
+    context = policy.context_length
+    if job.get("model") is None and context is not None and env.seq_len > context:
+        # A task longer than the tiny model (the Gymnasium games as text): the same
+        # model with as many positions as the task needs (build.tiny_positions).
+        torch.manual_seed(seed)
+        policy = bench_policy(None, seed, positions=env.seq_len)
+    choose_rollout_engine(
+        policy, job.get("rollout_engine", "lmgym"), job.get("vllm_kv_cache_gib", 2.0)
+    )
+    return policy, env, env_id
 
 
 def _register_job_task(job: dict[str, Any]) -> None:
@@ -241,19 +252,11 @@ def run_base_eval(job: dict[str, Any]) -> dict[str, Any]:
     import torch
     from transformers.utils import logging as hf_logging
 
-    from lmgym.policy.engines import choose_rollout_engine
-    from lmgym.training.user_code import resolve_task
-
     hf_logging.disable_progress_bar()
     torch.set_num_threads(1)
-    _register_job_task(job)
     start = time.perf_counter()
-    torch.manual_seed(job["seed"])
-    policy = bench_policy(job.get("model"), job["seed"])
-    choose_rollout_engine(
-        policy, job.get("rollout_engine", "lmgym"), job.get("vllm_kv_cache_gib", 2.0)
-    )
-    result = held_out_eval(policy, resolve_task(job["task"]), job)
+    policy, _, env_id = _policy_and_env(job, lora_r=0)
+    result = held_out_eval(policy, env_id, job)
     return {
         "task": job["task"],
         "seed": job["seed"],

@@ -174,3 +174,14 @@ def test_your_own_prompts_and_reward(tiny_llama, tmp_path, monkeypatch):
     assert f"--prompts {tmp_path / 'sums.jsonl'} --reward bench_rewards:exact_answer" in readme
     (run,) = json.loads((out / "results.json").read_text())["runs"]
     assert run["task"] == "prompts/sums-v0" and run["base_eval"]["greedy"]["split"] == "eval"
+
+
+def test_the_tiny_model_bench_evaluates_held_out_with_eval():
+    spec = BenchSpec.quick().replace(
+        agents=("grpo",), tasks=("lmgym/Reverse-v0",), iterations=1, evaluate=True,
+        eval_prompts=2, eval_samples=2, num_prompts=2, group_size=2,
+    )  # fmt: skip
+    (result,), _ = run_jobs(spec, log=None)
+    for which in ("base_eval", "trained_eval"):
+        assert result[which]["sampled"]["split"] == "eval"
+        assert result[which]["greedy"]["num_prompts"] == 2
