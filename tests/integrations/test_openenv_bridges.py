@@ -1,0 +1,206 @@
+"""The OpenEnv bridges, against live local servers (openenv-core's ``create_app``
+served by uvicorn on 127.0.0.1): an OpenEnv environment played as an lmgym
+multi-turn task, rows concurrently; an lmgym task served as an OpenEnv environment
+and played by an OpenEnv client; and the two chained."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import random
+import re
+import sys
+import time
+
+import pytest
+import torch
+
+pytest.importorskip("openenv.core")
+
+from openenv.core.env_server.http_server import create_app  # noqa: E402
+from openenv.core.env_server.interfaces import Environment  # noqa: E402
+from openenv.core.env_server.types import Action, Observation, State  # noqa: E402
+
+from lmgym.envs.prompts import source_columns  # noqa: E402
+from lmgym.envs.turns import TurnInput  # noqa: E402
+from lmgym.integrations.openenv_client import OpenEnvState, openenv_env  # noqa: E402
+from lmgym.integrations.openenv_local import LocalServer  # noqa: E402
+from lmgym.integrations.openenv_models import LmgymAction, LmgymEnvClient  # noqa: E402
+from lmgym.integrations.openenv_server import create_lmgym_app  # noqa: E402
+
+DELAY = 0.5  # seconds each server step takes
+LAKE_PATH = ["right", "right", "down", "down", "down", "right"]
+
+
+# ------------------------------------------------------------ a server of our own
+class GuessAction(Action):
+    message: str
+
+
+class GuessObservation(Observation):
+    text: str = ""
+
+
+class GuessEnvironment(Environment):
+    """Guess a secret digit 1-9 drawn from the seed; told higher/lower; each step
+    takes ``DELAY`` seconds (a slow server)."""
+
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.secret, self._state = 0, State()
+
+    def reset(self, seed=None, episode_id=None, **kwargs) -> GuessObservation:
+        self.secret = random.Random(seed).randint(1, 9)
+        self._state = State(episode_id=episode_id, step_count=0)
+        return GuessObservation(text=f"guess a digit 1-9, game {seed}.", reward=0.0)
+
+    def step(self, action: GuessAction, **kwargs) -> GuessObservation:  # type: ignore[override]
+        time.sleep(DELAY)
+        self._state.step_count += 1
+        guess = int(action.message) if action.message.strip().isdigit() else -1
+        if guess == self.secret:
+            return GuessObservation(text="right.", done=True, reward=1.0)
+        hint = "higher" if guess < self.secret else "lower"
+        return GuessObservation(text=f"{hint}.", reward=-0.1)
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+
+def secret(seed: int) -> int:
+    return random.Random(seed).randint(1, 9)
+
+
+@pytest.fixture(scope="module")
+def guess_server():
+    app = create_app(GuessEnvironment, GuessAction, GuessObservation, max_concurrent_envs=32)
+    with LocalServer(app) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def lake_server():
+    with LocalServer(create_lmgym_app("lmgym/FrozenLake-v0", split="all")) as url:
+        yield url
+
+
+def encode_turn(tok, text: str) -> list[int]:
+    return tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+
+
+# ------------------------------------------------------ (b) OpenEnv -> lmgym task
+def test_an_openenv_server_plays_as_a_multi_turn_task_rows_concurrently(guess_server):
+    env = openenv_env(
+        guess_server, seeds=[0, 1, 2, 3], num_envs=4, group_size=1, autoreset=False,
+        max_new_tokens=200, max_turns=9,
+    )  # fmt: skip
+    tok = env.tokenizer
+    _, info = env.reset(seed=0)
+    seeds = [source_columns(env.prompt_source)["seed"][i] for i in info["prompt_index"].tolist()]
+    assert [env.prompt_source[i] for i in info["prompt_index"].tolist()] == [
+        f"guess a digit 1-9, game {s}.\n" for s in seeds
+    ]
+    returns = torch.zeros(4)
+    done = torch.zeros(4, dtype=torch.bool)
+    turn_seconds = []
+    for digit in range(1, 10):  # every row guesses 1, 2, 3, ... until right
+        for token in encode_turn(tok, str(digit)):
+            began = time.monotonic()
+            obs, reward, terminated, truncated, _ = env.step(torch.tensor([token] * 4))
+            if token == tok.eos_token_id and not bool(done.all()):
+                turn_seconds.append(time.monotonic() - began)
+            returns += reward
+            done |= terminated | truncated
+        if bool(done.all()):
+            break
+    assert done.all() and not truncated.any()
+    expected = [1.0 - 0.1 * (secret(s) - 1) for s in seeds]
+    assert returns.tolist() == pytest.approx(expected)
+    # four rows' server steps at once: about one DELAY a turn, not four
+    assert min(turn_seconds) < 2.5 * DELAY, turn_seconds
+    row = max(range(4), key=lambda j: secret(seeds[j]))
+    if secret(seeds[row]) > 1:
+        text = tok.decode(obs["input_ids"][row][obs["attention_mask"][row].bool()])
+        assert "1<eos>higher." in text
+
+
+def test_a_copied_state_replays_its_session_from_the_seed(guess_server):
+    env = openenv_env(guess_server, seeds=[5, 6], num_envs=2, group_size=1, max_new_tokens=64)
+    responder = env.responder
+
+    async def play() -> tuple[float, bool]:
+        def turn(state, text):
+            return TurnInput(
+                rows=torch.tensor([0]), prompts=["p"], prompt_index=torch.tensor([0]),
+                columns={"seed": [state.seed]}, turn_texts=[text],
+                turn_ids=[torch.tensor([1])], turn_index=torch.tensor([1]), states=[state],
+            )  # fmt: skip
+
+        answer = await responder.respond(turn(OpenEnvState(5), "9"))  # replayed: no session
+        (state,) = answer.states
+        answer = await responder.respond(turn(OpenEnvState(5, state.actions), str(secret(5))))
+        return answer.rewards[0], answer.done[0]
+
+    assert asyncio.run(play()) == (1.0, True)
+
+
+# ---------------------------------------------------- (c) lmgym task -> OpenEnv
+def test_an_openenv_client_plays_an_lmgym_task_to_the_goal(lake_server):
+    async def play():
+        async with LmgymEnvClient(base_url=lake_server) as env:
+            first = await env.reset(seed=0)
+            bad = await env.step(LmgymAction(message="jump"))
+            results = [await env.step(LmgymAction(message=m)) for m in LAKE_PATH]
+            state = await env.state()
+        return first, bad, results, state
+
+    first, bad, results, state = asyncio.run(play())
+    assert first.observation.text.startswith("frozen lake:") and not first.done
+    assert bad.reward == pytest.approx(-0.1) and "unknown move: jump" in bad.observation.text
+    assert [r.reward for r in results] == [0.0] * 5 + [1.0]
+    assert [r.done for r in results] == [False] * 5 + [True]
+    assert state.step_count == 7 and state.task == "lmgym/FrozenLake-v0"
+
+
+def test_the_served_task_cuts_an_episode_at_its_max_turns(lake_server):
+    async def play():
+        async with LmgymEnvClient(base_url=lake_server) as env:
+            await env.reset(seed=1)
+            return [await env.step(LmgymAction(message="left")) for _ in range(10)]
+
+    results = asyncio.run(play())
+    assert [r.done for r in results] == [False] * 9 + [True]  # FrozenLake: max_turns 10
+    assert results[-1].observation.truncated
+
+
+def test_an_lmgym_task_through_openenv_and_back_is_the_same_game(lake_server):
+    """The FrozenLake served over OpenEnv, played as an lmgym task over the client."""
+    env = openenv_env(
+        lake_server, seeds=[0, 1], num_envs=2, group_size=1, autoreset=False,
+        max_new_tokens=320, max_turns=10,
+    )  # fmt: skip
+    tok = env.tokenizer
+    env.reset(seed=0)
+    assert env.prompt_source[0].startswith("frozen lake:")
+    streams = [[i for m in path for i in encode_turn(tok, m)] for path in (LAKE_PATH, ["up"] * 2)]
+    returns = torch.zeros(2)
+    for position in range(max(map(len, streams))):
+        actions = [s[position] if position < len(s) else tok.eos_token_id for s in streams]
+        _, reward, terminated, truncated, _ = env.step(torch.tensor(actions))
+        returns += reward
+        if bool((terminated | truncated)[0]):
+            break
+    assert returns[0].item() == 1.0 and bool(terminated[0])
+
+
+# ------------------------------------------------------------- missing extra
+def test_a_missing_openenv_names_the_pip_install(monkeypatch):
+    for name in ("openenv", "openenv.core"):
+        monkeypatch.setitem(sys.modules, name, None)
+    for name in [m for m in sys.modules if m.startswith("lmgym.integrations.openenv_")]:
+        monkeypatch.delitem(sys.modules, name)
+    with pytest.raises(ImportError, match=re.escape("pip install 'lmgym[openenv]'")):
+        importlib.import_module("lmgym.integrations.openenv_client")
