@@ -3,11 +3,22 @@ port in a background thread: for tests, examples and a single-machine setup."""
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
 from types import TracebackType
 from typing import Any
+
+
+class _ClosedSessionNoise(logging.Filter):
+    """Drops uvicorn's report of a WebSocket the client closed first: openenv-core
+    0.3's server closes a session's socket again after the client's ``close``
+    message, and uvicorn logs the resulting ``WebSocketDisconnect`` as an error."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return type(error).__name__ not in ("WebSocketDisconnect", "ClientDisconnected")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -36,6 +47,11 @@ class LocalServer:
         self.host, self.port = host, free_port(host)
         config = uvicorn.Config(app, host=host, port=self.port, log_level="warning", ws="auto")
         self._server = uvicorn.Server(config)
+        noise = _ClosedSessionNoise()
+        if not any(
+            isinstance(f, _ClosedSessionNoise) for f in logging.getLogger("uvicorn.error").filters
+        ):
+            logging.getLogger("uvicorn.error").addFilter(noise)
         self._thread = threading.Thread(target=self._server.run, name="openenv-server", daemon=True)
         self.start_timeout = start_timeout
 

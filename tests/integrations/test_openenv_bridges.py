@@ -119,8 +119,8 @@ def test_an_openenv_server_plays_as_a_multi_turn_task_rows_concurrently(guess_se
     assert done.all() and not truncated.any()
     expected = [1.0 - 0.1 * (secret(s) - 1) for s in seeds]
     assert returns.tolist() == pytest.approx(expected)
-    # four rows' server steps at once: about one DELAY a turn, not four
-    assert min(turn_seconds) < 2.5 * DELAY, turn_seconds
+    # the first turn's four server steps run at once: about one DELAY, not four
+    assert turn_seconds[0] < 2.5 * DELAY, turn_seconds
     row = max(range(4), key=lambda j: secret(seeds[j]))
     if secret(seeds[row]) > 1:
         text = tok.decode(obs["input_ids"][row][obs["attention_mask"][row].bool()])
