@@ -292,6 +292,17 @@ def register_multi_turn_tasks() -> None:
         "value back, answer: N (or <answer>) ends it; 1 if N is right, else 0",
     )
     register_task(
+        "Weather",
+        f"{tasks}.weather",
+        "make_weather",
+        "make_weather_vector",
+        solved_threshold=0.9,
+        random_baseline=0.0,
+        modes=("bandit",),
+        description="multi-turn tool use: 'what is the weather in oslo today?'; call the typed "
+        "tool (weather: oslo, or <tool_call> JSON), then answer; 1 if right (per-episode weather)",
+    )
+    register_task(
         "EchoTurn",
         f"{tasks}.echo",
         "make_echo_turn",

@@ -12,7 +12,8 @@ run in the bounded worker, and its answer appended as a tool message.
 
 The return is ``0.5 * called + right``; the runs must reach a mean of 1.4 over
 five iterations, so at least 0.9 of the answers are right. Measured while writing
-this test: about 100 iterations (1 torch thread, 2 busy cores: 2-4 minutes a run).
+this test: seed 0 about 100 iterations; each seed passed within the 220-iteration
+budget in 3-5 minutes (1 torch thread, 2 cores under heavy other load).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@
       The result comes back as a tool message.
 
 - A plain-text prompt (no chat template: the character tokenizer) gets
-  ``plain_tool_text``: one short lowercase line per tool, in the one-line call form
+  ``plain_tool_text``: one short lowercase sentence per tool, in the one-line call form
   (``tool get_weather: the weather in a city today. call get_weather: city``).
 
 ``template_uses_tools`` tells which: whether rendering with ``tools`` changes the
@@ -127,12 +127,13 @@ def _plain_type(spec: Mapping[str, Any]) -> str:
 
 
 def plain_tool_text(tools: Sequence[Tool]) -> str:
-    """One lowercase line per tool, in the one-line call form, for a plain-text
-    prompt: ``tool NAME: SUMMARY. call NAME: PARAM`` (no parameter: ``call NAME:``)."""
+    """One lowercase sentence per tool, in the one-line call form, for a plain-text
+    prompt (joined by ``". "``, no newline: the character tokenizer has none):
+    ``tool NAME: SUMMARY. call NAME: PARAM`` (no parameter: ``call NAME:``)."""
     lines = []
     for tool in tools:
         summary = tool.description.strip().rstrip(".").lower()
         param = tool.required[0] if len(tool.required) == 1 else ""
         call = f"call {tool.name}: {param}".rstrip()
         lines.append(f"tool {tool.name}: {summary}. {call}" if summary else f"tool {tool.name}. {call}")
-    return "\n".join(lines)
+    return ". ".join(lines)
