@@ -95,8 +95,9 @@ def main(rows: int = 4) -> list[float]:
             print(f"turn {digit}: {time.monotonic() - began:.2f} s for {rows} rows")
             if bool(done.all()):
                 break
-        text = tok.decode(obs["input_ids"][0][obs["attention_mask"][0].bool()])
-        print(f"row 0's episode: {text}")
+        row = int(returns.argmin())  # the longest game
+        text = tok.decode(obs["input_ids"][row][obs["attention_mask"][row].bool()])
+        print(f"row {row}'s episode: {text}")
     print(f"returns: {returns.tolist()}")
     return returns.tolist()
 
