@@ -125,7 +125,10 @@ def test_calls_parse(text, name, arguments):
     call = parse_call(text, TOOLS)
     assert call is not None and call.name == name
     if arguments is None:
-        assert call.error == "ping: takes no arguments, got '<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"x\"}}</tool_call>'"
+        assert (
+            call.error
+            == 'ping: takes no arguments, got \'<tool_call>{"name": "get_weather", "arguments": {"city": "x"}}</tool_call>\''
+        )
     else:
         assert call.ok and call.arguments == arguments
 
@@ -167,4 +170,7 @@ def test_a_line_call_reads_the_parameter_type():
 
     tools = tool_table([square, get_weather])
     assert parse_call("square: 12", tools).arguments == {"n": 12}
-    assert parse_call("square: twelve", tools).error == "square: argument 'n' must be integer, got 'twelve'"
+    assert (
+        parse_call("square: twelve", tools).error
+        == "square: argument 'n' must be integer, got 'twelve'"
+    )

@@ -97,7 +97,10 @@ def test_a_template_without_tools_gets_the_default_format(smollm2):
     assert prompt[0]["role"] == "system" and prompt[1:] == ASK
     system = prompt[0]["content"]
     assert f"<tools>\n{json.dumps(TOOLS[0].schema)}\n</tools>" in system
-    assert '<tool_call>{"name": <function-name>, "arguments": <args-json-object>}</tool_call>' in system
+    assert (
+        '<tool_call>{"name": <function-name>, "arguments": <args-json-object>}</tool_call>'
+        in system
+    )
     text = render_chat(smollm2, prompt)
     assert text.startswith("<|im_start|>system\nYou may call functions")
     assert "named SmolLM" not in text  # our system message replaces the default one

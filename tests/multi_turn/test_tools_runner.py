@@ -133,11 +133,15 @@ def test_an_unknown_tool_and_bad_limits_are_refused():
 
 def test_a_turn_is_parsed_run_and_answered(runner):
     tools = tool_table([add, sleepy])
-    good = answer_call('<tool_call>{"name": "add", "arguments": {"a": 2, "b": 40}}</tool_call>', tools, runner)
+    good = answer_call(
+        '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 40}}</tool_call>', tools, runner
+    )
     assert good.ok and good.observation == "42"
     late = answer_call("sleepy: 9", tools, runner)
     assert not late.ok and late.observation == "error: time limit: the call ran longer than 0.5 s"
-    wrong = answer_call('<tool_call>{"name": "add", "arguments": {"a": "2", "b": 1}}</tool_call>', tools, runner)
+    wrong = answer_call(
+        '<tool_call>{"name": "add", "arguments": {"a": "2", "b": 1}}</tool_call>', tools, runner
+    )
     assert wrong.result is None
     assert wrong.observation == "error: add: argument 'a' must be integer, got str '2'"
     assert answer_call("no call here", tools, runner) is None

@@ -88,8 +88,10 @@ def test_calling_then_answering_what_the_tool_said_solves_every_row():
     returns, terminated, texts = run(env, turns)
     assert not terminated.any()  # still going: the tool answered
     for text in texts:
-        assert "what is the weather in oslo today? tool weather: the weather in a city today. " \
+        assert (
+            "what is the weather in oslo today? tool weather: the weather in a city today. "
             "call weather: city. then answer: word." in text
+        )
         heard = text.split("weather: oslo<eos>")[1].removesuffix("<unk>")
         assert heard in ("sun", "rain", "snow", "fog")
         replies.append(heard)
@@ -126,11 +128,14 @@ def test_a_wrong_city_hears_another_citys_weather():
     state = WeatherState("oslo", (("oslo", "sun"), ("rome", "rain")))
     assert responder.reply("weather: rome", state).observation == "rain"
     assert responder.reply("weather: oslo", state).observation == "sun"
-    bad = responder.reply('<tool_call>{"name": "weather", "arguments": {"town": "oslo"}}</tool_call>', state)
+    bad = responder.reply(
+        '<tool_call>{"name": "weather", "arguments": {"town": "oslo"}}</tool_call>', state
+    )
     assert bad.observation == "error: weather: unknown argument 'town'; it takes ['city']"
     assert not bad.done
     hidden = responder.reply(
-        '<tool_call>{"name": "weather", "arguments": {"city": "oslo", "today": {}}}</tool_call>', state
+        '<tool_call>{"name": "weather", "arguments": {"city": "oslo", "today": {}}}</tool_call>',
+        state,
     )
     assert hidden.observation == "error: weather: unknown argument 'today'; it takes ['city']"
 
@@ -149,7 +154,9 @@ def test_a_chat_model_calls_in_json_and_hears_a_tool_message(smollm2_tokenizer):
     assert '"name": "weather", "description": "The weather in a city today."' in text
     assert '"today"' not in text  # injected, not shown
     heard = text.split("<|im_start|>tool\n")[1].split("<|im_end|>")[0]
-    assert text.endswith(f"{call}<|im_end|>\n<|im_start|>tool\n{heard}<|im_end|>\n<|im_start|>assistant\n")
+    assert text.endswith(
+        f"{call}<|im_end|>\n<|im_start|>tool\n{heard}<|im_end|>\n<|im_start|>assistant\n"
+    )
     returns, terminated, _ = run(env, lambda info: [[call, f"It is {heard}ny today."]])
     assert terminated.all() and returns.tolist() == [1.0]
 
@@ -157,7 +164,9 @@ def test_a_chat_model_calls_in_json_and_hears_a_tool_message(smollm2_tokenizer):
 # ---------------------------------------------------------------- the calculator
 def test_the_calculator_reads_tool_calls_and_runs_calc_bounded():
     calc = Calculator()
-    reply = calc.reply('<tool_call>{"name": "calc", "arguments": {"expression": "37*23"}}</tool_call>', 851, 0)
+    reply = calc.reply(
+        '<tool_call>{"name": "calc", "arguments": {"expression": "37*23"}}</tool_call>', 851, 0
+    )
     assert (reply.observation, reply.done, reply.state) == ("851", False, 1)
     bad = calc.reply('<tool_call>{"name": "calc", "arguments": {"expr": "1"}}</tool_call>', 1, 0)
     assert bad.observation == "error: calc: unknown argument 'expr'; it takes ['expression']"
@@ -180,7 +189,9 @@ def test_the_calculator_can_declare_calc_in_the_models_format(smollm2_tokenizer)
     assert prompt[0]["role"] == "system" and '"name": "calc"' in prompt[0]["content"]
     expression = prompt[-1]["content"].split("What is ")[1].split("?")[0]
     value = env.prompt_table.columns["answer"][int(info["prompt_index"][0])]
-    call = f'<tool_call>{{"name": "calc", "arguments": {{"expression": "{expression}"}}}}</tool_call>'
+    call = (
+        f'<tool_call>{{"name": "calc", "arguments": {{"expression": "{expression}"}}}}</tool_call>'
+    )
     returns, terminated, texts = run(env, lambda info: [[call, f"<answer>{value}</answer>"]])
     assert f"<|im_start|>tool\n{value}<|im_end|>" in texts[0]
     assert terminated.all() and returns.tolist() == [1.0]

@@ -49,7 +49,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from lmgym.envs.options import EnvOptions
-from lmgym.envs.prompts import is_chat
 from lmgym.envs.single import single_env_factory
 from lmgym.envs.task_factory import build_env, task_factory
 from lmgym.envs.tasks._chat import chat_prompt, wants_chat
@@ -336,7 +335,6 @@ __all__ = [
     "Weather",
     "WeatherState",
     "answer_text",
-    "is_chat",
     "make_weather",
     "make_weather_vector",
     "names_condition",

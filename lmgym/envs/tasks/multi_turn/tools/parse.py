@@ -70,17 +70,22 @@ def _tagged_call(body: str, tools: Mapping[str, Tool], start: int) -> ParsedCall
         payload = json.loads(body.strip())
     except json.JSONDecodeError as err:
         return ParsedCall(
-            "", error=f"malformed tool call: {err.msg} at position {err.pos}; write "
-            f'{OPEN}{{"name": "...", "arguments": {{...}}}}{CLOSE}', start=start
+            "",
+            error=f"malformed tool call: {err.msg} at position {err.pos}; write "
+            f'{OPEN}{{"name": "...", "arguments": {{...}}}}{CLOSE}',
+            start=start,
         )
     if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
         return ParsedCall(
-            "", error='malformed tool call: need a JSON object with a "name" string and '
-            '"arguments"', start=start
+            "",
+            error='malformed tool call: need a JSON object with a "name" string and "arguments"',
+            start=start,
         )
     name = payload["name"]
     if name not in tools:
-        return ParsedCall(name, error=f"unknown tool {name!r}; the tools are {sorted(tools)}", start=start)
+        return ParsedCall(
+            name, error=f"unknown tool {name!r}; the tools are {sorted(tools)}", start=start
+        )
     arguments = payload.get("arguments", payload.get("parameters", {}))
     if isinstance(arguments, str):
         try:

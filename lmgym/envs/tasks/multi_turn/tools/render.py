@@ -55,7 +55,9 @@ def schemas(tools: Sequence[Tool]) -> list[dict[str, Any]]:
     return [t.schema for t in tools]
 
 
-def _render(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Mapping[str, Any]], **kw: Any) -> str:
+def _render(
+    tokenizer: PreTrainedTokenizerBase, messages: Sequence[Mapping[str, Any]], **kw: Any
+) -> str:
     return str(
         tokenizer.apply_chat_template(
             list(messages), tokenize=False, add_generation_prompt=True, **kw
@@ -101,7 +103,9 @@ def _template_system(
     if frame.count(_PROBE_SYSTEM) != 1:
         return None
     head, tail = frame.split(_PROBE_SYSTEM)
-    if not (target.startswith(head) and target.endswith(tail) and len(target) >= len(head) + len(tail)):
+    if not (
+        target.startswith(head) and target.endswith(tail) and len(target) >= len(head) + len(tail)
+    ):
         return None
     system = target[len(head) : len(target) - len(tail)]
     candidate = [{"role": "system", "content": system}, *rest]
@@ -135,5 +139,7 @@ def plain_tool_text(tools: Sequence[Tool]) -> str:
         summary = tool.description.strip().rstrip(".").lower()
         param = tool.required[0] if len(tool.required) == 1 else ""
         call = f"call {tool.name}: {param}".rstrip()
-        lines.append(f"tool {tool.name}: {summary}. {call}" if summary else f"tool {tool.name}. {call}")
+        lines.append(
+            f"tool {tool.name}: {summary}. {call}" if summary else f"tool {tool.name}. {call}"
+        )
     return ". ".join(lines)

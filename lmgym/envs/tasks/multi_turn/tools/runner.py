@@ -24,6 +24,7 @@ it). The runner drops its worker when pickled (a copy forks its own) and on
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
@@ -108,7 +109,10 @@ def _serve(
         try:
             value = tools[name](**arguments)
             answer: tuple[str, ...] | tuple[str, None, None, None] = (
-                result_text(value)[:max_chars], None, None, None
+                result_text(value)[:max_chars],
+                None,
+                None,
+                None,
             )
         except MemoryError:
             limit = f"memory limit: the call needed more than {memory_limit >> 20} MB"
@@ -147,7 +151,9 @@ class ToolRunner:
         if not time_limit > 0:
             raise ValueError(f"time_limit={time_limit!r}: must be > 0 seconds")
         if not isinstance(memory_limit_mb, int) or memory_limit_mb < 0:
-            raise ValueError(f"memory_limit_mb={memory_limit_mb!r}: must be an integer >= 0 (0: none)")
+            raise ValueError(
+                f"memory_limit_mb={memory_limit_mb!r}: must be an integer >= 0 (0: none)"
+            )
         if not isinstance(max_result_chars, int) or max_result_chars < 1:
             raise ValueError(f"max_result_chars={max_result_chars!r}: must be an integer >= 1")
         self.tools = dict(tools)
@@ -216,7 +222,5 @@ class ToolRunner:
         self._stop()
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(Exception):
             self._stop()
-        except Exception:
-            pass

@@ -45,8 +45,10 @@ class ArgumentError(ValueError):
 
 _JSON_TYPES: dict[str, Callable[[Any], bool]] = {
     "string": lambda v: isinstance(v, str),
-    "integer": lambda v: (isinstance(v, int) and not isinstance(v, bool))
-    or (isinstance(v, float) and v.is_integer()),
+    "integer": lambda v: (
+        (isinstance(v, int) and not isinstance(v, bool))
+        or (isinstance(v, float) and v.is_integer())
+    ),
     "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
     "boolean": lambda v: isinstance(v, bool),
     "array": lambda v: isinstance(v, list),
@@ -89,7 +91,9 @@ class Tool:
             ) from err
         name = self.name or schema["function"]["name"]
         if not name.isidentifier():
-            raise ToolSchemaError(f"tool name {name!r}: must be a Python identifier, e.g. 'get_weather'")
+            raise ToolSchemaError(
+                f"tool name {name!r}: must be a Python identifier, e.g. 'get_weather'"
+            )
         schema["function"]["name"] = name
         params = schema["function"].get("parameters", {})
         for hidden in self.injected:
@@ -137,7 +141,9 @@ def tool_table(tools: Mapping[str, Tool] | list[Any] | tuple[Any, ...]) -> dict[
     for item in items:
         tool = as_tool(item)
         if tool.name in table:
-            raise ToolSchemaError(f"two tools are named {tool.name!r}; rename one with Tool(fn, name=...)")
+            raise ToolSchemaError(
+                f"two tools are named {tool.name!r}; rename one with Tool(fn, name=...)"
+            )
         table[tool.name] = tool
     if not table:
         raise ToolSchemaError("tools: none given; pass at least one typed function")
@@ -165,7 +171,9 @@ def check_value(tool: str, name: str, spec: Mapping[str, Any], value: Any) -> An
             f"{type(value).__name__} {value!r}"
         )
     if "enum" in spec and value not in spec["enum"]:
-        raise ArgumentError(f"{tool}: argument {name!r} must be one of {spec['enum']}, got {value!r}")
+        raise ArgumentError(
+            f"{tool}: argument {name!r} must be one of {spec['enum']}, got {value!r}"
+        )
     if kinds == ["integer"] and isinstance(value, float):
         return int(value)
     return value
@@ -186,7 +194,9 @@ def check_arguments(tool: Tool, arguments: Any) -> dict[str, Any]:
     params = tool.parameters
     unknown = sorted(set(arguments) - set(params))
     if unknown:
-        raise ArgumentError(f"{tool.name}: unknown argument {unknown[0]!r}; it takes {sorted(params)}")
+        raise ArgumentError(
+            f"{tool.name}: unknown argument {unknown[0]!r}; it takes {sorted(params)}"
+        )
     missing = [name for name in tool.required if name not in arguments]
     if missing:
         raise ArgumentError(f"{tool.name}: missing required argument {missing[0]!r}")
