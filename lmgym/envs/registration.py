@@ -340,7 +340,7 @@ def register_multi_turn_tasks() -> None:
         )
     from lmgym.envs.tasks.multi_turn.textarena_games import register_textarena_tasks
 
-    register_textarena_tasks()  # listed only where textarena is installed
+    register_textarena_tasks(register_task)  # listed only where textarena is installed
 
 
 def available_tasks() -> list[str]:

@@ -27,7 +27,7 @@ reason, a second in a row ends the game with the game's reward).
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from lmgym.envs.options import EnvOptions
@@ -133,11 +133,11 @@ make_crosswords = single_env_factory(make_crosswords_vector)
 make_tower_of_hanoi = single_env_factory(make_tower_of_hanoi_vector)
 
 
-def register_textarena_tasks() -> None:
-    """Register the three games (``lmgym/TextArena-<Game>-v0``); importing textarena
-    waits until one is made, and ``lmgym tasks`` lists them only where it is installed."""
-    from lmgym.envs.registration import register_task
-
+def register_textarena_tasks(register_task: Callable[..., str]) -> None:
+    """Register the three games (``lmgym/TextArena-<Game>-v0``) with ``register_task``
+    (``lmgym.envs.registration``'s, passed in: this module does not import it);
+    importing textarena waits until one is made, and ``lmgym tasks`` lists them only
+    where it is installed."""
     for name, factory, solved, what in (
         ("GuessTheNumber", "guess_the_number", 0.9,
          "number game: guess 1..20 as [n], told higher/lower; 1 for a hit, else closeness"),
