@@ -5,11 +5,17 @@ Each module holds one job (see its docstring for prompts, observations, reward):
 - ``guess_number``: ``GuessNumber``, higher / lower after each guess
   (``lmgym/GuessNumber-v0``);
 - ``calculator``: ``Calculator``, a tool the policy calls with a tagged expression
-  before it answers (``lmgym/Calculator-v0``), over ``safe_arith`` (never ``eval``);
+  before it answers (``lmgym/Calculator-v0``), over ``safe_arith`` (never ``eval``),
+  run as a tool (``tools``);
 - ``gym_bridge``: ``GymResponder`` and ``TextGame``, any discrete Gymnasium env
   played as text, one move per turn;
 - ``games``: the bridged FrozenLake, CliffWalking, Taxi and Blackjack
   (``lmgym/FrozenLake-v0``, ...);
+- ``tools``: tools in the model's format: typed functions, their schemas rendered
+  through the chat template's ``tools`` support (or a default format), calls
+  parsed from the turn and run in a worker with a time and memory limit;
+- ``weather``: ``Weather``, a typed tool that alone knows the answer
+  (``lmgym/Weather-v0``);
 - ``echo``: ``EchoTurn``, repeat the letter the environment said, the sanity task a
   tiny model learns (``lmgym/EchoTurn-v0``).
 
