@@ -3,6 +3,7 @@ within their limits, the error is told to the policy, and the next call works.""
 
 from __future__ import annotations
 
+import multiprocessing
 import pickle
 import time
 
@@ -117,7 +118,7 @@ def test_an_exception_is_reported_not_raised(runner):
 def test_the_parent_is_untouched_and_a_pickled_runner_forks_its_own_worker(runner):
     runner.call("add", {"a": 1, "b": 1})
     copy = pickle.loads(pickle.dumps(runner))
-    assert copy._process is None and copy.call("add", {"a": 2, "b": 2}).text == "4"
+    assert copy._pid is None and copy.call("add", {"a": 2, "b": 2}).text == "4"
     copy.close()
     assert len(bytearray(128 << 20)) == 128 << 20  # the limit is the worker's alone
 
@@ -145,3 +146,21 @@ def test_a_turn_is_parsed_run_and_answered(runner):
     assert wrong.result is None
     assert wrong.observation == "error: add: argument 'a' must be integer, got str '2'"
     assert answer_call("no call here", tools, runner) is None
+
+
+def _call_in(queue) -> None:
+    runner = ToolRunner(FUNCTIONS, time_limit=5)
+    queue.put(runner.call("add", {"a": 20, "b": 22}).text)
+    runner.close()
+
+
+def test_a_runner_works_inside_a_daemonic_process():
+    """As in a Gymnasium AsyncVectorEnv worker, which may not start multiprocessing
+    children: the runner forks its worker itself."""
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    process = context.Process(target=_call_in, args=(queue,), daemon=True)
+    process.start()
+    assert queue.get(timeout=60) == "42"
+    process.join(timeout=10)
+    assert process.exitcode == 0

@@ -160,39 +160,54 @@ class ToolRunner:
         self.time_limit = float(time_limit)
         self.memory_limit_mb = memory_limit_mb
         self.max_result_chars = max_result_chars
-        self._process: multiprocessing.process.BaseProcess | None = None
+        self._pid: int | None = None
         self._conn: Connection | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_process"] = state["_conn"] = None
+        state["_pid"] = state["_conn"] = None
         return state
 
+    def _alive(self) -> bool:
+        if self._pid is None:
+            return False
+        try:
+            pid, _ = os.waitpid(self._pid, os.WNOHANG)
+        except ChildProcessError:
+            return False
+        return pid == 0
+
     def _start(self) -> Connection:
-        if self._process is not None and self._process.is_alive() and self._conn is not None:
+        if self._conn is not None and self._alive():
             return self._conn
         self._stop()
         parent, child = multiprocessing.Pipe()
-        process = multiprocessing.get_context("fork").Process(
-            target=_serve,
-            args=(child, self.tools, self.memory_limit_mb << 20, self.max_result_chars),
-            daemon=True,
-            name="lmgym-tool-worker",
-        )
-        process.start()
+        # os.fork rather than multiprocessing.Process: a daemonic process (a
+        # Gymnasium AsyncVectorEnv worker) may not start multiprocessing children.
+        pid = os.fork()
+        if pid == 0:  # the worker
+            code = 0
+            try:
+                parent.close()
+                _serve(child, self.tools, self.memory_limit_mb << 20, self.max_result_chars)
+            except BaseException:
+                code = 1
+            finally:
+                os._exit(code)
         child.close()
-        self._process, self._conn = process, parent
+        self._pid, self._conn = pid, parent
         return parent
 
     def _stop(self) -> None:
-        process, conn = self._process, self._conn
-        self._process = self._conn = None
+        pid, conn = self._pid, self._conn
+        self._pid = self._conn = None
         if conn is not None:
             conn.close()
-        if process is not None:
-            if process.is_alive():
-                process.kill()
-            process.join(timeout=5)
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
 
     def call(self, name: str, arguments: Mapping[str, Any]) -> ToolResult:
         """Run tool ``name`` on ``arguments`` (already checked) within the limits.
