@@ -18,7 +18,7 @@ each turn the policy either
 - calls the tool, in the model's format (``tools``): ``<tool_call>{"name":
   "weather", "arguments": {"city": "oslo"}}</tool_call>`` or, one line,
   ``weather: oslo``; the environment (role ``"tool"``) answers with the condition
-  (``"rain"``) or an error (``"error: weather: unknown city 'x'; ..."``,
+  (``"rain"``) or an error (``"error: ValueError: unknown city 'x'"``,
   ``"error: malformed tool call: ..."``), and the episode goes on; or
 - answers: ``answer: rain``, ``<answer>rain</answer>``, or a turn with no call at
   all (its whole text), which ends the episode.
@@ -83,7 +83,7 @@ def weather(city: str, today: dict) -> str:
     """
     key = city.strip().lower()
     if key not in today:
-        raise ValueError(f"unknown city {city!r}; the cities are {sorted(today)}")
+        raise ValueError(f"unknown city {city!r}")  # short: it must fit the budget
     return str(today[key])
 
 

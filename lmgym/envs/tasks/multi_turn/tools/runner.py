@@ -18,8 +18,8 @@ A call never raises for what the tool does: ``call`` answers a ``ToolResult``
 whose ``error`` says what went wrong (the exception's type and message, the
 time or memory limit; a tool that raises ``MemoryError`` itself reads as the limit), in words for the policy. The function's return value is
 its text: a ``str`` as it is, anything else as JSON (``repr`` if JSON cannot hold
-it). The runner drops its worker when pickled (a copy forks its own) and on
-``close()``.
+it). Calls from several threads take turns (a lock). The runner drops its
+worker when pickled (a copy forks its own) and on ``close()``.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import multiprocessing
 import os
 import resource
 import signal
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -162,11 +163,17 @@ class ToolRunner:
         self.max_result_chars = max_result_chars
         self._pid: int | None = None
         self._conn: Connection | None = None
+        self._lock = threading.Lock()  # one call at a time on the worker's pipe
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_pid"] = state["_conn"] = None
+        del state["_lock"]
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     def _alive(self) -> bool:
         if self._pid is None:
@@ -217,6 +224,10 @@ class ToolRunner:
         """
         if name not in self.tools:
             raise KeyError(f"no tool named {name!r}; the tools are {sorted(self.tools)}")
+        with self._lock:
+            return self._call(name, arguments)
+
+    def _call(self, name: str, arguments: Mapping[str, Any]) -> ToolResult:
         conn = self._start()
         try:
             conn.send((name, dict(arguments)))
@@ -234,7 +245,8 @@ class ToolRunner:
 
     def close(self) -> None:
         """Stop the worker (a later call forks a new one)."""
-        self._stop()
+        with self._lock:
+            self._stop()
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
