@@ -21,6 +21,7 @@ pytest.importorskip("textarena")
 
 from lmgym.envs import TASKS  # noqa: E402
 from lmgym.envs.prompts import source_columns  # noqa: E402
+from lmgym.envs.tasks import random_policy_return  # noqa: E402
 from lmgym.envs.tasks.multi_turn.textarena_bridge import (  # noqa: E402
     TextArenaGame,
     TextArenaResponder,
@@ -70,6 +71,16 @@ def test_the_three_games_are_registered_as_multi_turn_tasks():
     for env_id in IDS:
         assert env_id in TASKS and TASKS[env_id].requires == "textarena"
         assert TASKS[env_id].available()
+        assert TASKS[env_id].description.startswith("multi-turn")
+
+
+@pytest.mark.parametrize("env_id", IDS)
+def test_random_policy_matches_the_listed_baseline(env_id):
+    info = TASKS[env_id]
+    env = gym.make_vec(env_id, num_envs=16, num_games=4)
+    random_return = random_policy_return(env, num_batches=1)
+    assert random_return < info.solved_threshold
+    assert random_return == pytest.approx(info.random_baseline, abs=0.06)
 
 
 def test_tower_of_hanoi_solved_through_the_env_against_the_live_game():

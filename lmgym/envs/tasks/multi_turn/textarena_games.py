@@ -153,6 +153,7 @@ def register_textarena_tasks(register_task: Callable[..., str]) -> None:
             f"make_{factory}",
             f"make_{factory}_vector",
             solved_threshold=solved,
+            random_baseline=0.0,  # random_policy_return, 64 rows x 2 batches: 0.0 each
             modes=("bandit",),
             requires="textarena",
             requires_module="textarena",
