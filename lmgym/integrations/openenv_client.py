@@ -60,6 +60,11 @@ from lmgym.types import Prompt  # noqa: E402
 TEXT_FIELDS = ("text", "message", "echoed_message", "prompt", "content", "output", "stdout")
 
 
+def generic_client(base_url: str) -> GenericEnvClient:
+    """The default client: ``GenericEnvClient(base_url=base_url)`` (plain dicts)."""
+    return GenericEnvClient(base_url=base_url)
+
+
 def message_action(text: str) -> dict[str, Any]:
     """The default action: ``{"message": text}``."""
     return {"message": text}
@@ -147,7 +152,7 @@ class OpenEnvResponder:
         self.action = action
         self.observation_text = observation_text
         self.column = column
-        self.client_factory = client_factory or (lambda url: GenericEnvClient(base_url=url))
+        self.client_factory = client_factory or generic_client
         self.check_first = check_first
         self._orphans: list[Any] = []
 
@@ -316,8 +321,10 @@ def openenv_env(
 
 
 __all__ = [
+    "LiveSession",
     "OpenEnvResponder",
     "OpenEnvState",
+    "generic_client",
     "message_action",
     "observation_text",
     "openenv_env",

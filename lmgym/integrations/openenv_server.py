@@ -87,13 +87,6 @@ class ServedTask:
         )
 
 
-def _resolved(result: Any) -> Any:
-    """``result``, awaited to completion if it is awaitable (an async responder)."""
-    if inspect.isawaitable(result):
-        return asyncio.run(_awaited(result))
-    return result
-
-
 async def _awaited(result: Any) -> Any:
     return await result
 
@@ -119,6 +112,23 @@ class LmgymEnvironment(Environment):
         self._row: Any = None  # the responder's state for this episode
         self._index = -1
         self._done = True
+        # An async responder's calls run on this session's own event loop, the same
+        # one every time (a client it keeps open stays bound to the loop it opened on).
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _resolved(self, result: Any) -> Any:
+        """``result``, awaited on the session's loop if it is awaitable."""
+        if not inspect.isawaitable(result):
+            return result
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+        return self._loop.run_until_complete(_awaited(result))
+
+    def close(self) -> None:
+        """Close the session's event loop, if it made one."""
+        if self._loop is not None:
+            self._loop.close()
+            self._loop = None
 
     def reset(
         self,
@@ -138,7 +148,7 @@ class LmgymEnvironment(Environment):
         if not 0 <= prompt_index < n:
             raise ValueError(f"prompt_index={prompt_index}: the task has prompts 0..{n - 1}")
         episode = self.served.episode(prompt_index)
-        (self._row,) = list(_resolved(self.served.responder.start(episode)))
+        (self._row,) = list(self._resolved(self.served.responder.start(episode)))
         self._index, self._done = prompt_index, False
         self._state = LmgymState(
             episode_id=episode_id or str(uuid4()), task=self.served.task, prompt_index=prompt_index
@@ -167,7 +177,7 @@ class LmgymEnvironment(Environment):
             turn_index=torch.tensor([turn]),
             states=[self._row],
         )
-        answer: TurnOutput = _resolved(self.served.responder.respond(turns))
+        answer: TurnOutput = self._resolved(self.served.responder.respond(turns))
         text = answer.observations[0]
         if text is not None and not isinstance(text, str):
             raise ValueError(
@@ -182,7 +192,7 @@ class LmgymEnvironment(Environment):
         self._row, self._done = answer.states[0], done
         self._state.step_count = turn
         return LmgymObservation(
-            text=text or "",
+            text="" if done else (text or ""),  # as the env: no observation after the end
             turn=turn,
             truncated=truncated,
             done=done,

@@ -12,6 +12,7 @@ import re
 import sys
 import time
 
+import gymnasium as gym
 import pytest
 import torch
 
@@ -21,8 +22,9 @@ from openenv.core.env_server.http_server import create_app  # noqa: E402
 from openenv.core.env_server.interfaces import Environment  # noqa: E402
 from openenv.core.env_server.types import Action, Observation, State  # noqa: E402
 
+from lmgym.envs import TASKS, register_responder_env  # noqa: E402
 from lmgym.envs.prompts import source_columns  # noqa: E402
-from lmgym.envs.turns import TurnInput  # noqa: E402
+from lmgym.envs.turns import TurnInput, TurnOutput  # noqa: E402
 from lmgym.integrations.openenv_client import OpenEnvState, openenv_env  # noqa: E402
 from lmgym.integrations.openenv_local import LocalServer  # noqa: E402
 from lmgym.integrations.openenv_models import LmgymAction, LmgymEnvClient  # noqa: E402
@@ -194,6 +196,41 @@ def test_an_lmgym_task_through_openenv_and_back_is_the_same_game(lake_server):
         if bool((terminated | truncated)[0]):
             break
     assert returns[0].item() == 1.0 and bool(terminated[0])
+
+
+class AsyncCount:
+    """An async responder: says the turn count back, ends after three turns; each
+    call checks it runs on the loop its episode started on."""
+
+    role = "user"
+
+    async def start(self, episodes):
+        loop = asyncio.get_running_loop()
+        return [(0, loop)] * len(episodes.prompts)
+
+    async def respond(self, turns):
+        (n, loop), text = turns.states[0], turns.turn_texts[0]
+        assert asyncio.get_running_loop() is loop, "the session changed event loops"
+        return TurnOutput([f"{n + 1}: {text}"], [float(n + 1)], [n + 1 >= 3], [(n + 1, loop)])
+
+
+def test_an_async_responder_task_is_served_on_one_loop_per_session():
+    env_id = register_responder_env("OpenEnvAsyncCount", AsyncCount(), ["count:"])
+    try:
+        app = create_lmgym_app(env_id)
+        with LocalServer(app) as url:
+
+            async def play():
+                async with LmgymEnvClient(base_url=url) as env:
+                    await env.reset(seed=0)
+                    return [await env.step(LmgymAction(message=m)) for m in "abc"]
+
+            results = asyncio.run(play())
+    finally:
+        gym.registry.pop(env_id, None)
+        TASKS.pop(env_id, None)
+    assert [r.observation.text for r in results] == ["1: a", "2: b", ""]
+    assert [r.reward for r in results] == [1.0, 2.0, 3.0] and results[-1].done
 
 
 # ------------------------------------------------------------- missing extra
