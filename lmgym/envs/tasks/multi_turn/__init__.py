@@ -11,6 +11,9 @@ Each module holds one job (see its docstring for prompts, observations, reward):
   played as text, one move per turn;
 - ``games``: the bridged FrozenLake, CliffWalking, Taxi and Blackjack
   (``lmgym/FrozenLake-v0``, ...);
+- ``textarena_bridge``: ``TextArenaResponder``, a single-player TextArena game played
+  live (``pip install 'lmgym[textarena]'``); ``textarena_games``: GuessTheNumber,
+  Crosswords and TowerOfHanoi (``lmgym/TextArena-GuessTheNumber-v0``, ...);
 - ``tools``: tools in the model's format: typed functions, their schemas rendered
   through the chat template's ``tools`` support (or a default format), calls
   parsed from the turn and run in a worker with a time and memory limit;
