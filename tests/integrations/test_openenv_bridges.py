@@ -149,6 +149,25 @@ def test_a_copied_state_replays_its_session_from_the_seed(guess_server):
     assert asyncio.run(play()) == (1.0, True)
 
 
+class Unseeded(GuessEnvironment):
+    """A server whose first observation ignores the seed: a new one every reset."""
+
+    resets = 0
+
+    def reset(self, seed=None, episode_id=None, **kwargs) -> GuessObservation:
+        super().reset(seed, episode_id)
+        Unseeded.resets += 1
+        return GuessObservation(text=f"game number {Unseeded.resets}.", reward=0.0)
+
+
+def test_a_server_not_deterministic_under_its_seed_is_refused_naming_the_seed():
+    app = create_app(Unseeded, GuessAction, GuessObservation, max_concurrent_envs=8)
+    with LocalServer(app) as url:
+        env = openenv_env(url, seeds=[4, 5], num_envs=2, group_size=1, max_new_tokens=32)
+        with pytest.raises(ValueError, match=r"reset\(seed=\d\) shows another first observation"):
+            env.reset(seed=0)
+
+
 # ---------------------------------------------------- (c) lmgym task -> OpenEnv
 def test_an_openenv_client_plays_an_lmgym_task_to_the_goal(lake_server):
     async def play():
