@@ -25,7 +25,9 @@ that the next move steps (no replay). TextArena games draw from Python's global
 ``random``, seeded by ``reset(seed=...)``; the bridge gives every game its own
 stream (the global state is swapped in for each call of that game and back out
 after, under one lock), so a game plays the same under its seed whatever the other
-rows do and whatever other code draws from ``random``. A state without a live game
+rows do and whatever other code draws from ``random`` between its calls. (Code on
+another thread that draws from ``random`` *during* a game's call draws from that
+game's stream: keep such code off the global RNG, as lmgym's own code is.) A state without a live game
 (copied, pickled, or an old state the env retries) is replayed from its seed and
 its moves, and a replay that does not read as the episode did is refused
 (``ValueError`` naming the game and the seed).
