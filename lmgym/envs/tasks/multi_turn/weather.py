@@ -154,6 +154,10 @@ class Weather:
         spread: the episodes of a record in one ``start`` call hear different
             weather (module docstring).
         city_column, condition_column: the prompt-source columns read at ``start``.
+
+    Attributes:
+        tools: the one tool, by name.
+        runner: runs its calls within ``time_limit`` and ``memory_limit_mb``.
     """
 
     cities: tuple[str, ...] = DEFAULT_CITIES
@@ -168,20 +172,16 @@ class Weather:
     condition_column: str = "condition"
     role: Literal["tool"] = "tool"
     runner: ToolRunner = field(init=False, repr=False, compare=False)
+    tools: dict[str, Tool] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cities", _check_words("cities", self.cities, 1))
         object.__setattr__(self, "conditions", _check_words("conditions", self.conditions, 2))
         tool = weather_tool(self.tool_name)
+        object.__setattr__(self, "tools", {tool.name: tool})
         object.__setattr__(
             self, "runner", ToolRunner({tool.name: tool.fn}, self.time_limit, self.memory_limit_mb)
         )
-
-    @property
-    def tools(self) -> dict[str, Tool]:
-        """The one tool, by name."""
-        tool = weather_tool(self.tool_name)
-        return {tool.name: tool}
 
     def start(self, episodes: EpisodeStart) -> list[WeatherState]:
         """Each new episode's world (module docstring).
