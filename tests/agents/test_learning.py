@@ -28,7 +28,10 @@ SEEDS = (0, 1, 2)
 CASES = {
     "reinforce": ({}, "per_token", 150),
     "rloo": ({}, "bandit", 100),
-    "grpo": ({}, "bandit", 100),
+    # 150, not 100: on 2026-12-04's packages seed 0 sits at 0.79 (the 'helll' trap)
+    # from iteration ~30 and escapes at ~120, at HEAD and at the commit before
+    # (ee99ab7) alike; seeds 1 and 2 still solve in under 60 (cause not isolated).
+    "grpo": ({}, "bandit", 150),
     "drgrpo": ({}, "bandit", 100),
     "gspo": ({}, "bandit", 150),
     "cispo": ({}, "bandit", 150),
