@@ -33,6 +33,7 @@ import importlib.util
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -133,13 +134,20 @@ def _last_columns(mask: Tensor) -> Tensor:
     return torch.where(mask.any(dim=1), last, -1)
 
 
-def _kv_bytes_per_token(config: Any, dtype: torch.dtype) -> int:
-    """Bytes of K and V one token takes over all layers (a dense attention model)."""
+def _attention_shape(config: Any) -> tuple[int, int, int]:
+    """``(layers, key/value heads, head size)`` of a dense attention model's config
+    (Llama-style names, or GPT-2's)."""
     layers = getattr(config, "num_hidden_layers", None) or config.n_layer
     heads = getattr(config, "num_attention_heads", None) or config.n_head
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     hidden = getattr(config, "hidden_size", None) or config.n_embd
     head_dim = getattr(config, "head_dim", None) or hidden // heads
+    return layers, kv_heads, head_dim
+
+
+def _kv_bytes_per_token(config: Any, dtype: torch.dtype) -> int:
+    """Bytes of K and V one token takes over all layers (a dense attention model)."""
+    layers, kv_heads, head_dim = _attention_shape(config)
     return 2 * layers * kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
 
 
@@ -204,10 +212,7 @@ class VLLMEngine:
             from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
         except ImportError:  # another vLLM layout: let vLLM check
             return
-        config = self.policy.model.config
-        heads = getattr(config, "num_attention_heads", None) or config.n_head
-        hidden = getattr(config, "hidden_size", None) or config.n_embd
-        head_dim = getattr(config, "head_dim", None) or hidden // heads
+        head_dim = _attention_shape(self.policy.model.config)[2]
         sizes = CPUAttentionBackend.get_supported_head_sizes()
         if head_dim not in sizes:
             raise ValueError(
@@ -309,8 +314,6 @@ class VLLMEngine:
         key = weights_key(self.policy)
         if key == self._served and not force:
             return False
-        import time
-
         began = time.perf_counter()
         # Every tensor, LoRA included: vLLM's in-place reload restores each layer from
         # the tensors it is given, and a layer given none (a LoRA's frozen k_proj in
