@@ -109,3 +109,23 @@ def test_frac_reward_zero_std() -> None:
     assert frac_reward_zero_std(scores, group_ids) == pytest.approx(1.0)
     group_ids = torch.tensor([11, 3, 3, 40, 11, 40])  # 11: {1, 0}, 3: {0, 1}, 40: {.5, .5}
     assert frac_reward_zero_std(scores, group_ids) == pytest.approx(1 / 3)
+
+
+def test_sampler_gap_against_hand_computed_values():
+    from lmgym.agents.metrics import sampler_gap
+
+    learner = torch.tensor([[-1.0, -2.0, -0.5], [-0.1, 0.0, 0.0]])
+    sampler = torch.tensor([[-1.5, -2.0, -0.5], [-0.3, 9.0, 0.0]])
+    mask = torch.tensor([[True, True, False], [True, False, False]])
+    # d = lp_old - lp_s on the masked tokens: 0.5, 0.0, 0.2 (the 9.0 is masked out).
+    got = sampler_gap(learner, sampler, mask)
+    assert got["sampler_logprob_gap_mean"] == pytest.approx(0.7 / 3)
+    assert got["sampler_logprob_gap_max"] == pytest.approx(0.5)
+    k3 = sum(math.expm1(d) - d for d in (0.5, 0.0, 0.2)) / 3
+    assert got["sampler_kl"] == pytest.approx(k3)
+    empty = sampler_gap(learner, sampler, torch.zeros_like(mask))
+    assert empty == {
+        "sampler_logprob_gap_mean": 0.0,
+        "sampler_logprob_gap_max": 0.0,
+        "sampler_kl": 0.0,
+    }
