@@ -48,7 +48,7 @@ def set_rollout_engine(
         engine: a running ``VLLMEngine`` to serve this policy from (same
             architecture and tokenizer; its settings apply), instead of a new one.
         **settings: the vLLM engine's ``VLLMSettings`` fields (``kv_cache_gib``,
-            ``max_model_len``, ``dtype``, ``enforce_eager``, ``seed``).
+            ``max_model_len``, ``dtype``, ``enforce_eager``, ``seed``, ``child_process``).
 
     Raises:
         ValueError: an unknown name, or settings given for the lmgym engine.

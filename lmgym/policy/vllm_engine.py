@@ -22,8 +22,17 @@ reloads them in place through vLLM's ``reload_weights`` (LoRA: the adapted layer
 merged, ``weight_sync.engine_weights``), bumps ``version`` and drops every pending
 token, so each token is sampled by the weights current when it is consumed.
 
-vLLM runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): the weights go
-to its worker as tensors, with no disk round trip and no engine restart.
+Where vLLM runs (``VLLMEngine.out_of_process``):
+
+- **In this process** (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), the default: the
+  weights go to its worker as tensors, with no disk round trip and no restart.
+- **In a child process** (``VLLMSettings.child_process``), by default when this
+  process is one of a ``torch.distributed`` world of more than one (data parallel, or async actors and learners under ``torchrun``).
+  An in-process vLLM adopts the process group as its own world and breaks the run's
+  collectives; its engine core is instead spawned (``VLLM_WORKER_MULTIPROC_METHOD=
+  spawn``: a forked child would inherit the group) with a world of its own. The
+  weights then reach it as a safetensors directory in shared memory (``/dev/shm``:
+  RAM, not disk) that its ``reload_weights(weights_path=...)`` reads in place.
 """
 
 from __future__ import annotations
@@ -77,6 +86,9 @@ class VLLMSettings:
             measurable here), compiled on GPU.
         seed: vLLM's engine seed (each request also gets its own seed, drawn from
             the rollout's generator).
+        child_process: run vLLM's engine core in a child process (weights handed over
+            through shared memory) instead of this one; ``None``: only in a
+            ``torch.distributed`` world of more than one process, where it must.
     """
 
     kv_cache_gib: float = 2.0
@@ -84,6 +96,7 @@ class VLLMSettings:
     dtype: str | None = None
     enforce_eager: bool | None = None
     seed: int = 0
+    child_process: bool | None = None
 
     def __post_init__(self) -> None:
         if not self.kv_cache_gib > 0:
@@ -125,6 +138,19 @@ class TurnState:
             seen=torch.full((n,), -1, dtype=torch.long),
             version=version,
         )
+
+
+def _in_distributed_world() -> bool:
+    """Whether this process is one of a ``torch.distributed`` world of more than one."""
+    dist = torch.distributed
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _shared_memory_dir() -> str | None:
+    """``/dev/shm`` where it is a writable directory (the weights hand-over stays in
+    RAM), else ``None`` (the system's temporary directory)."""
+    shm = Path("/dev/shm")
+    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
 
 
 def _last_columns(mask: Tensor) -> Tensor:
@@ -179,6 +205,13 @@ class VLLMEngine:
         self.reload_seconds = 0.0
         self._served: tuple[tuple[int, int], ...] | None = None
         self._allowed: list[int] | None = None
+        #: where a child-process engine reads reloaded weights (``None``: in-process)
+        self._weights_dir: Path | None = None
+
+    @property
+    def out_of_process(self) -> bool:
+        """Whether the running engine's core is a child process (see the module's docs)."""
+        return self._weights_dir is not None
 
     def __deepcopy__(self, memo: dict[int, Any]) -> VLLMEngine:
         """A copy of the policy (``frozen_copy``) gets an engine of its own, not started:
@@ -229,26 +262,27 @@ class VLLMEngine:
         """Start vLLM on the policy's current weights (no-op when started)."""
         if self.llm is not None:
             return
-        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-        if distributed and torch.distributed.get_world_size() > 1:
-            # vLLM adopts the process group as its own world and leaves it unusable
-            # (tried: 2 gloo ranks generate, then the next collective fails).
-            raise RuntimeError(
-                "rollout_engine='vllm' runs vLLM inside this process and cannot share a "
-                f"torch.distributed run of {torch.distributed.get_world_size()} processes "
-                "(data parallel or async actors under torchrun) yet; use "
-                "rollout_engine='lmgym' there, or one process"
-            )
         self._check_kv_cache()
         self._check_head_size()
-        # In-process: the weights reach the worker as tensors (reload_weights).
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        separate = self.settings.child_process
+        if separate is None:
+            separate = _in_distributed_world()
+        elif not separate and _in_distributed_world():
+            raise ValueError(
+                "child_process=False: vLLM in this process would adopt the torch.distributed "
+                "process group of this run and break it; leave child_process unset (None)"
+            )
+        # In-process: the weights reach the worker as tensors (reload_weights). In a
+        # torch.distributed world the engine core is a spawned child (module docs).
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if separate else "0"
+        if separate:
+            os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
         # vLLM logs every start at INFO and warns about the tokenizer it is not given
         # (lmgym sends ids); set VLLM_LOGGING_LEVEL to see them.
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
         from vllm import LLM
 
-        directory = Path(tempfile.mkdtemp(prefix="lmgym-vllm-"))
+        directory = Path(tempfile.mkdtemp(prefix="lmgym-vllm-", dir=_shared_memory_dir()))
         threads, set_threads = torch.get_num_threads(), torch.set_num_threads
         try:
             save_for_engine(self.policy, directory)
@@ -273,7 +307,10 @@ class VLLMEngine:
             # process, so both are put back (lmgym's --threads keeps working).
             torch.set_num_threads = set_threads
             torch.set_num_threads(threads)
-            shutil.rmtree(directory, ignore_errors=True)
+            if self.llm is None or not separate:
+                shutil.rmtree(directory, ignore_errors=True)
+        if separate:
+            self._weights_dir = directory
         self._served = weights_key(self.policy)
         self._allowed = self._allowed_ids()
 
@@ -286,6 +323,9 @@ class VLLMEngine:
             if shutdown is not None:
                 shutdown()
             del llm
+        directory, self._weights_dir = self._weights_dir, None
+        if directory is not None:
+            shutil.rmtree(directory, ignore_errors=True)
 
     def serve(self, policy: CausalLMPolicy) -> None:
         """Serve ``policy`` (same architecture and tokenizer) from the running engine,
@@ -318,8 +358,13 @@ class VLLMEngine:
         # Every tensor, LoRA included: vLLM's in-place reload restores each layer from
         # the tensors it is given, and a layer given none (a LoRA's frozen k_proj in
         # the stacked qkv_proj) is left unusable (measured: log-probs off by ~19).
-        weights = list(engine_weights(self.policy))
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+        if self._weights_dir is not None:  # a child process: through shared memory
+            save_for_engine(self.policy, self._weights_dir)
+            reload = {"weights_path": str(self._weights_dir), "is_checkpoint_format": True}
+        else:
+            weights = list(engine_weights(self.policy))
+            reload = {"weights_iterator": iter(weights)}
+        self.llm.collective_rpc("reload_weights", kwargs=reload)
         self.llm.llm_engine.reset_prefix_cache()
         self.reload_seconds = time.perf_counter() - began
         self._served = key

