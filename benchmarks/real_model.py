@@ -46,9 +46,11 @@ from lmgym.agents import ALGORITHMS
 from lmgym.policy import CausalLMPolicy
 from lmgym.policy.value import frozen_copy
 from lmgym.training.evaluation import make_eval_env
+from lmgym.training.run import LORA_ALPHA, LORA_TARGETS
 
 MODEL = "smollm2-135m-instruct"
-LORA = {"r": 16, "lora_alpha": 32, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
+# lmgym train's LoRA default (one place: lmgym.training.run), at rank 16.
+LORA = {"r": 16, "lora_alpha": LORA_ALPHA, "target_modules": list(LORA_TARGETS)}
 LORA_LR = 1e-4
 EVAL_PROMPTS, EVAL_SAMPLES, EVAL_SEED = 64, 2, 1234
 DEFAULT_OUT = Path(__file__).parent / "results" / "real_model"

@@ -35,6 +35,8 @@ import harness as h
 import torch
 import workloads as w
 
+from lmgym.training.run import LORA_ALPHA, LORA_TARGETS
+
 MODEL = "smollm2-135m-instruct"
 BATCHES, NEW_TOKENS = (32, 64), 64
 GROUPS = (1, 8)  # completions per prompt: distinct prompts, and GRPO's groups
@@ -43,7 +45,8 @@ TARGET_GRPO = 1.5
 TASK = "lmgym/ChatArithmetic-v0"
 PROMPTS, GROUP, MAX_NEW = 4, 8, 12
 ANSWER_RULE = "last_number"  # the task's answer= option, given to both sides
-LORA = {"r": 16, "lora_alpha": 32, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
+# lmgym train's LoRA default (one place: lmgym.training.run), at rank 16.
+LORA = {"r": 16, "lora_alpha": LORA_ALPHA, "target_modules": list(LORA_TARGETS)}
 LEARNING_RATE = 1e-4
 EVAL_PROMPTS, EVAL_SAMPLES, EVAL_SEED = 64, 4, 1234
 QUESTION = "What is {a} + {b}? Reply with the number only."

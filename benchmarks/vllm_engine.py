@@ -292,8 +292,8 @@ def grpo(args: Any) -> list[str]:
     from lmgym.policy import CausalLMPolicy
     from lmgym.policy.engines import set_rollout_engine
 
-    colocate = "not tried (--skip-colocate)"
-    if not args.skip_colocate:
+    colocate = "not tried (--skip-trl)" if args.skip_trl else "not tried (--skip-colocate)"
+    if not (args.skip_colocate or args.skip_trl):  # colocate is one of TRL's modes
         colocate = colocate_attempt(args.seed, args.threads, args.colocate_timeout)
         print(f"TRL vLLM colocate: {colocate}", flush=True)
     agents = {"lmgym": peers.lmgym_agent(args.seed), "lmgym+vLLM": peers.lmgym_agent(args.seed)}
