@@ -40,6 +40,7 @@ TURN_OPTIONS: dict[str, Any] = {
     "max_turns": None,
     "max_turn_tokens": None,
     "responder_timeout": None,
+    "responder_park_after": None,
 }
 
 #: The token budget of an env whose options and task leave ``max_new_tokens`` unset.
@@ -78,6 +79,15 @@ class EnvOptions:
             ``unfinished="penalty"`` its return is exactly ``unfinished_penalty``),
             ``"raise"`` raises ``ResponderTimeout`` naming the rows (the env is left
             as it was).
+        responder_park_after: Autoreset multi-turn envs with a concurrent responder
+            only: park the rows that wait for their environment (``None``, the
+            default: ``step`` waits for every call). A number: ``step`` waits at most
+            that many seconds for the calls it starts, then returns; a row whose call
+            is still running is *parked* (``info["waiting"]``: its actions are
+            ignored, it writes nothing) until a later step finds its answer
+            (``lmgym.envs.turn_park``; ``ContinuousCollector`` keeps decoding the
+            other rows meanwhile). ``0.005`` suits a responder whose fast answers
+            take a few milliseconds.
         reward_mode: ``"bandit"`` (one score at the end) or ``"per_token"``.
         per_token_form: ``"potential"`` (differences of prefix scores) or ``"dense"``
             (the prefix score itself); per-token mode only.
@@ -108,6 +118,7 @@ class EnvOptions:
     max_turn_tokens: int | None = None
     responder_timeout: float | None = None
     on_responder_timeout: OnResponderTimeout = "penalty"
+    responder_park_after: float | None = None
     reward_mode: RewardMode = "bandit"
     per_token_form: PerTokenForm = "potential"
     center_potential: bool = False
@@ -148,6 +159,18 @@ class EnvOptions:
                     "(or None: no limit)"
                 )
             object.__setattr__(self, "responder_timeout", float(timeout))
+        if self.responder_park_after is not None:
+            park = self.responder_park_after
+            if (
+                isinstance(park, bool)
+                or not isinstance(park, int | float | np.integer | np.floating)
+                or not 0 <= park < float("inf")
+            ):
+                raise ValueError(
+                    f"responder_park_after={park!r}: must be a number of seconds >= 0 "
+                    "(or None: step waits for every responder call)"
+                )
+            object.__setattr__(self, "responder_park_after", float(park))
         # Frozen: the normalised values are written once, here.
         object.__setattr__(self, "shard", check_shard(self.shard))
         object.__setattr__(self, "device", torch.device(self.device))

@@ -116,6 +116,8 @@ from lmgym.envs.prompts import RowColumns, build_prompt_table
 from lmgym.envs.rewards import call_reward
 from lmgym.envs.stream import PromptStream
 from lmgym.envs.text import completion_texts, infer_completion_mask
+from lmgym.envs.turn_calls import PendingCall
+from lmgym.envs.turn_park import ParkedTurns
 from lmgym.envs.turn_step import TurnStepper
 from lmgym.envs.turns import Responder
 from lmgym.profiling import ENV_RESET, ENV_STEP, REWARD, labelled, phase
@@ -158,10 +160,13 @@ class _Rows(NamedTuple):
 
     Attributes: ``[N, Lp + L]`` ``ids`` (int64), ``mask`` and ``policy`` (bool: the
     tokens the policy sampled); ``[N]`` ``length``, ``group_ids``, ``prompt_index``,
-    ``prompt_length``, ``turn`` (policy turns ended) and ``turn_start`` (where the
-    current policy turn starts in the completion region) (int64), ``done``,
-    ``terminated``, ``truncated``, ``needs_reset``, ``valid`` (bool), ``returns``
-    (the episode's reward so far) and ``potential`` (float32).
+    ``prompt_length``, ``turn`` (policy turns ended), ``turn_start`` (where the
+    current policy turn starts in the completion region) and ``episode`` (the
+    episode's prompt-stream slot, ``group_id * group_size + j``: the same episode
+    whichever row runs it) (int64), ``done``, ``terminated``, ``truncated``,
+    ``needs_reset``, ``valid``, ``waiting`` (parked: its responder call is in
+    flight, ``lmgym.envs.turn_park``) (bool), ``returns`` (the episode's reward so
+    far) and ``potential`` (float32).
     """
 
     ids: Tensor
@@ -180,6 +185,8 @@ class _Rows(NamedTuple):
     policy: Tensor
     turn: Tensor
     turn_start: Tensor
+    waiting: Tensor
+    episode: Tensor
 
     @classmethod
     def empty(cls, n: int, width: int, pad_token_id: int, device: torch.device) -> _Rows:
@@ -190,7 +197,7 @@ class _Rows(NamedTuple):
         no = torch.zeros_like(ids, dtype=torch.bool)
         return cls(
             ids, no, zero, false, false, false, false,
-            ~false, zeros, zeros, zero, zero, zero, no, zero, zero,
+            ~false, zeros, zeros, zero, zero, zero, no, zero, zero, false, zero,
         )  # fmt: skip
 
     def put(self, rows: Tensor, **values: Tensor) -> _Rows:
@@ -268,6 +275,7 @@ class TokenVectorEnv(VectorEnv):
     max_turn_tokens = _Option()
     responder_timeout = _Option()
     on_responder_timeout = _Option()
+    responder_park_after = _Option()
 
     def __init__(
         self,
@@ -349,6 +357,7 @@ class TokenVectorEnv(VectorEnv):
                 responder_timeout=self.responder_timeout,
                 on_responder_timeout=self.on_responder_timeout,
             )
+        self._parking = self._parked_turns()
         self.single_observation_space = spaces.Dict(observation)
         self.single_action_space = TokenActionSpace(self.vocab_size, self.refused_token_ids)
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
@@ -358,7 +367,29 @@ class TokenVectorEnv(VectorEnv):
         self._rows: _Rows | None = None
         # The responder's state of each row's episode (multi-turn only), committed with _rows.
         self._turn_states: tuple[Any, ...] = ()
+        # The responder calls of the parked rows, by row (parking only), committed with _rows.
+        self._calls: dict[int, PendingCall] = {}
         self._columns = torch.arange(self.seq_len, device=self.device)
+
+    def _parked_turns(self) -> ParkedTurns | None:
+        """The parking step of ``responder_park_after`` (``None`` when unset), after
+        checking the env can park: autoreset, a concurrent responder."""
+        if self.responder_park_after is None or self._turns is None:
+            return None
+        if not self.autoreset:
+            raise ValueError(
+                f"responder_park_after={self.responder_park_after}: an episode-synchronous "
+                "env (autoreset=False) waits for every responder call; parking rows needs "
+                "autoreset=True (continuous batching, ContinuousCollector)"
+            )
+        if not self._turns.caller.concurrent:
+            raise ValueError(
+                f"responder_park_after={self.responder_park_after}: responder "
+                f"{self._turns.name!r} is called once per step on the env's thread, so a "
+                "step cannot go on without it; make its respond 'async def' or set "
+                "thread_safe = True on it, or leave responder_park_after None"
+            )
+        return ParkedTurns(self._turns, self.responder_park_after)
 
     def _check_turn_options(self) -> None:
         if self.responder is None:
@@ -477,10 +508,12 @@ class TokenVectorEnv(VectorEnv):
 
         The new rows' potential is 0; the caller sets ``R(x, empty)`` when centring.
         """
-        group_ids, prompt_index, stream = stream.take(rows.numel())
+        k = rows.numel()
+        slots = stream.next_slot + torch.arange(k)
+        group_ids, prompt_index, stream = stream.take(k)
+        episode = (group_ids * self.group_size + slots % self.group_size).to(self.device)
         group_ids, prompt_index = group_ids.to(self.device), prompt_index.to(self.device)
         table = self.prompt_table
-        k = rows.numel()
         completion_pad = torch.full(
             (k, self.max_new_tokens), self.pad_token_id, dtype=torch.long, device=self.device
         )
@@ -507,6 +540,8 @@ class TokenVectorEnv(VectorEnv):
             policy=torch.zeros((k, self.seq_len), dtype=torch.bool, device=self.device),
             turn=torch.zeros(k, dtype=torch.long, device=self.device),
             turn_start=torch.zeros(k, dtype=torch.long, device=self.device),
+            waiting=false,
+            episode=episode,
         )
         if self._turns is not None:
             turn_states = self._turns.start(turn_states, rows, prompt_index)
@@ -542,6 +577,7 @@ class TokenVectorEnv(VectorEnv):
         stream = self._stream if seed is None else self._new_stream(int(seed))
         reset_mask = (options or {}).get("reset_mask")
         turn_states = self._turn_states
+        calls: dict[int, PendingCall] = {}  # a reset row's call is dropped (it runs on)
         if reset_mask is None or self._rows is None:
             state = _Rows.empty(self.num_envs, self.seq_len, self.pad_token_id, self.device)
             rows = torch.arange(self.num_envs, device=self.device)
@@ -554,6 +590,7 @@ class TokenVectorEnv(VectorEnv):
                 )
             state = self._rows
             rows = mask.nonzero().squeeze(1)
+            calls = {row: call for row, call in self._calls.items() if not bool(mask[row])}
         if rows.numel() > 0:
             state, stream, turn_states = self._refilled(state, rows, stream, turn_states)
             if self._centred:
@@ -561,6 +598,7 @@ class TokenVectorEnv(VectorEnv):
                 state = state.put(rows, potential=self._score(state, rows, finished))
         # Everything above only built new values: commit them together.
         self._rows, self._stream, self._turn_states = state, stream, turn_states
+        self._calls = calls
         return self._obs(), self._info()
 
     # -------------------------------------------------------------------- step
@@ -590,7 +628,7 @@ class TokenVectorEnv(VectorEnv):
             raise RuntimeError("step() called before reset(); call env.reset(seed=...) first")
         actions = self._check_actions(actions)
         old = self._rows
-        active = ~old.done
+        active = ~old.done & ~old.waiting  # a parked row writes nothing
         write = (self._columns[None, :] == (self.prompt_width + old.length)[:, None]) & active[
             :, None
         ]
@@ -616,10 +654,14 @@ class TokenVectorEnv(VectorEnv):
                 state, stream, turn_states = self._refilled(state, rows, stream, turn_states)
             else:
                 refill = None
-        turn_rewards = None
+        turn_rewards, calls = None, self._calls
         if self._turns is not None:
             # A stop id ends the policy's turn; the responder says whether it ends the episode.
-            turn = self._turns.respond(state, turn_states, stop)
+            if self._parking is None:
+                turn = self._turns.respond(state, turn_states, stop)
+            else:  # rows whose call is still running are parked
+                turn, calls, waiting = self._parking.respond(state, turn_states, stop, calls)
+                state = state._replace(waiting=waiting)
             state, turn_states = state._replace(**turn.changes), turn.states
             stop, truncated, turn_rewards = (
                 turn.terminated,
@@ -647,6 +689,7 @@ class TokenVectorEnv(VectorEnv):
         )
         # Nothing above wrote to the env: a failing reward model or responder left it intact.
         self._rows, self._stream, self._turn_states = state, stream, turn_states
+        self._calls = calls
         return self._obs(), rewards, terminated_out, truncated_out, self._info()
 
     def _check_actions(self, actions: Tensor | np.ndarray | Sequence[int]) -> Tensor:
@@ -677,8 +720,8 @@ class TokenVectorEnv(VectorEnv):
         illegal = self._illegal[(actions + 1).clamp_(0, self.vocab_size + 1)]
         if not bool(illegal.any()):
             return actions  # the common case, checked with one read back
-        # Only live rows' actions count: a finished row ignores its action.
-        live = ~self._rows.done
+        # Only live rows' actions count: a finished or parked row ignores its action.
+        live = ~self._rows.done & ~self._rows.waiting
         bad = live & ((actions < 0) | (actions >= self.vocab_size))
         if bool(bad.any()):
             row = int(bad.nonzero()[0, 0])
@@ -803,6 +846,9 @@ class TokenVectorEnv(VectorEnv):
         if self._turns is not None:
             info["policy_mask"] = rows.policy
             info["turn"] = rows.turn
+        if self._parking is not None:
+            info["waiting"] = rows.waiting
+            info["episode"] = rows.episode
         return info
 
     def decode_completions(

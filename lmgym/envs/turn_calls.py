@@ -33,6 +33,7 @@ import queue
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -230,21 +231,51 @@ class ResponderCaller:
             results = self._run(self._gather(inputs))
         else:
             results = _threaded(self._threads(), self.responder.respond, inputs, self.timeout)
-        return self._assembled(results, turns, row_list)
+        return self.assemble(results, turns, row_list)
+
+    async def _one(self, turn: TurnInput) -> Any:
+        """One async call: its answer, the exception it raised, or ``_LATE``."""
+        try:
+            return await asyncio.wait_for(self.responder.respond(turn), self.timeout)
+        except (asyncio.TimeoutError, TimeoutError):
+            return _LATE
+        except Exception as err:  # reported by row, after every call is back
+            return err
 
     async def _gather(self, inputs: list[TurnInput]) -> list[Any]:
-        async def one(turn: TurnInput) -> Any:
-            try:
-                return await asyncio.wait_for(self.responder.respond(turn), self.timeout)
-            except (asyncio.TimeoutError, TimeoutError):
-                return _LATE
-            except Exception as err:  # reported by row, after every call is back
-                return err
+        return list(await asyncio.gather(*(self._one(t) for t in inputs)))
 
-        return list(await asyncio.gather(*(one(t) for t in inputs)))
+    def submit(self, turns: TurnInput, row_list: list[int]) -> list[PendingCall]:
+        """Start a call per row of ``turns`` (env rows ``row_list``) and return at once:
+        one ``PendingCall`` per row, in row order (a concurrent responder only; the
+        env parks the rows whose call is still running, ``lmgym.envs.turn_park``)."""
+        if not self.concurrent:
+            raise ValueError(
+                f"responder {self.name!r}: only a concurrent responder (async def respond, "
+                "or thread_safe = True) can be called in the background"
+            )
+        calls = [PendingCall() for _ in row_list]
+        inputs = [row_input(turns, j) for j in range(len(row_list))]
+        if self.is_async:
+            with self._lock:
+                if self._loop is None:
+                    self._loop = _LoopThread()
+            for call, turn in zip(calls, inputs, strict=True):
+                call.future = asyncio.run_coroutine_threadsafe(self._one(turn), self._loop.loop)
+        else:
+            pool = self._threads()
+            for call, turn in zip(calls, inputs, strict=True):
+                pool.submit(_run_call, call, self.responder.respond, turn)
+        return calls
 
-    def _assembled(self, results: list[Any], turns: TurnInput, row_list: list[int]) -> Answers:
-        """The per-row results (answers, exceptions, ``_LATE``) as one ``Answers``."""
+    def assemble(self, results: list[Any], turns: TurnInput, row_list: list[int]) -> Answers:
+        """The per-row results (answers, exceptions, ``_LATE``) as one ``Answers``.
+
+        Raises:
+            ResponderError: a call raised (the lowest such row named) or answered the
+                wrong shape.
+            ResponderTimeout: a call ran late under ``on_timeout="raise"``.
+        """
         for row, result in zip(row_list, results, strict=True):
             if isinstance(result, Exception):
                 raise ResponderError(
@@ -275,6 +306,57 @@ class ResponderCaller:
             truncated=truncated,
         )
         return Answers(output, [result is _LATE for result in results])
+
+
+class PendingCall:
+    """One row's responder call running in the background (``ResponderCaller.submit``).
+
+    Attributes:
+        future: resolves to the call's answer, the exception it raised, or
+            ``_LATE`` (an async call cancelled at its timeout).
+        started: ``time.monotonic()`` when the call began (when it was submitted,
+            until its thread picks it up).
+        took: seconds a threaded call ran, once it finished (``None`` for an async
+            call, whose timeout the event loop enforces).
+    """
+
+    def __init__(self) -> None:
+        self.future: Future[Any] = Future()
+        self.started = time.monotonic()
+        self.took: float | None = None
+
+    def outcome(self, timeout: float | None, now: float) -> Any:
+        """The call's result (answer or exception), ``_LATE`` if it ran past
+        ``timeout`` seconds from its start, or ``RUNNING``."""
+        if self.future.done():
+            if timeout is not None and self.took is not None and self.took > timeout:
+                return _LATE  # finished, after its deadline
+            return self.future.result()
+        if timeout is not None and now - self.started > timeout:
+            return _LATE
+        return RUNNING
+
+    def deadline(self, timeout: float | None) -> float | None:
+        """When the call turns late (``time.monotonic()``), or ``None``: never."""
+        return None if timeout is None else self.started + timeout
+
+
+class _Running:
+    """The marker of a call still running, within its time."""
+
+
+RUNNING = _Running()
+
+
+def _run_call(call: PendingCall, respond: Callable[[TurnInput], Any], turn: TurnInput) -> None:
+    """Run ``respond(turn)`` on a pool thread, timed, into ``call`` (never raises)."""
+    call.started = begun = time.monotonic()
+    try:
+        result = respond(turn)
+    except Exception as err:  # reported by row when the env collects it
+        result = err
+    call.took = time.monotonic() - begun
+    call.future.set_result(result)
 
 
 class DaemonPool:
@@ -353,8 +435,10 @@ def _threaded(
 
 
 __all__ = [
+    "RUNNING",
     "Answers",
     "OnTimeout",
+    "PendingCall",
     "ResponderCaller",
     "check_answer_shape",
     "is_concurrent",

@@ -35,7 +35,7 @@ from transformers import PreTrainedTokenizerBase
 from lmgym.envs.prompts import PromptTable, RowColumns
 from lmgym.envs.rewards import to_float
 from lmgym.envs.text import completion_texts
-from lmgym.envs.turn_calls import OnTimeout, ResponderCaller
+from lmgym.envs.turn_calls import Answers, OnTimeout, ResponderCaller
 from lmgym.envs.turn_render import ObservationRenderer, pad_ids
 from lmgym.envs.turns import (
     EpisodeStart,
@@ -166,11 +166,12 @@ class TurnStepper:
 
     # ---------------------------------------------------------------- respond
     def respond(self, rows_state: Any, states: tuple[Any, ...], ended: Tensor) -> TurnStep:
-        """Answer the rows whose policy turn just ended.
+        """Answer the rows whose policy turn just ended, waiting for every call.
 
         Args:
             rows_state: The env's rows after this step's tokens (``ids``, ``mask``,
-                ``length``, ``turn``, ``turn_start``, ``prompt_index``).
+                ``length``, ``turn``, ``turn_start``, ``prompt_index``, ``done``,
+                ``waiting``).
             states: The ``N`` responder states before this step.
             ended: ``[N] bool`` rows whose action this step was a stop id.
 
@@ -178,21 +179,22 @@ class TurnStepper:
             ResponderError: the responder raised or answered unusably (see
                 ``lmgym.envs.turns.ResponderError``).
         """
-        n = ended.numel()
-        zeros = torch.zeros(n, device=ended.device)
-        false = torch.zeros(n, dtype=torch.bool, device=ended.device)
-        capped = self._capped(rows_state, ended)
         rows = ended.nonzero().squeeze(1)
         if rows.numel() == 0:
-            return TurnStep({}, states, zeros, false, capped)
+            return self.answered(rows_state, states, ended, rows, None)
+        answers = self.caller.respond(self.turn_input(rows_state, states, rows), rows.tolist())
+        return self.answered(rows_state, states, ended, rows, answers)
+
+    def turn_input(self, rows_state: Any, states: tuple[Any, ...], rows: Tensor) -> TurnInput:
+        """The ``TurnInput`` of ``rows`` (``[k] int64``), whose policy turn has ended:
+        their last turn's ids and text, their prompts and states. A parked row's is
+        the same on every step until it is answered (nothing of it changes)."""
         row_list = rows.tolist()
         turn_ids, turn_length = self._turn_ids(rows_state, rows)
-        turn_index = rows_state.turn[rows] + 1
         index = rows_state.prompt_index[rows].tolist()
-        prompts = [self.table.prompts[i] for i in index]
-        turns = TurnInput(
+        return TurnInput(
             rows=rows,
-            prompts=prompts,
+            prompts=[self.table.prompts[i] for i in index],
             prompt_index=rows_state.prompt_index[rows],
             columns=self._columns(index),  # type: ignore[arg-type]
             turn_texts=completion_texts(
@@ -202,10 +204,35 @@ class TurnStepper:
                 self.hidden_stop_ids,
             ),
             turn_ids=[turn_ids[j, :t] for j, t in enumerate(turn_length.tolist())],
-            turn_index=turn_index.clone(),  # the env keeps turn_index: no aliasing
+            turn_index=rows_state.turn[rows] + 1,  # a new tensor: no aliasing of the env's
             states=[states[r] for r in row_list],
         )
-        answers = self.caller.respond(turns, row_list)
+
+    def answered(
+        self,
+        rows_state: Any,
+        states: tuple[Any, ...],
+        ended: Tensor,
+        rows: Tensor,
+        answers: Answers | None,
+    ) -> TurnStep:
+        """What ``answers`` to ``rows`` (``[k] int64``, whose turns ended this step or
+        earlier: parked rows) change, and the live rows cut at ``max_turn_tokens``
+        this step (``ended``, ``[N] bool``, the rows whose turn ended this step, are
+        not). ``answers`` ``None``: no row is answered this step.
+
+        Raises:
+            ResponderError: an answer is unusable.
+        """
+        zeros = torch.zeros(ended.numel(), device=ended.device)
+        false = torch.zeros_like(ended)
+        capped = self._capped(rows_state, ended)
+        if answers is None:
+            return TurnStep({}, states, zeros, false, capped)
+        row_list = rows.tolist()
+        turn_ids, turn_length = self._turn_ids(rows_state, rows)
+        turn_index = rows_state.turn[rows] + 1
+        prompts = [self.table.prompts[i] for i in rows_state.prompt_index[rows].tolist()]
         answer = answers.output
         rewards, done, cut = self._checked(answer, row_list, rows.device)
         late = torch.tensor(answers.timed_out, dtype=torch.bool, device=rows.device)
@@ -249,11 +276,13 @@ class TurnStepper:
 
     def _capped(self, rows_state: Any, ended: Tensor) -> Tensor:
         """``[N] bool`` live rows whose policy turn reached ``max_turn_tokens`` tokens
-        this step without ending (all ``False`` without a cap)."""
+        this step without ending (all ``False`` without a cap). A parked row's turn has
+        ended: it is never cut."""
         if self.max_turn_tokens is None:
             return torch.zeros_like(ended)
         turn_length = rows_state.length - rows_state.turn_start
-        return ~rows_state.done & ~ended & (turn_length >= self.max_turn_tokens)
+        live = ~rows_state.done & ~rows_state.waiting & ~ended
+        return live & (turn_length >= self.max_turn_tokens)
 
     def _turn_ids(self, rows_state: Any, rows: Tensor) -> tuple[Tensor, Tensor]:
         """The ended turns' ids, left-aligned: ``[k, W] int64`` and ``[k]`` lengths."""
