@@ -17,15 +17,28 @@
 Both pass the env's group ids to ``act``, so a group's rows share one prefill of
 their prompt; a cache rebuilt mid-episode gets none (its rows hold their own
 completions).
+
+Parked rows (an env built with ``responder_park_after``, ``lmgym.envs.turn_park``).
+``ContinuousCollector`` passes the rows waiting for their environment to ``act`` as
+idle (their actions are ignored; they are not policy tokens) and books a parked
+row's late reward on its stop id's column. Its batch must not depend on how long
+the calls took, so it then (1) draws each token from a counter-based uniform of
+(seed, episode, column) (``lmgym.policy.counter_rng``) instead of one generator
+shared by the rows, and (2) returns groups in group-id order, each group's rows in
+episode order, instead of the first groups to end.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 from torch import Tensor
 
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.policy.causal_lm import CausalLMPolicy, PolicyState
+from lmgym.policy.counter_rng import counter_uniforms
+from lmgym.policy.engines import engine_name
 from lmgym.policy.weight_sync import weights_key
 from lmgym.profiling import COLLECT, labelled
 from lmgym.types import RolloutBatch
@@ -66,6 +79,7 @@ class EpisodeRecorder:
         logprobs: Tensor,
         rewards: Tensor,
         special_mass: Tensor | None,
+        answered: Tensor | None = None,
     ) -> Tensor:
         """Write one step of the ``live`` rows at their current column.
 
@@ -78,6 +92,9 @@ class EpisodeRecorder:
             rewards: ``[N] float32`` the step's rewards.
             special_mass: ``[N] float32`` the probability the special-token mask
                 removed (``PolicyState.special_mass``), or ``None``.
+            answered: ``[N] bool`` rows parked before the step (``info["waiting"]``):
+                their reward (0 until their responder answers) belongs to their last
+                policy token, the stop id at the column before theirs; ``None``: none.
 
         Returns:
             ``[N, L] bool``, where the step was written.
@@ -87,6 +104,9 @@ class EpisodeRecorder:
         write = (self._columns == column[:, None]) & live[:, None]
         self.logprobs = torch.where(write, logprobs.to(device)[:, None], self.logprobs)
         self.rewards = torch.where(write, rewards[:, None], self.rewards)
+        if answered is not None:
+            stop = (self._columns == (info["length"] - 1)[:, None]) & answered[:, None]
+            self.rewards = torch.where(stop, rewards[:, None], self.rewards)
         if special_mass is not None:
             mass = special_mass.to(device)[:, None]
             self.special_mass = torch.where(write, mass, self.special_mass)
@@ -241,6 +261,11 @@ def concat_batches(batches: list[RolloutBatch]) -> RolloutBatch:
 class ContinuousCollector:
     """Continuous batching over a next-step-autoreset ``TokenVectorEnv``.
 
+    With an env that parks rows (``responder_park_after``) the batch under a seed does
+    not depend on the responder's timing (the module docstring): each token is drawn
+    from a counter-based uniform (the lmgym engine; the vLLM engine draws its own, so
+    it warns that the batch may then vary), and groups come out in group-id order.
+
     Args:
         env: a ``TokenVectorEnv`` with ``autoreset=True``.
         policy: the sampling policy.
@@ -253,6 +278,18 @@ class ContinuousCollector:
         policy.check_env(env)
         self.env, self.policy = env, policy
         self.generator = _make_generator(seed, policy.device)
+        self.parking = env.responder_park_after is not None
+        # The seed of the counter-based draws (parking, lmgym engine), else None.
+        self.counter_seed: int | None = None
+        if self.parking and engine_name(policy) == "vllm":
+            warnings.warn(
+                "ContinuousCollector: the env parks rows (responder_park_after) and the "
+                "vLLM engine draws its own samples per request, so the batch under a seed "
+                "may depend on the responder's timing; lmgym's engine keeps it fixed",
+                stacklevel=2,
+            )
+        elif self.parking:
+            self.counter_seed = seed if seed is not None else int(torch.randint(0, 2**62, (1,)))
         self._obs, self._info = env.reset(seed=seed)
         self._recorder = EpisodeRecorder(env)
         self._restarting = torch.zeros(env.num_envs, dtype=torch.bool, device=env.device)
@@ -263,6 +300,7 @@ class ContinuousCollector:
         self._fresh = True
         self._weights: tuple[tuple[int, int], ...] | None = None
         self._pool: list[RolloutBatch] = []
+        self._episodes: list[Tensor] = []  # the pooled rows' episode keys (parking only)
         self.tokens_generated = 0
 
     def _pooled(self) -> RolloutBatch | None:
@@ -270,22 +308,37 @@ class ContinuousCollector:
             return None
         pooled = concat_batches(self._pool)
         self._pool = [pooled]
+        if self.parking:
+            self._episodes = [torch.cat(self._episodes)]
         return pooled
 
-    def _complete_groups(self) -> Tensor:
-        """Group ids (sorted) whose every completion has ended."""
+    def _complete_groups(self, num_groups: int) -> Tensor:
+        """Group ids (sorted) whose every completion has ended; when parking, the
+        ``num_groups`` lowest group ids not yet returned once all have ended (else
+        none), so which groups a batch holds does not depend on the calls' timing."""
         pooled = self._pooled()
+        none = torch.empty(0, dtype=torch.long, device=self.env.device)
         if pooled is None:
-            return torch.empty(0, dtype=torch.long)
+            return none
         groups, counts = torch.unique(pooled.group_ids, return_counts=True)
-        return groups[counts == self.env.group_size]
+        complete = groups[counts == self.env.group_size]
+        if not self.parking:
+            return complete
+        # Groups get their slots in id order, so every group below one in flight has
+        # been seen: the lowest ids in the pool and in flight are the next ones.
+        flying = self._info["group_id"][~self._restarting]
+        first = torch.unique(torch.cat([groups, flying]))[:num_groups]
+        if first.numel() < num_groups or not bool(torch.isin(first, complete).all()):
+            return none
+        return first
 
     @labelled(COLLECT)
     def collect(self, num_groups: int) -> RolloutBatch:
         """Step the env until ``num_groups`` whole groups have ended; return them.
 
         Returns:
-            ``RolloutBatch`` of ``num_groups * group_size`` rows, ordered by group id.
+            ``RolloutBatch`` of ``num_groups * group_size`` rows, ordered by group id
+            (when parking, each group's rows in episode order too).
         """
         env = self.env
         weights = weights_key(self.policy)
@@ -293,42 +346,57 @@ class ContinuousCollector:
             state, starts = self._state, self._starts
         else:  # the weights changed since the cache was built: rebuild it once
             state, starts = None, torch.zeros_like(self._restarting)
-        complete = self._complete_groups()
+        complete = self._complete_groups(num_groups)
         while complete.numel() < num_groups:
             # A group's rows share a prefill at the start; a cache rebuilt mid-episode
             # (new weights) sees each row's own completion, so no sharing then.
             groups = self._info["group_id"] if state is not None or self._fresh else None
+            waiting = self._info.get("waiting")  # parked rows: their actions are ignored
+            idle = self._restarting if waiting is None else self._restarting | waiting
+            draws = {}
+            if self.counter_seed is not None:
+                draws["uniforms"] = counter_uniforms(
+                    self.counter_seed, self._info["episode"], self._info["length"]
+                )
             actions, logprobs, state = self.policy.act(
                 self._obs,
                 state,
                 episode_starts=starts,
                 generator=self.generator,
                 group_ids=groups,
-                idle=self._restarting,
+                idle=idle,
+                **draws,
             )
             self._fresh = False
-            live = ~self._restarting
+            live = ~idle
             obs, reward, terminated, truncated, info = env.step(actions.to(env.device))
-            self._recorder.record(self._info, live, logprobs, reward, state.special_mass)
+            self._recorder.record(self._info, live, logprobs, reward, state.special_mass, waiting)
             self.tokens_generated += int(live.sum())
             finished = terminated | truncated
             rows = finished.nonzero().squeeze(1)
             if rows.numel() > 0:
                 self._pool.append(self._recorder.finished(obs, info, rows, terminated, truncated))
-                complete = self._complete_groups()  # only changes when episodes end
+                if self.parking:
+                    self._episodes.append(info["episode"][rows])
                 # Finished rows restart next step: clear their per-episode records now.
                 self._recorder.clear(finished)
             # Rows reset by this step (their action was ignored) show a new prompt now.
             starts = self._restarting
             self._restarting = finished
             self._obs, self._info = obs, info
+            if rows.numel() > 0:
+                complete = self._complete_groups(num_groups)  # only changes when episodes end
         self._state, self._starts, self._weights = state, starts, weights
         pooled = self._pooled()
         chosen = complete[:num_groups]
         take = torch.isin(pooled.group_ids, chosen)
         self._pool = [pooled.select(~take)]
         batch = pooled.select(take)
-        return batch.select(torch.argsort(batch.group_ids, stable=True))
+        if not self.parking:
+            return batch.select(torch.argsort(batch.group_ids, stable=True))
+        episodes = self._episodes[0]
+        self._episodes = [episodes[~take]]
+        return batch.select(torch.argsort(episodes[take]))
 
 
 @torch.no_grad()

@@ -535,6 +535,7 @@ class CausalLMPolicy(nn.Module):
     #: ``act(obs, state=None, episode_starts=None, generator=None, group_ids=None,
     #: idle=None)``: sample the next token of every row (``RolloutEngine.act``
     #: documents it), with the engine ``lmgym.policy.set_rollout_engine`` chose.
+    #: lmgym's engine also takes ``uniforms=`` (counter-based draws, parked rows).
     act = _EngineAct()
 
     @labelled(LM_HEAD)

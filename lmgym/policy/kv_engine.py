@@ -495,6 +495,7 @@ class RolloutEngine:
         generator: torch.Generator | None = None,
         group_ids: Tensor | None = None,
         idle: Tensor | None = None,
+        uniforms: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, PolicyState]:
         """Sample the next token of every row.
 
@@ -521,6 +522,10 @@ class RolloutEngine:
             idle: ``[N] bool`` rows whose action the env will ignore (finished, or
                 about to be refilled). Unused here: one batched step decodes every
                 row; an engine that generates per request (``vllm_engine``) skips them.
+            uniforms: ``[N] float64`` in ``[0, 1)``, the uniform each row's draw
+                inverts (``sampling.draw_categorical``) instead of ``generator``'s:
+                ``ContinuousCollector`` passes counter-based ones when rows are parked
+                (``lmgym.policy.counter_rng``). ``None``: drawn from ``generator``.
 
         Returns:
             ``(actions [N] int64, sampler_logprobs [N] float32, new_state)``.
@@ -530,7 +535,9 @@ class RolloutEngine:
         # inference_mode, not no_grad: no version counters or view tracking on the
         # ~100 small ops of a step, a few percent of a tiny model's rollout.
         with torch.inference_mode():
-            actions, logprobs, state = self._act(obs, state, episode_starts, generator, group_ids)
+            actions, logprobs, state = self._act(
+                obs, state, episode_starts, generator, group_ids, uniforms
+            )
         # Plain tensors for the caller, who may use them in autograd or edit them.
         return actions.clone(), logprobs.clone(), state
 
@@ -541,6 +548,7 @@ class RolloutEngine:
         episode_starts: Tensor | None,
         generator: torch.Generator | None,
         group_ids: Tensor | None,
+        uniforms: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, PolicyState]:
         device = self.trunk.device  # one parameter scan per call, not two
         ids = obs["input_ids"].to(device)
@@ -566,7 +574,7 @@ class RolloutEngine:
         logits = self.head.next_token_logits(hidden)
         with phase(SAMPLE):  # one masked, tempered [N, V] for the draw and the special mass
             actions, logprobs, mass = sample_step(
-                logits, self.sampling, generator, self.head.refused_mask
+                logits, self.sampling, generator, self.head.refused_mask, uniforms
             )
             if mass is not None:
                 state.special_mass = mass

@@ -162,6 +162,7 @@ def sample_step(
     settings: SamplingSettings = SamplingSettings(),  # noqa: B008  # frozen: safe to share
     generator: torch.Generator | None = None,
     refused: Tensor | None = None,
+    uniforms: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """``sample_tokens`` and ``special_mass`` of one step, sharing their work (the
     masked, tempered logits: one ``[N, V]`` mask and division fewer).
@@ -170,6 +171,8 @@ def sample_step(
         logits: ``[N, V]`` raw next-token logits.
         settings: temperature, top-k and top-p.
         generator, refused: as ``sample_tokens``.
+        uniforms: ``[N]`` the uniform each row's draw inverts
+            (``draw_categorical``), instead of drawing them from ``generator``.
 
     Returns:
         ``(actions [N] int64, logprobs [N] float32, special_mass [N] float32 | None)``:
@@ -187,7 +190,7 @@ def sample_step(
     scaled = logits / temperature if temperature != 1.0 else logits
     kept = scaled if refused is None else scaled.masked_fill(refused.to(scaled.device), _NEG_INF)
     probs = filter_logits(kept, 1.0, top_k, top_p).softmax(dim=-1)
-    actions = draw_categorical(probs, generator)
+    actions = draw_categorical(probs, generator, uniforms)
     # log of the drawn id's probability only: one [N] log instead of a [N, V] log_softmax.
     # A drawn id has probability well above float32's underflow, so this matches
     # log_softmax to rounding.
@@ -198,10 +201,13 @@ def sample_step(
     return actions.squeeze(1), logprobs, mass
 
 
-def draw_categorical(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
+def draw_categorical(
+    probs: Tensor, generator: torch.Generator | None = None, uniforms: Tensor | None = None
+) -> Tensor:
     """One id per row of ``probs [N, V]`` (non-negative, rows summing to about 1), drawn
     by inversion: the first id whose cumulative probability exceeds ``u * total``,
-    ``u ~ U[0, 1)``, one uniform per row.
+    ``u ~ U[0, 1)``, one uniform per row: from ``generator``, or ``uniforms`` (``[N]``
+    values in ``[0, 1)``, e.g. ``counter_rng.counter_uniforms``) when given.
 
     The same distribution as ``torch.multinomial(probs, 1)``, which on a CPU draws
     ``N x V`` exponentials for it: at a 49k vocabulary that was 13% of a real model's
@@ -225,7 +231,10 @@ def draw_categorical(probs: Tensor, generator: torch.Generator | None = None) ->
         raise RuntimeError(
             "probability tensor contains either inf, nan or element < 0 (or a row with no mass)"
         )
-    u = torch.rand(total.shape, generator=generator, dtype=wide, device=probs.device)
+    if uniforms is None:
+        u = torch.rand(total.shape, generator=generator, dtype=wide, device=probs.device)
+    else:
+        u = uniforms.to(device=probs.device, dtype=wide)[:, None]
     # u < 1 gives u * total < total in floating point, so the index is at most V - 1.
     return torch.searchsorted(cdf, u * total, right=True)
 
