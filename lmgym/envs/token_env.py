@@ -83,7 +83,11 @@ episode's end (``reward_mode="bandit"`` only), added to that step's reward. The
 observation gains ``policy_mask`` (``[N, Lp + L] bool``, True exactly on the tokens
 the policy sampled), also in ``info`` with ``turn`` (``[N] int64``, policy turns
 ended so far). Responder states come from ``start`` at every (re)fill and from
-``respond``, and are committed with the rest of the step (see Failures).
+``respond``, and are committed with the rest of the step (see Failures). With
+``responder_park_after`` (autoreset, a concurrent responder) ``step`` does not wait
+for a slow call: the row is parked (``info["waiting"]``; its actions are ignored)
+until a later step finds its answer (``lmgym.envs.turn_park``); ``info["episode"]``
+then names each row's episode (its prompt-stream slot).
 
 Rendering. ``render_mode="ansi"``: ``render()`` returns each row's current text,
 prompt and completion so far (Gymnasium's vector render API: one frame per row).

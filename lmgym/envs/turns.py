@@ -32,6 +32,9 @@ no turn reward, the env's ``unfinished`` policy applies: under ``"penalty"`` its
 return is exactly ``unfinished_penalty``, the task's penalty); ``"raise"`` raises
 ``ResponderTimeout`` naming the rows, with the env left as it was. A responder that
 declares neither is called once per step, batched, as before, and takes no timeout.
+In an autoreset env, ``responder_park_after`` lets ``step`` return before a slow
+call answers: the row is parked until a later step finds its answer
+(``lmgym.envs.turn_park``).
 """
 
 from __future__ import annotations

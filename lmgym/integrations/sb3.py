@@ -195,6 +195,13 @@ class SB3VecEnv(VecEnv):
                 f"num_envs=...)), got {type(env).__name__}; wrappers that change the "
                 "observation go in `observation=` instead"
             )
+        if env.responder_park_after is not None:
+            raise ValueError(
+                f"env: responder_park_after={env.responder_park_after} parks rows whose "
+                "responder call is in flight (their actions ignored, their reward late); "
+                "SB3 would train on those steps as actions. Build the env without "
+                "responder_park_after for SB3 (ContinuousCollector is the loop that parks)"
+            )
         self.env = env
         self.view = observation if observation is not None else FullObservation()
         observation_space = self.view.observation_space(env)

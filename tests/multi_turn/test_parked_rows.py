@@ -245,6 +245,29 @@ def test_parking_needs_autoreset_and_a_concurrent_responder(make_turn_env, scrip
         make_turn_env(responder=Gated(), autoreset=True, responder_park_after=-1)
 
 
+def test_when_every_row_would_be_parked_the_step_waits_for_an_answer(make_turn_env, ids):
+    env = make_turn_env(
+        ["ab"],
+        autoreset=True,
+        responder=Gated(gate=lambda row, t: time.sleep(0.2)),
+        responder_park_after=0.0,
+    )
+    env.reset(seed=0)
+    env.step(torch.tensor(ids("c")))
+    start = time.monotonic()
+    _, rewards, _, _, info = env.step(torch.tensor([EOS]))
+    assert time.monotonic() - start >= 0.2  # no row could act: the step waited
+    assert not info["waiting"].any() and rewards.tolist() == pytest.approx([1.1])
+
+
+def test_sb3_refuses_an_env_that_parks(make_turn_env):
+    from lmgym.integrations.sb3 import SB3VecEnv
+
+    env = make_turn_env(responder=Gated(), autoreset=True, responder_park_after=0.0)
+    with pytest.raises(ValueError, match="responder_park_after=0.0 parks rows"):
+        SB3VecEnv(env)
+
+
 def test_without_parking_the_env_reports_no_waiting_rows(make_turn_env):
     env = make_turn_env(responder=Gated(), autoreset=True)
     _, info = env.reset(seed=0)
