@@ -70,19 +70,24 @@ def make_tiny_llama(
     pad_token_id: int | None = None,
     bos_token_id: int | None = None,
     max_position_embeddings: int = 64,
+    hidden_size: int = 32,
+    num_attention_heads: int = 4,
+    num_key_value_heads: int = 2,
 ) -> PreTrainedModel:
     """A small Llama (rotary positions, grouped KV heads, untied head) from a config,
     float32, eval mode, deterministic under ``seed`` without moving the global RNG.
 
     For tests and examples that need a modern architecture (LoRA target modules
-    ``q_proj``/``v_proj``, chat models' several stop ids)."""
+    ``q_proj``/``v_proj``, chat models' several stop ids). The head size is
+    ``hidden_size // num_attention_heads`` (vLLM's CPU attention wants 64 or more);
+    the MLP is twice as wide as ``hidden_size``."""
     config = LlamaConfig(
         vocab_size=vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
         num_hidden_layers=num_layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads,
         max_position_embeddings=max_position_embeddings,
         tie_word_embeddings=False,
         bos_token_id=bos_token_id,

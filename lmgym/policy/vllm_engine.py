@@ -43,6 +43,7 @@ import os
 import shutil
 import tempfile
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -311,6 +312,8 @@ class VLLMEngine:
                 shutil.rmtree(directory, ignore_errors=True)
         if separate:
             self._weights_dir = directory
+            # Shared memory outlives a process that never calls close: remove it at exit.
+            weakref.finalize(self, shutil.rmtree, str(directory), True)
         self._served = weights_key(self.policy)
         self._allowed = self._allowed_ids()
 

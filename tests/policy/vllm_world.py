@@ -9,6 +9,8 @@ update, the same against the weights before the update (the update must have mov
 them), a fingerprint of the updated weights (equal on both ranks), the error an
 in-process engine is refused with, and then what the asynchronous actor-learner does
 in the same world with vLLM as its actor (``asynchronous``).
+
+Usage: ``vllm_world.py OUT MODEL_DIR`` (any chat model vLLM serves on this device).
 """
 
 from __future__ import annotations
@@ -28,25 +30,16 @@ from lmgym.policy import CausalLMPolicy
 from lmgym.policy.engines import set_rollout_engine
 from lmgym.policy.vllm_engine import VLLMEngine
 from lmgym.rollout import collect
-from lmgym.types import RolloutBatch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from vllm_cases import gap, teacher_forced  # noqa: E402
 
 QUESTIONS = ["Say hi.", "Name a color.", "2+2=", "Count to three."]
 
 
 def length_reward(prompts: list, completions: list[str]) -> list[float]:
     return [float(len(c)) for c in completions]
-
-
-def teacher_forced(policy: CausalLMPolicy, batch: RolloutBatch) -> torch.Tensor:
-    ids, mask = batch.input_ids()
-    with torch.no_grad():
-        lp, _ = policy.logprobs(ids, mask, batch.max_new_tokens, with_entropy=False)
-    return torch.nn.functional.pad(lp, (0, batch.max_new_tokens - lp.shape[1]))
-
-
-def gap(policy: CausalLMPolicy, batch: RolloutBatch) -> float:
-    diff = (teacher_forced(policy, batch) - batch.sampler_logprobs).abs()
-    return diff[batch.policy_mask].max().item()
 
 
 def asynchronous(base: CausalLMPolicy, engine: VLLMEngine) -> dict:
@@ -81,12 +74,12 @@ def asynchronous(base: CausalLMPolicy, engine: VLLMEngine) -> dict:
     return got
 
 
-def main(out: Path) -> None:
+def main(out: Path, model: Path) -> None:
     torch.set_num_threads(1)
     init_from_env(timeout_s=300)
     rank = dist.get_rank()
     results: dict = {}
-    base = CausalLMPolicy.from_pretrained("smollm2-135m-instruct")
+    base = CausalLMPolicy.from_pretrained(model)
     refused = copy.deepcopy(base)
     set_rollout_engine(refused, "vllm", kv_cache_gib=0.5, child_process=False)
     try:
@@ -123,4 +116,4 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), Path(sys.argv[2]))
