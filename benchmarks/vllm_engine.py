@@ -125,18 +125,25 @@ class VLLMSides:
         return seconds
 
 
-def rotate(calls: list[Any], warmup: int, repeats: int) -> list[list[float]]:
+def rotate(
+    calls: list[Any], warmup: int, repeats: int
+) -> tuple[list[list[float]], list[list[float]]]:
     """Each call times itself; ``warmup`` untimed rounds, then ``repeats`` rounds in
-    order A B C D, D C B A, ... Returns each call's seconds."""
+    order A B C D, D C B A, ... Returns each call's wall seconds and its CPU seconds
+    (this process, every thread: vLLM runs in it; other processes' load does not
+    count, so the CPU-time ratio holds on a busy machine where wall time does not)."""
     for _ in range(warmup):
         for call in calls:
             call()
     times: list[list[float]] = [[] for _ in calls]
+    cpu: list[list[float]] = [[] for _ in calls]
     for i in range(repeats):
         order = range(len(calls)) if i % 2 == 0 else reversed(range(len(calls)))
         for j in order:
+            began = time.process_time()
             times[j].append(calls[j]())
-    return times
+            cpu[j].append(time.process_time() - began)
+    return times, cpu
 
 
 def rollout(args: Any) -> list[str]:
@@ -160,12 +167,14 @@ def rollout(args: Any) -> list[str]:
             else:
                 vllm.rebind(tok, batch, length, new_tokens, prompts, group)
             meter = h.CpuMeter()
-            times = rotate([sides.lmgym, vllm.lmgym_vllm, vllm.raw, sides.generate],
-                           args.warmup, args.repeats)  # fmt: skip
+            times, cpu = rotate([sides.lmgym, vllm.lmgym_vllm, vllm.raw, sides.generate],
+                                args.warmup, args.repeats)  # fmt: skip
             load = meter.other_load()
             med = [statistics.median(t) for t in times]
             tokens = batch * new_tokens
             env_ratio = med[2] / med[1]  # lmgym+vLLM speed / raw vLLM speed
+            cpu_med = [statistics.median(t) for t in cpu]
+            env_cpu_ratio = cpu_med[2] / cpu_med[1]  # the same, in CPU time
             engine_ratio = med[1] / med[0]  # lmgym speed / lmgym+vLLM speed
             rows.append(
                 " | ".join(
@@ -174,6 +183,7 @@ def rollout(args: Any) -> list[str]:
                         f"{batch // group} x {group}",
                         *(f"{tokens / m:,.0f}" for m in med),
                         f"{env_ratio:.2f}x",
+                        f"{env_cpu_ratio:.2f}x",
                         f"{engine_ratio:.2f}x",
                         f"{med[2] / med[0]:.2f}x",
                         f"{med[3] / med[0]:.2f}x",
@@ -187,6 +197,8 @@ def rollout(args: Any) -> list[str]:
             name = f"batch {batch}, {batch // group} prompts x {group}"
             targets.append(h.target_line(name, env_ratio, round(TARGET_ENV, 2),
                                          "lmgym+vLLM vs raw vLLM"))  # fmt: skip
+            targets.append(h.target_line(name, env_cpu_ratio, round(TARGET_ENV, 2),
+                                         "lmgym+vLLM vs raw vLLM in CPU time"))  # fmt: skip
             if batch == 64 and group == 8:
                 targets.append(h.target_line(name, engine_ratio, TARGET_ENGINE,
                                              "lmgym's engine vs lmgym+vLLM"))  # fmt: skip
@@ -220,11 +232,14 @@ def report(args: Any, rows: list[str], targets: list[str], phases: dict[str, Any
         f"engine start {start_s:.0f} s (untimed); {threads_after}",
         f"- method: the four sides rotated in one process (A B C D, D C B A, ...), "
         f"{args.warmup} warm-up round(s), then {args.repeats} timed rounds; tok/s from the "
-        "median seconds. Ratios are speed ratios (> 1: the first named is faster)",
+        "median seconds. Ratios are speed ratios (> 1: the first named is faster); *in CPU "
+        "time*: from the median CPU seconds of this process (vLLM runs in it), which other "
+        "processes' load does not inflate",
         "",
         *h.table(
             "batch | prompts x completions | lmgym tok/s | lmgym+vLLM tok/s | raw vLLM "
-            "tok/s | generate tok/s | lmgym+vLLM / raw vLLM | lmgym / lmgym+vLLM | "
+            "tok/s | generate tok/s | lmgym+vLLM / raw vLLM | the same in CPU time | "
+            "lmgym / lmgym+vLLM | "
             "lmgym / raw vLLM | lmgym / generate | other CPU load",
             rows,
         ),  # fmt: skip
