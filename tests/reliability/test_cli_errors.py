@@ -90,7 +90,7 @@ def test_an_unknown_env_argument_lists_the_valid_ones(tmp_path, train, capsys):
     assert train("--env", "bogus=1", "--run-dir", str(tmp_path / "r")) == 2
     assert one_line(capsys) == (
         "lmgym train: error: env argument bogus: task lmgym/TargetString-v0 takes no such "
-        "argument; valid: allowed_special_tokens, autoreset, center_potential, max_new_tokens, max_prompt_length, max_turn_tokens, max_turns, on_responder_timeout, per_token_form, prompt, prompt_order, responder_timeout, reward_mode, stop_token_ids, target, unfinished, unfinished_penalty"
+        "argument; valid: allowed_special_tokens, autoreset, center_potential, max_new_tokens, max_prompt_length, max_turn_tokens, max_turns, on_responder_timeout, per_token_form, prompt, prompt_order, responder_park_after, responder_timeout, reward_mode, stop_token_ids, target, unfinished, unfinished_penalty"
     )
     assert train("--env", "group_size=2", "--run-dir", str(tmp_path / "r")) == 2
     assert one_line(capsys) == (
