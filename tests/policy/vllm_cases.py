@@ -1,6 +1,6 @@
 """What the vLLM engine tests share: when they can run, and the teacher-forced oracle.
 
-Imported by test_vllm_engine.py, test_vllm_world.py and the torchrun worker
+Imported by test_vllm_engine.py, ../parallel/test_vllm_world.py and the torchrun worker
 vllm_world.py (this folder on ``sys.path``).
 """
 

@@ -21,7 +21,10 @@ import pytest
 import torch
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+# The vLLM tests' shared cases and this test's torchrun worker live beside the
+# in-process engine's tests.
+POLICY_TESTS = HERE.parent / "policy"
+sys.path.insert(0, str(POLICY_TESTS))
 
 from vllm_cases import TOLERANCE, missing_reason, small_chat_llama  # noqa: E402
 
@@ -30,7 +33,8 @@ pytestmark = [
     pytest.mark.skipif(_REASON is not None, reason=str(_REASON)),
     pytest.mark.heavy,
     # The in-process engine's group: never beside that module (about 15 GiB at its peak)
-    # on another worker, where the two together ran the CI machine out of memory.
+    # on another worker, where the two together ran the CI machine out of memory. This
+    # folder is collected first, so it runs before that module grows the worker.
     pytest.mark.xdist_group("vllm"),
 ]
 
@@ -59,7 +63,7 @@ def ranks(tmp_path_factory) -> list[dict]:
     env = dict(os.environ, OMP_NUM_THREADS="1", LMGYM_TEST_RUN=tag)
     env["PYTHONPATH"] = os.pathsep.join([str(HERE.parents[1]), env.get("PYTHONPATH", "")])
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
-    command += ["--standalone", str(HERE / "vllm_world.py"), str(out), str(model)]
+    command += ["--standalone", str(POLICY_TESTS / "vllm_world.py"), str(out), str(model)]
     log = out / "torchrun.log"
     # Output to a file, not a pipe: a pipe stays open while any child lives.
     with log.open("w") as sink:
