@@ -323,9 +323,8 @@ class RolloutVsGenerate:
         completion = out[:, self.prompt_tokens :]
         assert out.shape[0] == self.batch
         assert completion.shape[1] == self.new_tokens, f"generate: shape {tuple(out.shape)}"
-        assert not bool(torch.isin(completion, torch.tensor(self.stop_ids)).any()), (
-            "generate: a row stopped"
-        )
+        stops = torch.tensor(self.stop_ids, device=completion.device)
+        assert not bool(torch.isin(completion, stops).any()), "generate: a row stopped"
         return seconds
 
     def _generate(self) -> Tensor:
