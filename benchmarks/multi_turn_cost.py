@@ -1,0 +1,262 @@
+"""Real-model multi-turn cost (issue 39 item 5): one GRPO + LoRA iteration on GuessNumber
+against a single-turn chat task of equal token count, time and memory side by side.
+
+Model and agent: the packaged ``smollm2-135m-instruct`` (float32, CPU), LoRA r 16 on
+q/k/v/o (``benchmarks/real_model.py``'s settings), GRPO with one optimizer step per
+batch, learning rate 1e-4, beta 0, 4 prompts x 8 episodes per iteration.
+
+- **multi-turn**: ``lmgym/GuessNumber-v0`` with chat turns, a 96-token budget for the
+  policy's turns and the user turns the chat template renders, 6 turns at most
+  (``real_model.py``'s ``guess`` setting, whose first run took 110 s and 8.2 GB of
+  peak RSS per iteration).
+- **single-turn**: the same chat prompts, one completion of exactly ``L`` tokens (the
+  model's stop ids get probability 0 on this side's own copy of the model), ``L`` =
+  the mean completion-region length (policy and environment tokens) of the
+  multi-turn side's warm-up batches, rounded: equal tokens per row on average, the
+  single-turn side padded to no more than its rows' length. Reward: the share of
+  digits in the completion (any varying reward; the cost does not depend on it).
+
+Each iteration is ``agent.collect()`` then ``agent.train_on_batch(batch)``, each timed;
+the sides alternate (A B B A ...) after a warm-up iteration each. Memory: the kernel's
+peak-RSS counter is reset before each phase (``/proc/self/clear_refs``), and the
+phase's peak is ``VmHWM - VmRSS`` at its start (glibc's mmap threshold is lowered so
+freed buffers go back to the system; the script re-executes itself with it). Then one
+``collect`` per side under ``torch.profiler`` says where the time goes (lmgym's labels).
+
+    .venv/bin/python benchmarks/multi_turn_cost.py --out benchmarks/results/multi_turn_cost.md
+    .venv/bin/python benchmarks/multi_turn_cost.py --quick     # smoke run (tiny model)
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+MMAP_THRESHOLD = "65536"
+if os.environ.get("MALLOC_MMAP_THRESHOLD_") != MMAP_THRESHOLD:  # before glibc's first malloc
+    os.execve(
+        sys.executable,
+        [sys.executable, *sys.argv],
+        {**os.environ, "MALLOC_MMAP_THRESHOLD_": MMAP_THRESHOLD},
+    )
+
+import gymnasium as gym  # noqa: E402
+import harness as h  # noqa: E402  (the repository root on sys.path)
+import torch  # noqa: E402
+import workloads as w  # noqa: E402
+
+import lmgym  # noqa: E402, F401  (registers the tasks)
+from lmgym import FunctionReward, TokenVectorEnv  # noqa: E402
+from lmgym.agents import GRPO  # noqa: E402
+from lmgym.policy import CausalLMPolicy  # noqa: E402
+
+MODEL = "smollm2-135m-instruct"
+LORA = {"r": 16, "lora_alpha": 32, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
+TASK = "lmgym/GuessNumber-v0"
+
+
+@dataclass
+class Side:
+    """One side's agent and what was measured of it."""
+
+    name: str
+    agent: Any
+    seconds: dict[str, list[float]] = field(
+        default_factory=lambda: {"collect": [], "train_on_batch": []}
+    )
+    peak_mib: dict[str, list[float]] = field(
+        default_factory=lambda: {"collect": [], "train_on_batch": []}
+    )
+    tokens: list[float] = field(default_factory=list)  # mean completion-region tokens per row
+    policy_tokens: list[float] = field(default_factory=list)
+    width: list[int] = field(default_factory=list)  # padded completion width of the batch
+
+    def iteration(self, record: bool = True) -> float:
+        """One collect + train_on_batch; returns its seconds."""
+        batch, collect_s, collect_peak = measured(lambda: self.agent.collect()[0])
+        _, train_s, train_peak = measured(lambda: self.agent.train_on_batch(batch))
+        if record:
+            for key, s, p in (("collect", collect_s, collect_peak), ("train_on_batch", train_s, train_peak)):  # fmt: skip
+                self.seconds[key].append(s)
+                self.peak_mib[key].append(p)
+            self.tokens.append(float(batch.lengths.float().mean()))
+            self.policy_tokens.append(float(batch.policy_mask.sum(1).float().mean()))
+            self.width.append(int(batch.completion_ids.shape[1]))
+        return collect_s + train_s
+
+
+def measured(fn: Callable[[], Any]) -> tuple[Any, float, float]:
+    """``(fn(), seconds, peak MiB above the resident memory at the start)``."""
+    Path("/proc/self/clear_refs").write_text("5")  # VmHWM := the current RSS
+    base = h.status_kib("VmRSS")
+    start = time.perf_counter()
+    out = fn()
+    seconds = time.perf_counter() - start
+    return out, seconds, (h.status_kib("VmHWM") - base) / 1024
+
+
+def load_policy(quick: bool, forbid_stops: bool) -> CausalLMPolicy:
+    """A fresh LoRA policy on the real model (``quick``: a tiny Llama with its tokenizer)."""
+    from peft import LoraConfig
+
+    if quick:
+        sys.path.insert(0, str(h.ROOT / "tests" / "policy"))
+        import vllm_cases  # the tests' 13M-parameter Llama with SmolLM2's tokenizer
+
+        path = Path("/tmp/lmgym-multi-turn-cost-tiny")
+        if not (path / "config.json").exists():
+            vllm_cases.small_chat_llama(path)
+        name = str(path)
+    else:
+        name = MODEL
+    policy = CausalLMPolicy.from_pretrained(name, peft_config=LoraConfig(**LORA))
+    if forbid_stops:
+        w.forbid_token(policy.model.get_base_model(), *policy.stop_token_ids)
+    return policy
+
+
+def digit_share(prompts: list[Any], completions: list[str]) -> list[float]:
+    """The share of digits in each completion."""
+    return [sum(c.isdigit() for c in text) / max(1, len(text)) for text in completions]
+
+
+def build(args: Any) -> tuple[Side, Callable[[int], Side]]:
+    """The multi-turn side, and a maker of the single-turn side for a given ``L``."""
+    rows = args.prompts * args.group
+    config = {**h.ONE_STEP, "learning_rate": 1e-4, "beta": 0.0, "seed": 0}
+    multi = load_policy(args.quick, forbid_stops=False)
+    env = gym.make_vec(
+        TASK,
+        num_envs=rows,
+        group_size=args.group,
+        tokenizer=multi.tokenizer,
+        max_new_tokens=args.budget,
+        max_turns=args.turns,
+        stop_token_ids=multi.stop_token_ids,
+    ).unwrapped
+    prompts = env.prompt_source  # the GuessNumber chat prompts (train split)
+
+    def single(length: int) -> Side:
+        policy = load_policy(args.quick, forbid_stops=True)
+        single_env = TokenVectorEnv(
+            policy.tokenizer,
+            prompts,
+            FunctionReward(digit_share),
+            num_prompts=args.prompts,
+            group_size=args.group,
+            max_new_tokens=length,
+            stop_token_ids=policy.stop_token_ids,
+        )
+        return Side("single-turn", GRPO(policy, single_env, **config))
+
+    return Side("multi-turn", GRPO(multi, env, **config)), single
+
+
+def med(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def report(args: Any, sides: list[Side], profiles: dict[str, h.Phases], total: float) -> list[str]:
+    head = h.header(
+        "Real-model multi-turn cost: GuessNumber against a single-turn task of equal tokens",
+        f"torch threads = {torch.get_num_threads()}",
+        ["torch", "transformers", "peft", "lmgym"],
+        h.command_line("multi_turn_cost.py"),
+        note=f" (total {total:.0f} s)",
+    )
+    multi, single = sides
+    rows = []
+    for s in sides:
+        it = [a + b for a, b in zip(s.seconds["collect"], s.seconds["train_on_batch"], strict=True)]
+        rows.append([
+            s.name, f"{med(s.tokens):.1f}", f"{med(s.policy_tokens):.1f}", f"{med(s.width):.0f}",
+            h.spread(it), h.spread(s.seconds["collect"]), h.spread(s.seconds["train_on_batch"]),
+            f"{max(s.peak_mib['collect']):.0f}", f"{max(s.peak_mib['train_on_batch']):.0f}",
+        ])  # fmt: skip
+
+    def it_med(s: Side) -> float:
+        return med(
+            [a + b for a, b in zip(s.seconds["collect"], s.seconds["train_on_batch"], strict=True)]
+        )
+
+    def peak(s: Side) -> float:
+        return max(max(s.peak_mib["collect"]), max(s.peak_mib["train_on_batch"]))
+
+    time_ratio, mem_ratio = it_med(multi) / it_med(single), peak(multi) / peak(single)
+    work = (
+        f"- work: `{MODEL if not args.quick else 'tiny Llama (smoke)'}` + LoRA r 16, float32; "
+        f"GRPO, one optimizer step per batch, lr 1e-4, beta 0; {args.prompts} prompts x "
+        f"{args.group} episodes; multi-turn: `{TASK}` chat, budget {args.budget} tokens, "
+        f"{args.turns} turns at most; single-turn: the same prompts, exactly L = "
+        f"{single.agent.env.max_new_tokens} tokens per completion (stop ids forbidden), L = "
+        "the multi-turn warm-up's mean completion-region length"
+    )
+    method = (
+        f"- method: {args.warmup} warm-up iteration(s) per side, then {args.repeats} timed "
+        "iterations per side alternated (A B B A ...), medians; memory = peak RSS above "
+        "the resident memory at the phase's start (`clear_refs`), max over iterations"
+    )
+    lines = [
+        *head, work, method, "",
+        *h.table(
+            "side | completion-region tokens per row | policy tokens per row | padded width "
+            "| s / iteration, median [IQR] (min-max) | collect s | train_on_batch s "
+            "| collect peak MiB | train peak MiB",
+            rows,
+        ),
+        "",
+        f"Multi-turn / single-turn: **{time_ratio:.2f}x** time per iteration, "
+        f"**{mem_ratio:.2f}x** peak memory (target <= 1.5x each: "
+        f"{h.verdict(time_ratio <= 1.5)} / {h.verdict(mem_ratio <= 1.5)}).",
+    ]  # fmt: skip
+    lines += h.phase_section(
+        "Where a collect's time goes", "One `collect` per side under the profiler.", profiles
+    )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = h.parser(__doc__)
+    p.add_argument("--prompts", type=int, default=4)
+    p.add_argument("--group", type=int, default=8)
+    p.add_argument("--budget", type=int, default=96)
+    p.add_argument("--turns", type=int, default=6)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=4)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.prompts, args.group, args.budget, args.repeats = 2, 4, 48, 2
+    start = time.perf_counter()
+    h.quiet_worker(args.threads)
+    torch.manual_seed(0)
+    multi, make_single = build(args)
+    for _ in range(args.warmup):
+        multi.iteration(record=False)
+    # L: the mean completion-region length of two more (untimed) batches.
+    tokens = [float(multi.agent.collect()[0].lengths.float().mean()) for _ in range(2)]
+    single = make_single(max(1, round(statistics.mean(tokens))))
+    for _ in range(args.warmup):
+        single.iteration(record=False)
+    for i in range(args.repeats):
+        order = (multi, single) if i % 2 == 0 else (single, multi)
+        for side in order:
+            side.iteration()
+            print(
+                f"{side.name}: {side.seconds['collect'][-1] + side.seconds['train_on_batch'][-1]:.1f} s",
+                flush=True,
+            )
+    profiles = {s.name: h.profile_phases(lambda s=s: s.agent.collect(), 1) for s in (multi, single)}
+    lines = report(args, [multi, single], profiles, time.perf_counter() - start)
+    h.finish(lines, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
