@@ -20,7 +20,7 @@ Each iteration is ``agent.collect()`` then ``agent.train_on_batch(batch)``, each
 the sides alternate (A B B A ...) after a warm-up iteration each. Memory: the kernel's
 peak-RSS counter is reset before each phase (``/proc/self/clear_refs``), and the
 phase's peak is ``VmHWM - VmRSS`` at its start (glibc's mmap threshold is lowered so
-freed buffers go back to the system; the script re-executes itself with it). Then one
+freed buffers go back to the system). Then one
 ``collect`` per side under ``torch.profiler`` says where the time goes (lmgym's labels).
 
     .venv/bin/python benchmarks/multi_turn_cost.py --out benchmarks/results/multi_turn_cost.md
@@ -29,7 +29,7 @@ freed buffers go back to the system; the script re-executes itself with it). The
 
 from __future__ import annotations
 
-import os
+import ctypes
 import statistics
 import sys
 import time
@@ -38,23 +38,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-MMAP_THRESHOLD = "65536"
-if os.environ.get("MALLOC_MMAP_THRESHOLD_") != MMAP_THRESHOLD:  # before glibc's first malloc
-    os.execve(
-        sys.executable,
-        [sys.executable, *sys.argv],
-        {**os.environ, "MALLOC_MMAP_THRESHOLD_": MMAP_THRESHOLD},
-    )
+import gymnasium as gym
+import harness as h  # the repository root on sys.path
+import torch
+import workloads as w
 
-import gymnasium as gym  # noqa: E402
-import harness as h  # noqa: E402  (the repository root on sys.path)
-import torch  # noqa: E402
-import workloads as w  # noqa: E402
-
-import lmgym  # noqa: E402, F401  (registers the tasks)
-from lmgym import FunctionReward, TokenVectorEnv  # noqa: E402
-from lmgym.agents import GRPO  # noqa: E402
-from lmgym.policy import CausalLMPolicy  # noqa: E402
+import lmgym  # noqa: F401  (registers the tasks)
+from lmgym import FunctionReward, TokenVectorEnv
+from lmgym.agents import GRPO
+from lmgym.policy import CausalLMPolicy
 
 MODEL = "smollm2-135m-instruct"
 LORA = {"r": 16, "lora_alpha": 32, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
@@ -89,6 +81,17 @@ class Side:
             self.policy_tokens.append(float(batch.policy_mask.sum(1).float().mean()))
             self.width.append(int(batch.completion_ids.shape[1]))
         return collect_s + train_s
+
+
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+MMAP_THRESHOLD = 64 * 1024
+
+
+def release_freed_buffers() -> None:
+    """Allocate buffers of 64 KiB and more with mmap, so a freed one leaves RSS at once
+    (glibc's default threshold grows up to 32 MiB and keeps such buffers in the heap,
+    which would hide a phase's peak under the RSS the previous phase left)."""
+    ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
 
 
 def measured(fn: Callable[[], Any]) -> tuple[Any, float, float]:
@@ -235,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         args.prompts, args.group, args.budget, args.repeats = 2, 4, 48, 2
     start = time.perf_counter()
     h.quiet_worker(args.threads)
+    release_freed_buffers()
     torch.manual_seed(0)
     multi, make_single = build(args)
     for _ in range(args.warmup):

@@ -25,6 +25,8 @@ SCRIPTS = [
     "async",
     "ragged",
     "vllm_engine",
+    "multi_turn_cost",
+    "guess_bisect",
 ]
 sys.path.insert(0, str(BENCHMARKS))
 
