@@ -9,10 +9,10 @@ The rules, each written here once:
   (``FixedOnResumeError`` names the field);
 - an asynchronous run's checkpoints resume on the synchronous path (one process or
   data parallel): the actors' prompt streams and rows in flight are not saved;
-- ``config.json`` edited by hand (its ``algo``, agent settings or fixed run
-  settings differ from what the checkpoint was trained with) is refused, naming
-  the edit and the way out, and so is a run directory whose ``config.json`` is
-  missing or a checkpoint set aside in ``abandoned/``;
+- ``config.json`` and the checkpoint disagreeing (its ``algo``, agent settings or
+  fixed run settings: one of them edited by hand or damaged) is refused, naming
+  both values and files and the way out for either cause, and so is a run directory
+  whose ``config.json`` is missing or a checkpoint set aside in ``abandoned/``;
 - a prompt file must still have the SHA-256 the run recorded;
 - a decaying learning-rate schedule cannot be lengthened (``check_schedule_length``).
 """
@@ -61,7 +61,8 @@ class FixedOnResumeError(ValueError):
 
 
 class ConfigEditedError(ValueError):
-    """A run's ``config.json`` differs from what its checkpoint was trained with."""
+    """A run's ``config.json`` and its checkpoint disagree: one of them was changed
+    after the checkpoint was written (the message says which file holds which value)."""
 
 
 def agent_config_from_dict(algo: str, values: dict[str, Any]) -> AgentConfig:
@@ -153,13 +154,20 @@ def find_checkpoint(path: str | Path) -> tuple[RunDirectory, Path]:
     return run, latest
 
 
+CHANGED = "changed after the checkpoint was written (edited by hand, or damaged)"
+"""Why ``config.json`` and a checkpoint disagree. Neither side can be told to be the
+intact one (anyone who can write a checkpoint can recompute its manifests), so no
+message offers the checkpoint's value as the one to adopt without saying when it is."""
+OTHERWISE = "if not, the checkpoint was changed: resume from another checkpoint"
+
+
 def saved_values(path: str | Path) -> tuple[RunDirectory, dict[str, Any]]:
     """``(run, config.json)`` of the run ``path`` names, its ``algo`` checked against the
     algorithm its checkpoints hold (an edited ``algo`` is named, not reported as unknown
     agent fields).
 
     Raises:
-        ConfigEditedError: ``algo`` was edited.
+        ConfigEditedError: ``config.json``'s ``algo`` and the checkpoint's differ.
         RunDirectoryError, FileNotFoundError: as ``find_run``.
     """
     run = find_run(path)
@@ -172,10 +180,11 @@ def saved_values(path: str | Path) -> tuple[RunDirectory, dict[str, Any]]:
             trained = None  # an unreadable checkpoint: verified, and named, under the lock
         if trained is not None and trained != saved.get("algo"):
             raise ConfigEditedError(
-                f"{run.config_path} says algo {saved.get('algo')!r}, but its checkpoint "
-                f"{checkpoint.name} holds a {trained!r} agent: config.json was edited; restore "
-                f'"algo": "{trained}" to resume, or start a new run with --algo '
-                f"{saved.get('algo')}"
+                f"{run.config_path} says algo {saved.get('algo')!r}, but checkpoint "
+                f"{checkpoint.name}'s agent/agent_config.json says {trained!r}: one of the two "
+                f'files was {CHANGED}. If you edited config.json, set "algo" back to '
+                f'"{trained}" there; {OTHERWISE}. To train with --algo {saved.get("algo")}, '
+                "start a new run"
             )
     return run, saved
 
@@ -285,14 +294,18 @@ def plan_resume(
 def check_checkpoint_agrees(
     plan: ResumePlan, checkpoint: Path, agent: Agent, trainer_state: dict[str, Any]
 ) -> None:
-    """Refuse a resume whose ``config.json`` was edited after ``checkpoint`` was written.
+    """Refuse a resume whose ``config.json`` and ``checkpoint`` disagree: one of them
+    was changed after the checkpoint was written (``config.json`` edited by hand, or the
+    checkpoint's files edited or damaged, their manifests recomputed).
 
     The checkpoint holds the agent config it trained with and (since this check)
     the fixed run fields: a value of ``config.json`` that differs would otherwise be
     silently ignored (the checkpoint's wins) or contradict the checkpoint.
 
     Raises:
-        ConfigEditedError: naming the first field that differs and the way out.
+        ConfigEditedError: naming the first field that differs, both values and the
+            file of each, and the way out for either cause (the checkpoint's value is
+            offered only as the fix of an edited ``config.json``).
     """
     written = plan.run.read_config()
     trained = dataclasses.asdict(agent.config)
@@ -301,11 +314,14 @@ def check_checkpoint_agrees(
     pairs += [("run", k, written["run"].get(k), v) for k, v in trainer_state.get("run", {}).items()]
     for section, name, edited, value in pairs:
         if json.loads(json.dumps(edited)) != json.loads(json.dumps(value)):
+            source = "agent/agent_config.json" if section == "agent" else "trainer_state.pt"
             raise ConfigEditedError(
-                f"{plan.run.config_path} was edited: {section} field {name} is {edited!r} there, "
-                f"but checkpoint {checkpoint.name} was trained with {value!r}; a resumed run keeps "
-                f"it: restore {value!r} in config.json to resume, or start a new run with the "
-                f"edited settings (lmgym train --config {plan.run.config_path} --run-dir NEW_DIR)"
+                f"{plan.run.config_path} and checkpoint {checkpoint.name} disagree: {section} "
+                f"field {name} is {edited!r} in config.json, {value!r} in the checkpoint's "
+                f"{source}; one of them was {CHANGED}. If you edited config.json, put "
+                f"{value!r} back there to resume; {OTHERWISE}. To train with config.json's "
+                f"settings, start a new run (lmgym train --config {plan.run.config_path} "
+                "--run-dir NEW_DIR)"
             )
 
 

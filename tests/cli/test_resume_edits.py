@@ -54,8 +54,13 @@ def test_an_edited_agent_value_is_named_not_ignored(run, capsys):
     rows = (run / "progress.csv").read_text()
     assert train("--resume", str(run), "--iterations", "3") == 2
     err = one_line(capsys)
-    assert "config.json was edited: agent field learning_rate is 0.5 there" in err
-    assert f"checkpoint iter_000002 was trained with {GRPOConfig().learning_rate}" in err
+    rate = GRPOConfig().learning_rate
+    assert (
+        "config.json and checkpoint iter_000002 disagree: agent field learning_rate is 0.5 in "
+        f"config.json, {rate} in the checkpoint's agent/agent_config.json; one of them was "
+        "changed after the checkpoint was written"
+    ) in err
+    assert f"If you edited config.json, put {rate} back there to resume" in err
     assert "lmgym train --config" in err
     assert (run / "progress.csv").read_text() == rows  # nothing trained or rewound
 
@@ -64,14 +69,20 @@ def test_an_edited_fixed_run_value_is_named(run, capsys):
     edit(run, "run", "temperature", 0.5)
     assert train("--resume", str(run), "--iterations", "3") == 2
     err = one_line(capsys)
-    assert "run field temperature is 0.5 there" in err and "trained with 1.0" in err
+    assert (
+        "run field temperature is 0.5 in config.json, 1.0 in the checkpoint's trainer_state.pt"
+    ) in err
 
 
 def test_an_edited_algo_is_named_not_reported_as_unknown_fields(run, capsys):
     edit(run, "", "algo", "ppo")
     assert train("--resume", str(run)) == 2
     err = one_line(capsys)
-    assert "says algo 'ppo', but its checkpoint iter_000002 holds a 'grpo' agent" in err
+    assert (
+        "says algo 'ppo', but checkpoint iter_000002's agent/agent_config.json says 'grpo': "
+        "one of the two files was changed after the checkpoint was written (edited by hand, or "
+        'damaged). If you edited config.json, set "algo" back to "grpo" there'
+    ) in err
     assert "unknown field" not in err
 
 

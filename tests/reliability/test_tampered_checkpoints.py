@@ -67,6 +67,60 @@ def test_a_changed_agent_config_is_refused_without_recommending_the_change(
         GRPO.load(checkpoint / "agent", env)
 
 
+def test_a_changed_algorithm_is_not_recommended_as_the_fix(checkpoint, train, capsys):
+    """The algorithm is compared with config.json before the checkpoint loads: the line
+    used to say 'config.json was edited; restore "algo": "ppo"', 'ppo' being planted."""
+    config_file = checkpoint / "agent" / "agent_config.json"
+    config = json.loads(config_file.read_text())
+    config["algorithm"] = "ppo"
+    config_file.write_text(json.dumps(config, indent=2))
+    reseal(checkpoint)
+    run = checkpoint.parent.parent
+    capsys.readouterr()
+
+    assert train("--iterations", "4", "--resume", str(run)) == 2
+    line = one_line(capsys)
+    assert line == (
+        f"lmgym train: error: {run / 'config.json'} says algo 'grpo', but checkpoint "
+        f"{checkpoint.name}'s agent/agent_config.json says 'ppo': one of the two files was "
+        "changed after the checkpoint was written (edited by hand, or damaged). If you edited "
+        'config.json, set "algo" back to "ppo" there; if not, the checkpoint was changed: '
+        "resume from another checkpoint. To train with --algo grpo, start a new run"
+    )
+    assert "restore" not in line
+
+
+def test_a_changed_config_of_a_checkpoint_without_its_copy_is_not_recommended(
+    checkpoint, train, capsys
+):
+    """A checkpoint written before agent_state.pt held the config (nothing to check the
+    file against on load): the comparison with config.json names both sides."""
+    state_file = checkpoint / "agent" / "agent_state.pt"
+    state = torch.load(state_file, weights_only=True)
+    del state["agent_config"]  # as an older lmgym wrote it
+    torch.save(state, state_file)
+    config_file = checkpoint / "agent" / "agent_config.json"
+    config = json.loads(config_file.read_text())
+    saved_rate = config["learning_rate"]
+    config["learning_rate"] = 0.5
+    config_file.write_text(json.dumps(config, indent=2))
+    reseal(checkpoint)
+    run = checkpoint.parent.parent
+    capsys.readouterr()
+
+    assert train("--iterations", "4", "--resume", str(run)) == 2
+    line = one_line(capsys)
+    assert line == (
+        f"lmgym train: error: {run / 'config.json'} and checkpoint {checkpoint.name} disagree: "
+        f"agent field learning_rate is {saved_rate!r} in config.json, 0.5 in the checkpoint's "
+        "agent/agent_config.json; one of them was changed after the checkpoint was written "
+        f"(edited by hand, or damaged). If you edited config.json, put {0.5!r} back there to "
+        "resume; if not, the checkpoint was changed: resume from another checkpoint. To "
+        f"train with config.json's settings, start a new run (lmgym train --config "
+        f"{run / 'config.json'} --run-dir NEW_DIR)"
+    )
+
+
 def test_a_nan_in_the_optimizer_state_of_an_unused_row_is_named_not_the_learning_rate(
     checkpoint, train, capsys
 ):
