@@ -388,6 +388,7 @@ class ContinuousCollector:
                 complete = self._complete_groups(num_groups)  # only changes when episodes end
         self._state, self._starts, self._weights = state, starts, weights
         pooled = self._pooled()
+        assert pooled is not None  # the loop above ended with num_groups complete groups
         chosen = complete[:num_groups]
         take = torch.isin(pooled.group_ids, chosen)
         self._pool = [pooled.select(~take)]

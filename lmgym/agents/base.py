@@ -261,6 +261,7 @@ class Agent(Generic[ConfigT]):
             tis = tis_weights(old, data.sampler_logprobs, cfg.tis_cap)
             loss_tokens = tis * loss_tokens
         if cfg.beta > 0 and cfg.kl_placement == "loss":
+            assert data.ref_logprobs is not None  # beta > 0 has a reference policy
             kl = kl_estimator(cfg.kl_estimator)(logprobs, data.ref_logprobs)
             loss_tokens = loss_tokens + cfg.beta * kl
         if cfg.entropy_coef:

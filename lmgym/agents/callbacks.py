@@ -22,7 +22,8 @@ class ProgressBar:
     """A learn callback drawing one tqdm bar over ``iterations``."""
 
     def __init__(self, iterations: int, name: str) -> None:
-        self.iterations, self.name, self.bar = iterations, name, None
+        self.iterations, self.name = iterations, name
+        self.bar: Any = None  # a tqdm bar from on_learn_start on
 
     def on_learn_start(self, agent: Any) -> None:
         from tqdm.auto import tqdm
@@ -31,8 +32,8 @@ class ProgressBar:
 
     def __call__(self, agent: Any, metrics: dict[str, float]) -> None:
         kl = metrics.get("kl_ref_k3", metrics.get("approx_kl", 0.0))
-        self.bar.update(1)  # type: ignore[union-attr]
-        self.bar.set_postfix(  # type: ignore[union-attr]
+        self.bar.update(1)
+        self.bar.set_postfix(
             reward=f"{metrics['reward_mean']:.3f}",
             kl=f"{kl:.4f}",
             len=f"{metrics['completion_length']:.1f}",

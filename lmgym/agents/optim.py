@@ -48,10 +48,10 @@ def trainable_parameters(policy: CausalLMPolicy, critic: Critic | None) -> list[
     return params + (critic.own_parameters() if critic is not None else [])
 
 
-def make_optimizer(params: list[nn.Parameter], config: AgentConfig) -> torch.optim.AdamW:
+def make_optimizer(params: Sequence[nn.Parameter], config: AgentConfig) -> torch.optim.AdamW:
     """AdamW over ``params``; with ``weight_decay > 0``, two groups: decayed matrices,
     then undecayed vectors (one group when there is no decay)."""
-    kwargs = {"lr": config.learning_rate, "betas": config.adam_betas}
+    kwargs: dict[str, Any] = {"lr": config.learning_rate, "betas": config.adam_betas}
     if config.weight_decay == 0:
         return torch.optim.AdamW(params, weight_decay=0.0, **kwargs)
     groups = [
@@ -191,7 +191,7 @@ def sync_check_step(
     """
     # Each rank's terms are its share of the minibatch's: sum them.
     names = sorted(parts[0][1].terms)
-    summed = torch.stack([sum(loss.terms[n] for _, loss in parts) for n in names])
+    summed = torch.stack([sum(loss.terms[n] for _, loss in parts) for n in names])  # type: ignore[misc]
     terms = dict(zip(names, group.all_reduce_sum(summed.double()).tolist(), strict=True))
     for name, value in terms.items():
         check_finite(name, torch.tensor(value), where)

@@ -10,6 +10,7 @@ optimizer steps leave for its metrics. Masks are ``bool`` throughout.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -102,7 +103,7 @@ class Counts:
         sequences, tokens = counts.tolist()
         return cls(sequences, tokens, mask.shape[1])
 
-    def normalisers(self) -> dict[str, float]:
+    def normalisers(self) -> dict[str, Any]:
         """``aggregation.aggregate``'s keyword arguments: ``num_sequences``,
         ``num_tokens``, ``max_len``."""
         return {"num_sequences": self.sequences, "num_tokens": self.tokens, "max_len": self.max_len}

@@ -52,7 +52,7 @@ class REINFORCE(Agent[REINFORCEConfig]):
     ) -> tuple[Tensor, None]:
         returns = discounted_returns(rewards, mask, self.config.gamma, batch.dones)
         if self.config.baseline == "batch_mean":
-            baseline = batch_mean_baseline(returns, mask)
+            baseline: Tensor | float = batch_mean_baseline(returns, mask)
         elif self.config.baseline == "ema":
             baseline = self._ema.value  # the past's average, then fold this batch in
             self._ema.update(batch_mean_baseline(returns, mask))

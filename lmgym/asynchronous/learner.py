@@ -142,7 +142,9 @@ class Hub:
             batch = self.ledger.take(update)
             if batch is not None:
                 return batch, time.perf_counter() - start
-            self._file(*get_message(self.queue, self.config.timeout_s, "rollout from any actor"))
+            got = get_message(self.queue, self.config.timeout_s, "rollout from any actor")
+            assert got is not None  # None only for a timeout of 0
+            self._file(*got)
 
     def _file(self, actor: int, message: Message) -> None:
         if message.end:
@@ -152,7 +154,8 @@ class Hub:
             return
         _, width, idle_us, elapsed_us = message.ints[:4]
         self.actor_clock[actor] = (idle_us / 1e6, elapsed_us / 1e6)
-        self.ledger.add(actor, unpack(*message.tensors, prompt_width=width))
+        ints, floats = message.tensors
+        self.ledger.add(actor, unpack(ints, floats, prompt_width=width))
 
     def actor_idle_fraction(self) -> float:
         idle = sum(i for i, _ in self.actor_clock)
@@ -166,7 +169,9 @@ class Hub:
         for outbox in self.outboxes:
             outbox.close(timeout)
         while len(self._ended) < self.config.actors:
-            actor, message = get_message(self.queue, timeout, "the actors' last messages")
+            got = get_message(self.queue, timeout, "the actors' last messages")
+            assert got is not None  # None only for a timeout of 0
+            actor, message = got
             if message.end:
                 self._ended.add(actor)
         for inbox in self.inboxes:

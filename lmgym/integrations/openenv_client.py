@@ -317,7 +317,8 @@ def openenv_env(
     )
     if tokenizer is None:
         tokenizer = make_char_tokenizer()
-    return TokenVectorEnv(tokenizer, RecordPrompts(records), None, responder=responder, **options)
+    # ignore: Responder declares a sync respond; TokenVectorEnv also awaits an async one.
+    return TokenVectorEnv(tokenizer, RecordPrompts(records), None, responder=responder, **options)  # type: ignore[arg-type]
 
 
 __all__ = [

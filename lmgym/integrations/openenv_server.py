@@ -59,7 +59,7 @@ class ServedTask:
 
     def __init__(self, task: str, **kwargs: Any) -> None:
         env = gym.make_vec(task, num_envs=1, **kwargs)
-        inner = getattr(env, "unwrapped", env)
+        inner: Any = getattr(env, "unwrapped", env)
         responder = getattr(inner, "responder", None)
         if responder is None:
             raise ValueError(

@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
@@ -127,7 +127,7 @@ def check_observation_size(
         return
     key, widest = max(features.items(), key=lambda item: item[1])
     name = f"observation[{key!r}]" if key else "the observation"
-    sub = space[key] if key else space
+    sub = cast(spaces.Dict, space)[key] if key else space
     per_token = vocab_size + 1  # LastTokensObservation's V ids plus "before the text"
     k_fit = (max_features - (max_new_tokens + 1)) // per_token
     if k_fit >= 1:
@@ -393,7 +393,7 @@ def make_sb3_vec_env(
         env_id, num_envs=num_envs, vectorization_mode="vector_entry_point", **(env_kwargs or {})
     )
     return SB3VecEnv(
-        env.unwrapped,
+        cast(TokenVectorEnv, env.unwrapped),
         observation,
         max_features=max_features,
         bootstrap_truncated=bootstrap_truncated,

@@ -257,7 +257,7 @@ class TorchToNumpy(VectorWrapper):
         self._device = getattr(env.unwrapped, "device", torch.device("cpu"))
 
     def _obs(self, obs: TensorObs) -> Any:
-        space = self.single_observation_space
+        space: Any = self.single_observation_space  # a Dict space when obs is a dict
         if isinstance(obs, dict):
             return {key: _numpy(value, space[key].dtype) for key, value in obs.items()}
         return _numpy(obs, space.dtype)

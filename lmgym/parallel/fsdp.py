@@ -67,7 +67,8 @@ def _owners(policy: CausalLMPolicy, critic: Critic | None) -> dict[str, tuple[An
 
 def _block_classes(module: nn.Module) -> set[str]:
     """The transformer block classes of a transformers model (or one under PEFT)."""
-    base = module.get_base_model() if hasattr(module, "get_base_model") else module
+    get_base = getattr(module, "get_base_model", None)  # PEFT: the model under the adapter
+    base: Any = get_base() if get_base is not None else module
     return set(getattr(base, "_no_split_modules", None) or ())
 
 
@@ -114,7 +115,8 @@ class ShardedUpdate:
         self._owners = _owners(policy, critic)
         replicas = {name: copy.deepcopy(module) for name, module in self.originals.items()}
         mesh = DeviceMesh.from_group(
-            group.group or dist.group.WORLD, device_type=policy.device.type
+            group.group or dist.group.WORLD,  # type: ignore[arg-type]  # WORLD is set once initialised
+            device_type=policy.device.type,
         )
         self._fsdp: list[FSDPModule] = []
         for replica in replicas.values():
@@ -122,13 +124,14 @@ class ShardedUpdate:
             for module in replica.modules():
                 if type(module).__name__ in blocks:
                     self._fsdp.append(fully_shard(module, mesh=mesh))  # type: ignore[arg-type]
-        self.root = fully_shard(_ShardedRoot(replicas, loss_fn), mesh=mesh)
-        self._fsdp.append(self.root)  # type: ignore[arg-type]
-        for module in self._fsdp:
+        # Any: the stubs type fully_shard's result as an FSDPModule, not the module it still is.
+        self.root: Any = fully_shard(_ShardedRoot(replicas, loss_fn), mesh=mesh)
+        self._fsdp.append(self.root)
+        for sharded in self._fsdp:
             # A plain SUM, no division: every loss is normalised by global counts. Forced
             # to ReduceOp.SUM (else a factor of 1 is NCCL's PREMUL_SUM, which gloo lacks).
-            module.set_gradient_divide_factor(1.0)
-            module.set_force_sum_reduction_for_comms(True)
+            sharded.set_gradient_divide_factor(1.0)
+            sharded.set_force_sum_reduction_for_comms(True)
         self.replicas = replicas
 
     def parameters(self) -> list[nn.Parameter]:
@@ -171,7 +174,7 @@ class ShardedUpdate:
         # One trunk pass per block and micro-batch: the shared-prompt pass
         # (``sequence_hidden``'s group_ids) calls each block twice, which FSDP's
         # per-block all-gather/reduce-scatter order does not follow across ranks.
-        total, loss = self.root(dataclasses.replace(data, group_ids=None), counts)
+        total, loss = self.root(dataclasses.replace(data, group_ids=None), counts)  # type: ignore[arg-type]
         return dataclasses.replace(loss, total=total)
 
     @torch.no_grad()
@@ -221,7 +224,7 @@ class ShardedUpdate:
             load(state)
 
         optimizer.state_dict = local_state_dict  # type: ignore[method-assign]
-        optimizer.load_state_dict = load_shard  # type: ignore[method-assign]
+        optimizer.load_state_dict = load_shard  # type: ignore[method-assign,assignment]
 
 
 def _as_shard(value: Any, param: Tensor) -> Any:

@@ -52,4 +52,4 @@ def refuse_sharded_state(optimizer: torch.optim.Optimizer) -> None:
             raise ValueError(shard_refused(state[MARKER]))
         load(state)
 
-    optimizer.load_state_dict = checked_load  # type: ignore[method-assign]
+    optimizer.load_state_dict = checked_load  # type: ignore[method-assign,assignment]
