@@ -33,6 +33,7 @@ from lmgym.agents.advantages import broadcast_to_tokens, grpo_advantages, proces
 from lmgym.agents.aggregation import Aggregation
 from lmgym.agents.base import Agent
 from lmgym.agents.config import MultiStepConfig, check_group_size
+from lmgym.agents.metrics import masked_sum
 from lmgym.agents.token_clip import TokenClip, TokenClipConfig
 from lmgym.agents.turn_credit import TurnCreditConfig, check_turn_credit, turn_group_advantages
 from lmgym.types import RolloutBatch
@@ -95,7 +96,7 @@ class GRPO(TokenClip, Agent[GRPOConfig]):
                 lambda scores, cells: grpo_advantages(scores, cells, scale),
             )
             return advantages, None
-        scores = (rewards * mask).sum(dim=1)
+        scores = masked_sum(rewards, mask, dim=1)  # where, not * mask: NaN * 0 is NaN
         advantages = grpo_advantages(scores, batch.group_ids, self.config.scale)
         return broadcast_to_tokens(advantages, mask), None
 

@@ -65,6 +65,7 @@ from lmgym.agents.advantages import broadcast_to_tokens
 from lmgym.agents.base import Agent
 from lmgym.agents.config import KLPlacement, MultiStepConfig
 from lmgym.agents.dapo import overlong_penalty
+from lmgym.agents.metrics import masked_sum
 from lmgym.agents.token_clip import TokenClip, TokenClipConfig
 from lmgym.envs.rewards import reward_component_means
 from lmgym.envs.token_env import TokenVectorEnv
@@ -176,7 +177,7 @@ class ReMax(TokenClip, Agent[ReMaxConfig]):
     def advantages(
         self, batch: RolloutBatch, rewards: Tensor, mask: Tensor, values: Tensor | None
     ) -> tuple[Tensor, None]:
-        scores = (rewards * mask).sum(dim=1)
+        scores = masked_sum(rewards, mask, dim=1)  # where, not * mask: NaN * 0 is NaN
         return broadcast_to_tokens(scores - self.greedy_baseline(batch), mask), None
 
     def step(self) -> dict[str, float]:

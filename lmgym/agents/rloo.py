@@ -32,6 +32,7 @@ from torch import Tensor
 from lmgym.agents.advantages import broadcast_to_tokens, rloo_advantages
 from lmgym.agents.base import Agent
 from lmgym.agents.config import KLPlacement, MultiStepConfig, check_group_size
+from lmgym.agents.metrics import masked_sum
 from lmgym.agents.token_clip import TokenClip, TokenClipConfig
 from lmgym.agents.turn_credit import TurnCreditConfig, check_turn_credit, turn_group_advantages
 from lmgym.types import RolloutBatch
@@ -67,5 +68,5 @@ class RLOO(TokenClip, Agent[RLOOConfig]):
                 lambda scores, cells: rloo_advantages(scores, cells, single_is_zero=True),
             )
             return advantages, None
-        scores = (rewards * mask).sum(dim=1)
+        scores = masked_sum(rewards, mask, dim=1)  # where, not * mask: NaN * 0 is NaN
         return broadcast_to_tokens(rloo_advantages(scores, batch.group_ids), mask), None

@@ -89,3 +89,108 @@ def test_nan_probabilities_before_any_update_blame_the_model_not_the_learning_ra
         "update has run yet, so the model as loaded gives NaN/inf logits (an extreme or "
         "damaged weight, not the learning rate); load an intact model"
     )
+
+
+# ------------------------------------------- a NaN in the batch, where the loss does not look
+def batch_and_agent(agent_class, **config):
+    """A fresh agent and a batch of its env with varied bandit rewards (non-zero advantages)."""
+    import dataclasses
+
+    from lmgym.envs.tasks.target_string import make_target_string_vector
+    from lmgym.policy import CausalLMPolicy, make_char_tokenizer, make_tiny_model
+    from lmgym.rollout import collect
+
+    tokenizer = make_char_tokenizer()
+    policy = CausalLMPolicy(make_tiny_model(len(tokenizer), seed=0), tokenizer)
+    env = make_target_string_vector(tokenizer=tokenizer, num_envs=8, group_size=4, max_new_tokens=6)
+    batch = collect(env, policy, seed=3)
+    rewards = batch.dones.float() * torch.arange(8.0)[:, None]
+    agent = agent_class(policy, env, num_minibatches=1, update_epochs=1, **config)
+    return agent, dataclasses.replace(batch, rewards=rewards)
+
+
+def planted(batch, field: str, where: str):
+    """``batch`` with a NaN in ``field`` at a position of kind ``where``, and that position."""
+    import dataclasses
+
+    values = getattr(batch, field).clone()
+    changes = {}
+    if where == "dropped row":  # unfinished="mask" drops such a row from the loss
+        valid = batch.valid.clone()
+        valid[1] = False
+        changes["valid"] = valid
+        row, token = 1, 0
+    else:  # padding after a completion that ended early
+        row, token = (int(i) for i in (~batch.policy_mask).nonzero()[0])
+    values[row, token] = float("nan")
+    return dataclasses.replace(batch, **{field: values}, **changes), (row, token)
+
+
+@pytest.mark.parametrize(
+    ("agent_name", "field", "where", "config"),
+    [
+        ("GRPO", "rewards", "dropped row", {}),  # zeroed its group's advantages, silently
+        ("GRPO", "rewards", "padding", {}),  # zeroed every advantage, silently
+        ("PPO", "rewards", "dropped row", {}),  # 'advantages is nan ... Lower learning_rate'
+        ("GRPO", "sampler_logprobs", "dropped row", {"tis_cap": 2.0}),  # 'grad_norm is nan'
+    ],
+)
+def test_a_nan_in_a_part_of_the_batch_the_loss_drops_is_named_not_the_learning_rate(
+    agent_name, field, where, config
+):
+    import lmgym.agents
+
+    agent, batch = batch_and_agent(getattr(lmgym.agents, agent_name), **config)
+    batch, (row, token) = planted(batch, field, where)
+    before = [p.detach().clone() for p in agent.policy.model.parameters()]
+    with pytest.raises(NonFiniteUpdateError) as caught:
+        agent.train_on_batch(batch)
+    kind = (
+        "a row the loss drops, valid=False"
+        if where == "dropped row"
+        else "a position the loss does not use: padding or an observation token"
+    )
+    assert str(caught.value) == (
+        f"rollout batch: {field} is nan at row {row}, token {token} ({kind}) at iteration 1: "
+        "an env never puts one there, so the batch was built or changed outside it; the "
+        "learning rate is not the cause. Give every entry a finite value, 0 where the loss "
+        "does not use it (a dropped row's score still enters its group's baseline, and "
+        "NaN * 0 is NaN)"
+    )
+    for p, q in zip(agent.policy.model.parameters(), before, strict=True):
+        assert torch.equal(p, q)
+
+
+def test_non_finite_advantages_from_a_finite_batch_name_the_critic():
+    """The critic's values are the one input of PPO's advantages the batch does not hold:
+    non-finite ones are the critic's (the learning rate is a possible cause there)."""
+    from lmgym.agents import PPO
+
+    agent, batch = batch_and_agent(PPO)
+    with torch.no_grad():
+        for weight in agent.critic.head.parameters():
+            weight.fill_(float("nan"))
+    with pytest.raises(NonFiniteUpdateError) as caught:
+        agent.train_on_batch(batch)
+    message = str(caught.value)
+    assert message.startswith("advantages is nan at row 0, token 0 at iteration 1, computed ")
+    assert (
+        "from a finite batch: the critic's value estimates are non-finite (first at row 0); "
+        "the critic diverged (its learning rate too high) or was loaded damaged. Resume from "
+        "the last checkpoint with a lower learning_rate"
+    ) in message
+
+
+@pytest.mark.parametrize("agent_name", ["GRPO", "RLOO"])
+def test_a_value_outside_the_mask_does_not_reach_a_row_score(agent_name):
+    """A row's score sums its rewards with ``torch.where`` over the policy tokens, not a
+    product with the mask (NaN * 0 is NaN), so such a value cannot reach the advantages."""
+    import lmgym.agents
+
+    agent, batch = batch_and_agent(getattr(lmgym.agents, agent_name))
+    nan_batch, _ = planted(batch, "rewards", "padding")
+    mask = batch.policy_mask
+    clean, _ = agent.advantages(batch, batch.rewards, mask, None)
+    poisoned, _ = agent.advantages(nan_batch, nan_batch.rewards, mask, None)
+    assert clean.abs().max() > 0
+    torch.testing.assert_close(poisoned, clean)
