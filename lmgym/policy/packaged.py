@@ -15,8 +15,8 @@ the cache; later uses load the directory in seconds.
   under a file lock: two processes converting at once convert once, and an
   interrupted conversion leaves no half-written model. A temporary directory left by
   a conversion that was killed (``kill -9``: no clean-up runs) is removed, with a line
-  saying so, by the next use that takes the lock, and only when the process named in
-  its name is gone.
+  saying so, by the next use that takes the lock, when the process named in its name
+  is gone (or is this one: PIDs repeat) or the directory is a day old.
 - The conversion records every file's size and SHA-256 in ``lmgym_packaged.json``
   (written last); each use checks them (sizes first, then hashes, once per process).
   A damaged copy (a truncated ``model.safetensors``, a missing tokenizer) is
@@ -44,6 +44,7 @@ import shutil
 import struct
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -317,14 +318,19 @@ def _scratch_prefix(spec: PackagedModel) -> str:
     return f".{spec.name}-{spec.version}.tmp-"
 
 
+STALE_AFTER_S = 24 * 3600
+"""A temporary directory unchanged this long is a leftover, whatever process now has the
+PID in its name (a PID reused; a conversion takes about a minute)."""
+
+
 def _leftovers(root: Path, spec: PackagedModel) -> list[Path]:
     """Temporary directories of conversions of ``spec`` whose process is gone.
 
     Called under the model's lock, which every conversion holds while its directory
     exists, so a directory whose writer still runs would belong to that writer; the
-    PID in the name is checked too (a directory of a live process is kept). Also
-    matches the names earlier versions gave (``.<name>-XXXX``, no PID): under the
-    lock, those are leftovers too.
+    PID in the name is checked too (``_writer_may_run``). Also matches the names
+    earlier versions gave (``.<name>-XXXX``, no PID): under the lock, those are
+    leftovers too.
     """
     found = []
     for path in root.glob(f".{spec.name}-*"):
@@ -332,15 +338,27 @@ def _leftovers(root: Path, spec: PackagedModel) -> list[Path]:
             continue
         rest = path.name.removeprefix(_scratch_prefix(spec))
         pid = rest.split("-", 1)[0]
-        if rest != path.name and pid.isdigit() and _process_alive(int(pid)):
+        if rest != path.name and pid.isdigit() and _writer_may_run(int(pid), path):
             continue
         found.append(path)
     return found
 
 
-def _process_alive(pid: int) -> bool:
+def _writer_may_run(pid: int, path: Path) -> bool:
+    """Whether process ``pid`` may still be writing the temporary directory ``path``.
+
+    Not when it is this process (it makes its own directory only after the clean-up,
+    under the lock, so one named with its PID was left by an earlier process that had
+    it: PIDs repeat, in a container often), not when ``path`` has not changed for
+    ``STALE_AFTER_S``, else when the process is alive.
+    """
     if pid == os.getpid():
-        return True
+        return False
+    try:
+        if time.time() - path.stat().st_mtime > STALE_AFTER_S:
+            return False
+    except OSError:
+        return False  # gone meanwhile: nothing to keep
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -180,6 +180,29 @@ def test_a_conversion_killed_with_sigkill_leaves_a_directory_the_next_use_remove
     assert not stale.exists() and running.is_dir() and len(calls) == 1
 
 
+@pytest.mark.parametrize("whose", ["this pid", "reused pid"])
+def test_a_leftover_whose_pid_runs_again_is_removed(cache, tmp_path, monkeypatch, capsys, whose):
+    """A PID is reused (in a container, the next run often gets the killed one's):
+    a directory named with this process's PID cannot be a conversion of its own (it
+    makes one only after the clean-up, under the lock), and one a day old is no
+    conversion's at all (a conversion takes a minute)."""
+    use_package(monkeypatch, tmp_path / "pkg", b"GGUF")
+    monkeypatch.setattr(packaged, "_convert", stub_convert([]))
+    pid = os.getpid() if whose == "this pid" else os.getppid()
+    left = cache / f".{NAME}-{SPEC.version}.tmp-{pid}-abcd"
+    left.mkdir(parents=True)
+    (left / "model.safetensors").write_bytes(b"w" * 2_000_000)
+    if whose == "reused pid":
+        old = left.stat().st_mtime - packaged.STALE_AFTER_S - 60
+        os.utime(left, (old, old))
+    assert packaged_model_dir(NAME) == cache / f"{NAME}-{SPEC.version}"
+    assert not left.exists()
+    assert (
+        f"lmgym: removed {left} (2 MB), left by a conversion of {NAME} that did not finish "
+        "(its process is gone)"
+    ) in capsys.readouterr().err
+
+
 # --------------------------------------------------------------- names and places
 def test_a_misspelled_packaged_name_suggests_the_close_match(tmp_path, train, capsys):
     assert train("--model", "smollm2-135m-instrct", "--run-dir", str(tmp_path / "r")) == 2
