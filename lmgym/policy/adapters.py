@@ -338,6 +338,20 @@ def save_merged_model(model: nn.Module, path: Path) -> None:
     merged.save_pretrained(path)
 
 
+def _checked_base(path: Path, base_path: str | Path) -> str | Path:
+    """``base_path`` through the checks and name resolution of any model given by name or
+    directory (``lmgym.policy.packaged.local_model_path``): a packaged name becomes its
+    cached directory, and a damaged or pickled weight file, or a misspelled packaged
+    name, is one line naming the adapter, its base and the fix.
+    """
+    from lmgym.policy.packaged import local_model_path
+
+    try:
+        return local_model_path(base_path)
+    except (ValueError, FileNotFoundError) as exc:
+        raise type(exc)(f"adapter {path}: its base model {base_path}: {exc}") from None
+
+
 def load_adapter_model(
     path: Path, dtype: torch.dtype, device: torch.device | str
 ) -> tuple[nn.Module, str | Path]:
@@ -359,6 +373,7 @@ def load_adapter_model(
                 f"{path} holds an adapter without its base model: no {BASE_DIR}/ directory "
                 f"and no base_model_name_or_path in {ADAPTER_CONFIG}"
             )
+    base_path = _checked_base(path, base_path)
     try:  # a referenced base is read as safetensors only: a checkpoint never unpickles
         base = AutoModelForCausalLM.from_pretrained(
             base_path, dtype=dtype, **({"use_safetensors": True} if reference else {})

@@ -484,9 +484,24 @@ def local_model_path(name_or_path: str | os.PathLike[str]) -> str | os.PathLike[
     are checked readable first (``lmgym.policy.weights.check_weight_files``): a
     truncated file, or a ``.bin`` that cannot load without unpickling objects, is a
     one-line ``ValueError`` naming it, not a traceback from deep in transformers.
+
+    Raises:
+        FileNotFoundError: a bare name (no ``/``) that is not on disk and is close to a
+            packaged model's name (a typo would otherwise go to the Hub and fail there,
+            or as a connection error), naming the close match.
+        ValueError, PackagedModelError, PackagedModelMissingError: as above and as
+            ``packaged_model_dir``.
     """
     if is_packaged_name(name_or_path) and not Path(name_or_path).exists():
         return str(packaged_model_dir(str(name_or_path)))
     if Path(name_or_path).is_dir():
         check_weight_files(name_or_path)
+        return name_or_path
+    if isinstance(name_or_path, str) and "/" not in name_or_path:
+        close = [] if Path(name_or_path).exists() else close_packaged_names(name_or_path)
+        if close:
+            raise FileNotFoundError(
+                f"{name_or_path}: no such directory, and not a packaged model; did you mean "
+                f"{close[0]!r}? (packaged models: {', '.join(sorted(PACKAGED_MODELS))})"
+            )
     return name_or_path

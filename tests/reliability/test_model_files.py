@@ -328,6 +328,35 @@ def test_a_bin_only_model_that_cannot_load_safely_is_one_line(
         CausalLMPolicy.from_pretrained(tmp_path / "m")
 
 
+@pytest.mark.parametrize("base", ["bin only", "misspelled packaged name"])
+def test_the_base_of_a_plain_adapter_directory_is_checked_like_a_model(tmp_path, base):
+    """A peft adapter directory names its base in adapter_config.json: that base goes
+    through the same checks as ``--model`` (before: torch's UnpicklingError traceback,
+    or a connection error for a packaged name)."""
+    import json
+
+    peft = pytest.importorskip("peft")
+    model, _ = make_tiny_lm(n_layer=1)
+    adapter = tmp_path / "adapter"
+    lora = peft.LoraConfig(r=2, target_modules=["c_attn"], fan_in_fan_out=True)
+    peft.get_peft_model(model, lora).save_pretrained(adapter)
+    if base == "bin only":
+        weights = bin_only_model(tmp_path / "base", "module")
+        named, error = str(tmp_path / "base"), ValueError
+        cause = f"model weights {weights} holds pickled objects other than tensors"
+    else:
+        named, error = "smollm2-135m-instrct", FileNotFoundError
+        cause = f"{named}: no such directory, and not a packaged model; did you mean "
+        cause += "'smollm2-135m-instruct'? (packaged models: smollm2-135m-instruct)"
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    config["base_model_name_or_path"] = named
+    (adapter / "adapter_config.json").write_text(json.dumps(config))
+    with pytest.raises(error) as caught:
+        CausalLMPolicy.from_pretrained(adapter)
+    assert str(caught.value).startswith(f"adapter {adapter}: its base model {named}: {cause}")
+    assert "\n" not in str(caught.value)
+
+
 def test_a_truncated_safetensors_file_in_a_model_directory_is_one_line(tmp_path, train, capsys):
     model, tokenizer = make_tiny_lm(n_layer=1)
     model.save_pretrained(tmp_path / "m")
