@@ -132,8 +132,11 @@ def validate_rewards(
             f"reward {name!r} returned {type(values).__name__} that is not a sequence of "
             "numbers; return one float per completion"
         )
+    plain = values
+    if isinstance(values, list | tuple):  # a graph is not a reward: each tensor detached
+        plain = [v.detach() if isinstance(v, Tensor) else v for v in values]
     try:
-        scores = torch.as_tensor(values, dtype=torch.float32)
+        scores = torch.as_tensor(plain, dtype=torch.float32)
     except (TypeError, ValueError, RuntimeError) as err:
         where = ""
         if isinstance(values, list | tuple):
@@ -183,7 +186,7 @@ def _complex_row(values: Any) -> int | None:
         return int(hit[0]) if len(hit) and values.ndim == 1 else -1
     if isinstance(values, list | tuple):
         return next((row for row, value in enumerate(values) if _is_complex(value)), None)
-    return None
+    return -1 if _is_complex(values) else None  # one complex scalar for the whole batch
 
 
 def call_reward(reward: RewardModel, batch: RewardInput) -> Tensor:

@@ -7,6 +7,8 @@ flattened into ``[N]``.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -50,6 +52,25 @@ def test_a_complex_reward_is_refused_not_cut_to_its_real_part(make_env, fn, batc
         step_once(env, 2)
 
 
+@pytest.mark.parametrize(
+    "value", [np.complex128(1 + 2j), 1 + 2j, torch.tensor(1 + 2j)], ids=["numpy", "python", "0-d"]
+)
+def test_a_complex_scalar_returned_for_the_batch_is_refused(make_env, value):
+    """A batched function returning one complex scalar: numpy's used to pass as its real
+    part with only a ComplexWarning (then fail, or not, on the count)."""
+    env = make_env(prompts=["ab"], reward=FunctionReward(lambda ps, cs: value, name="one"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no ComplexWarning either: refused before any cast
+        with pytest.raises(
+            RewardError,
+            match=(
+                r"^reward 'one' returned complex values; rewards must be real numbers "
+                r"\(return the real part, or abs\(\), explicitly\)$"
+            ),
+        ):
+            step_once(env, 1)
+
+
 def test_a_complex_token_score_is_refused(make_env):
     reward = TokenScoreReward(lambda b: torch.ones(b.completion_mask.shape) * (1 + 2j), name="z")
     env = make_env(num_prompts=1, reward=reward)
@@ -66,9 +87,19 @@ def test_a_reward_tensor_that_requires_grad_is_detached(make_env):
     def scored_tokens(batch):
         return weight * batch.completion_mask.float()
 
-    for reward in (FunctionReward(scored), TokenScoreReward(scored_tokens)):
+    def scored_one(prompt, completion):
+        return weight * (float(len(completion)) + 1)
+
+    def scored_list(prompts, completions):
+        return [weight * (float(len(c)) + 1) for c in completions]
+
+    per_sample = FunctionReward(scored_one, batched=False)
+    rewards_made = (FunctionReward(scored), FunctionReward(scored_list), per_sample)
+    for reward in (*rewards_made, TokenScoreReward(scored_tokens)):
         env = make_env(num_prompts=2, reward=reward)
-        _, rewards, *_ = step_once(env, 2)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # nor torch's "a tensor with requires_grad=True"
+            _, rewards, *_ = step_once(env, 2)
         assert rewards.tolist() == [1.0, 1.0]
         assert not rewards.requires_grad and rewards.grad_fn is None
         assert env.get_state() is not None
