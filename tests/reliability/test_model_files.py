@@ -214,6 +214,8 @@ def test_a_misspelled_packaged_name_suggests_the_close_match(tmp_path, train, ca
     assert not (tmp_path / "r").exists()
     with pytest.raises(KeyError, match="did you mean 'smollm2-135m-instruct'"):
         packaged_model_dir("SmolLM2-135M-Instrct")
+    with pytest.raises(FileNotFoundError, match="did you mean 'smollm2-135m-instruct'"):
+        CausalLMPolicy.from_pretrained("smollm2-135m-instrct")  # not sent to the Hub
 
 
 @pytest.mark.parametrize("below", [False, True])
