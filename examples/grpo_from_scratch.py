@@ -2,11 +2,22 @@
 
 Run ``python examples/grpo_from_scratch.py``: a tiny GPT-2 learns to answer
 "say hello:" with "hello" (lmgym/TargetString-v0), and the mean reward climbs
-from about 0.02 to 1 in about 100 iterations (ten seconds of CPU).
+from about 0.03 to 1 in about 100 iterations (about ten seconds of CPU, start-up
+included). Measured on seeds 0-14 (``main(seed=...)``), every one of them: the
+first 5 iterations average 0.02-0.04, the mean over 5 iterations first reaches
+0.95 in a window starting at iteration 78-89, iterations 95-104 average 0.97-0.99,
+and the last 10 of 150 average 0.99-1.00
+(``tests/test_examples_grpo_from_scratch.py`` checks seeds 0-2).
+
+Why 16 completions a prompt at lr 1e-3: with one step per batch at 2e-3 and 8 a
+prompt, 3 of seeds 0-9 settled on a wrong answer and stayed (seed 0 on "hhlll",
+reward 0.6; seeds 7 and 8 at 0.8). Once every completion of a group is the same,
+its advantages are all 0 and nothing moves the policy off it; smaller steps and
+larger groups keep some variety in each group until the answer is found.
 
 One iteration, as in docs/algorithms.md:
 
-1. collect: 4 prompts x 8 completions each (``lmgym.rollout.collect``);
+1. collect: 4 prompts x 16 completions each (``lmgym.rollout.collect``);
 2. advantages: each completion's reward against its own group's,
    ``A_i = (R_i - mean_g R) / (std_g R + eps)`` (#grpo-and-dr-grpo);
 3. loss: PPO's token clip on the ratio ``rho = exp(lp - lp_old)`` (#token-clip),
@@ -105,10 +116,10 @@ def update(
 def main(iterations: int = 150, seed: int = 0) -> list[float]:
     """Train on TargetString and print the mean reward; returns it per iteration."""
     torch.manual_seed(seed)
-    env = gym.make_vec("lmgym/TargetString-v0", num_envs=32, group_size=8)
+    env = gym.make_vec("lmgym/TargetString-v0", num_envs=64, group_size=16)
     policy = CausalLMPolicy(make_tiny_model(len(env.tokenizer), seed=seed), env.tokenizer)
     # AdamW's default weight decay is 0.01; GRPO's config uses none.
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=2e-3, weight_decay=0.0)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3, weight_decay=0.0)
     sampler = torch.Generator().manual_seed(seed)
     rewards = []
     for iteration in range(iterations):

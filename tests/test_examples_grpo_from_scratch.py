@@ -74,7 +74,14 @@ def test_one_update_equals_grpo_train_on_batch(example, make_env, make_eos_polic
 
 
 @pytest.mark.learning
-def test_grpo_from_scratch_learns(example, capsys):
-    rewards = example.main(iterations=80, seed=0)
-    assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5 + 0.5, rewards
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_grpo_from_scratch_learns(example, capsys, seed):
+    """The docstring's claim, on seeds it names: from about 0.03 (0.02-0.04 over the
+    first 5 iterations) to about 1 by iteration 100 (0.97-0.99 measured over 95-104).
+    Seed 0 is the one that settled at 0.6 before the example took 16 completions a
+    prompt at lr 1e-3."""
+    rewards = example.main(iterations=100, seed=seed)
+    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    assert first < 0.1, rewards
+    assert last >= 0.9, rewards
     assert "mean reward" in capsys.readouterr().out
