@@ -51,7 +51,7 @@ lint: setup
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
 # mypy over lmgym/ ([tool.mypy] in pyproject.toml; modules still to fix are listed there):
-# about 1 min 30 s on a fresh .venv on 2 cores, a few seconds once its cache is warm.
+# about 1 min on 2 cores with a cold cache (a fresh .venv, as in CI), 2-3 s once it is warm.
 typecheck: setup
 	$(BIN)/mypy
 
