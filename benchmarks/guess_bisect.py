@@ -37,10 +37,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import harness as h  # the repository root on sys.path
 import parts
 import torch
+import workloads as w
 
 import lmgym  # noqa: F401  (registers the tasks)
 from lmgym.agents import GRPO
@@ -126,38 +126,10 @@ def held_out(policy: Any, budget: int, turns: int, games: int) -> dict[str, Any]
     return out
 
 
-def load_policy(quick: bool) -> Any:
-    """A fresh LoRA policy on the real model (``quick``: the tests' tiny chat Llama)."""
-    from peft import LoraConfig
-
-    from lmgym.policy import CausalLMPolicy
-    from lmgym.training.run import LORA_ALPHA, LORA_TARGETS
-
-    name = "smollm2-135m-instruct"
-    if quick:
-        sys.path.insert(0, str(h.ROOT / "tests" / "policy"))
-        import vllm_cases  # a 13M-parameter Llama with SmolLM2's tokenizer
-
-        path = Path("/tmp/lmgym-guess-bisect-tiny")
-        if not (path / "config.json").exists():
-            vllm_cases.small_chat_llama(path)
-        name = str(path)
-    lora = LoraConfig(r=16, lora_alpha=LORA_ALPHA, target_modules=list(LORA_TARGETS))
-    return CausalLMPolicy.from_pretrained(name, peft_config=lora)
-
-
 def run(args: Any) -> dict[str, Any]:
     torch.manual_seed(args.seed)
-    policy = load_policy(args.quick)
-    env = gym.make_vec(
-        TASK,
-        num_envs=args.prompts * args.group,
-        group_size=args.group,
-        tokenizer=policy.tokenizer,
-        max_new_tokens=args.budget,
-        max_turns=args.turns,
-        stop_token_ids=policy.stop_token_ids,
-    ).unwrapped
+    policy = w.lora_chat_policy(args.quick)
+    env = w.guess_number_env(policy, args)
     config = {**h.ONE_STEP, "learning_rate": args.lr, "beta": 0.0, "seed": args.seed}
     agent = GRPO(policy, env, **config)
     games = 2 if args.quick else EVAL_GAMES
@@ -329,12 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iterations", type=int, default=60)
     p.add_argument("--max-minutes", type=float, default=45.0)
     p.add_argument("--eval-every", type=int, default=10)
-    p.add_argument("--prompts", type=int, default=4)
-    p.add_argument("--group", type=int, default=8)
-    p.add_argument("--budget", type=int, default=96)
-    p.add_argument("--turns", type=int, default=6)
+    w.add_guess_number_options(p)
     p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.report:

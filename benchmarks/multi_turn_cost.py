@@ -38,7 +38,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import harness as h  # the repository root on sys.path
 import torch
 import workloads as w
@@ -49,7 +48,6 @@ from lmgym.agents import GRPO
 from lmgym.policy import CausalLMPolicy
 
 MODEL = "smollm2-135m-instruct"
-LORA = {"r": 16, "lora_alpha": 32, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
 TASK = "lmgym/GuessNumber-v0"
 
 
@@ -105,20 +103,8 @@ def measured(fn: Callable[[], Any]) -> tuple[Any, float, float]:
 
 
 def load_policy(quick: bool, forbid_stops: bool) -> CausalLMPolicy:
-    """A fresh LoRA policy on the real model (``quick``: a tiny Llama with its tokenizer)."""
-    from peft import LoraConfig
-
-    if quick:
-        sys.path.insert(0, str(h.ROOT / "tests" / "policy"))
-        import vllm_cases  # the tests' 13M-parameter Llama with SmolLM2's tokenizer
-
-        path = Path("/tmp/lmgym-multi-turn-cost-tiny")
-        if not (path / "config.json").exists():
-            vllm_cases.small_chat_llama(path)
-        name = str(path)
-    else:
-        name = MODEL
-    policy = CausalLMPolicy.from_pretrained(name, peft_config=LoraConfig(**LORA))
+    """``workloads.lora_chat_policy``, its stop ids given probability 0 if ``forbid_stops``."""
+    policy = w.lora_chat_policy(quick)
     if forbid_stops:
         w.forbid_token(policy.model.get_base_model(), *policy.stop_token_ids)
     return policy
@@ -131,18 +117,9 @@ def digit_share(prompts: list[Any], completions: list[str]) -> list[float]:
 
 def build(args: Any) -> tuple[Side, Callable[[int], Side]]:
     """The multi-turn side, and a maker of the single-turn side for a given ``L``."""
-    rows = args.prompts * args.group
     config = {**h.ONE_STEP, "learning_rate": 1e-4, "beta": 0.0, "seed": 0}
     multi = load_policy(args.quick, forbid_stops=False)
-    env = gym.make_vec(
-        TASK,
-        num_envs=rows,
-        group_size=args.group,
-        tokenizer=multi.tokenizer,
-        max_new_tokens=args.budget,
-        max_turns=args.turns,
-        stop_token_ids=multi.stop_token_ids,
-    ).unwrapped
+    env = w.guess_number_env(multi, args)
     prompts = env.prompt_source  # the GuessNumber chat prompts (train split)
 
     def single(length: int) -> Side:
@@ -226,11 +203,7 @@ def report(args: Any, sides: list[Side], profiles: dict[str, h.Phases], total: f
 
 def main(argv: list[str] | None = None) -> int:
     p = h.parser(__doc__)
-    p.add_argument("--prompts", type=int, default=4)
-    p.add_argument("--group", type=int, default=8)
-    p.add_argument("--budget", type=int, default=96)
-    p.add_argument("--turns", type=int, default=6)
-    p.add_argument("--threads", type=int, default=1)
+    w.add_guess_number_options(p)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--repeats", type=int, default=4)
     args = p.parse_args(argv)

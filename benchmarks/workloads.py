@@ -412,3 +412,59 @@ def fine_tune_bimodal(
         f"{float(probs[:half, SHORT_CHARS].mean()):.3f}, long rows' P(EOS) per step "
         f"{float(probs[half:].mean()):.1e} (last training batch)"
     )
+
+
+def lora_chat_policy(quick: bool = False) -> Any:
+    """A fresh LoRA policy (r 16; ``lmgym train``'s alpha and target modules) on the
+    packaged ``smollm2-135m-instruct``; ``quick``: on the tests' 13M-parameter Llama
+    with SmolLM2's chat tokenizer (a smoke run), built once in the temp dir."""
+    import tempfile
+    from pathlib import Path
+
+    from peft import LoraConfig
+
+    from lmgym.policy import CausalLMPolicy
+    from lmgym.training.run import LORA_ALPHA, LORA_TARGETS
+
+    name = "smollm2-135m-instruct"
+    if quick:
+        import sys
+
+        sys.path.insert(0, str(h.ROOT / "tests" / "policy"))
+        import vllm_cases  # the tests' small chat Llama
+
+        path = Path(tempfile.gettempdir()) / "lmgym-bench-small-chat-llama"
+        if not (path / "config.json").exists():
+            vllm_cases.small_chat_llama(path)
+        name = str(path)
+    lora = LoraConfig(r=16, lora_alpha=LORA_ALPHA, target_modules=list(LORA_TARGETS))
+    return CausalLMPolicy.from_pretrained(name, peft_config=lora)
+
+
+def add_guess_number_options(p: Any) -> None:
+    """``--prompts --group --budget --turns --threads``: GuessNumber on the real model
+    as ``real_model.py``'s ``guess`` setting runs it (4 games x 8 episodes, a 96-token
+    budget for the policy's turns and the rendered user turns, 6 turns, one thread)."""
+    p.add_argument("--prompts", type=int, default=4, help="games per iteration (4)")
+    p.add_argument("--group", type=int, default=8, help="episodes per game (8)")
+    p.add_argument("--budget", type=int, default=96, help="max_new_tokens of an episode (96)")
+    p.add_argument("--turns", type=int, default=6, help="max_turns (6)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (1)")
+
+
+def guess_number_env(policy: Any, args: Any) -> Any:
+    """The training ``lmgym/GuessNumber-v0`` vector env for ``policy`` under
+    ``add_guess_number_options``' ``args`` (the unwrapped ``TokenVectorEnv``)."""
+    import gymnasium as gym
+
+    import lmgym  # noqa: F401  (registers the tasks)
+
+    return gym.make_vec(
+        "lmgym/GuessNumber-v0",
+        num_envs=args.prompts * args.group,
+        group_size=args.group,
+        tokenizer=policy.tokenizer,
+        max_new_tokens=args.budget,
+        max_turns=args.turns,
+        stop_token_ids=policy.stop_token_ids,
+    ).unwrapped
