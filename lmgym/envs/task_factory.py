@@ -20,7 +20,7 @@ from __future__ import annotations
 import inspect
 import typing
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import fields, replace
 from typing import Any
 
 from lmgym.char_tokenizer import make_char_tokenizer
@@ -30,6 +30,17 @@ from lmgym.envs.turns import Responder
 from lmgym.types import PromptSource, RewardModel
 
 VectorFactory = Callable[..., TokenVectorEnv]
+
+
+class TaskParams:
+    """Base of a frozen dataclass of task parameters that a task body takes as one
+    argument (e.g. ``lmgym.envs.tasks._common.DataSplit``).
+
+    A body parameter whose default is such a record (``data: DataSplit =
+    DataSplit()``) stands, in the factory's signature, as the record's fields: one
+    keyword argument each, in field order, with the default's values; the factory
+    builds the record from them and passes it to the body.
+    """
 
 
 def build_env(
@@ -100,12 +111,37 @@ def task_factory(**defaults: Any) -> Callable[[Callable[..., TokenVectorEnv]], V
     return decorate
 
 
+def _expand_records(
+    params: list[inspect.Parameter], hints: dict[str, Any]
+) -> tuple[list[inspect.Parameter], dict[str, tuple[type, list[str]]]]:
+    """The body's parameters with each ``TaskParams`` one replaced by its fields (see
+    ``TaskParams``), and ``{record parameter: (its class, its field names)}``."""
+    flat: list[inspect.Parameter] = []
+    records: dict[str, tuple[type, list[str]]] = {}
+    for p in params:
+        if not isinstance(p.default, TaskParams):
+            flat.append(p)
+            continue
+        cls = type(p.default)
+        field_hints = typing.get_type_hints(cls)
+        names = [f.name for f in fields(cls)]  # type: ignore[arg-type]
+        records[p.name] = (cls, names)
+        for name in names:
+            default = getattr(p.default, name)
+            flat.append(inspect.Parameter(name, p.kind, default=default))
+            hints[name] = field_hints[name]
+    return flat, records
+
+
 def _make_factory(body: Callable[..., TokenVectorEnv], defaults: dict[str, Any]) -> VectorFactory:
-    body_params = list(inspect.signature(body).parameters.values())[1:]  # after ``options``
+    body_hints = typing.get_type_hints(body)
+    body_params, records = _expand_records(
+        list(inspect.signature(body).parameters.values())[1:],
+        body_hints,  # after ``options``
+    )
     clash = sorted({p.name for p in body_params} & set(ENV_OPTION_NAMES))
     if clash:
         raise TypeError(f"{body.__name__}: parameters {clash} are EnvOptions fields; rename them")
-    body_hints = typing.get_type_hints(body)
     POK, KW = inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY
 
     def option(name: str, kind: inspect._ParameterKind) -> inspect.Parameter:
@@ -134,6 +170,8 @@ def _make_factory(body: Callable[..., TokenVectorEnv], defaults: dict[str, Any])
         options = EnvOptions(**{name: values.pop(name) for name in ENV_OPTION_NAMES})
         if options.tokenizer is None:
             options = replace(options, tokenizer=make_char_tokenizer())
+        for name, (cls, record_fields) in records.items():
+            values[name] = cls(**{field: values.pop(field) for field in record_fields})
         return body(options, **values)
 
     factory.__name__ = factory.__qualname__ = body.__name__

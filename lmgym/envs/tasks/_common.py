@@ -4,17 +4,67 @@ random-policy baseline. (The env options and builder are ``lmgym.envs.options``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
 from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
-from lmgym.envs.prompts import split_prompts
+from lmgym.envs.prompts import PromptSubset, split_prompts
+from lmgym.envs.task_factory import TaskParams
 from lmgym.envs.token_env import TokenVectorEnv
-from lmgym.types import RewardInput
+from lmgym.types import PromptSource, RewardInput
 
 Split = Literal["train", "eval", "all"]
+
+
+@dataclass(frozen=True)
+class DataSplit(TaskParams):
+    """Which part of a task's data its env serves: every task that holds data out
+    takes one, and its factory takes the fields as keyword arguments
+    (``gymnasium.make_vec(id, split="eval", eval_fraction=0.2, data_seed=1)``).
+
+    Attributes:
+        split: ``"train"``, ``"eval"`` (the held-out part) or ``"all"``.
+        eval_fraction: share of the data held out for ``"eval"``, in ``(0, 1)``
+            (checked when a ``"train"``/``"eval"`` part is taken).
+        data_seed: seeds the split (and the task's own draws of its data).
+    """
+
+    split: Split = "train"
+    eval_fraction: float = 0.25
+    data_seed: int = 0
+
+    def _subset(self, source: PromptSource) -> PromptSubset | None:
+        """The ``split`` part of ``source`` (``split_prompts`` under ``data_seed``);
+        ``None`` for ``"all"``.
+
+        Raises:
+            ValueError: an unknown ``split``, or an ``eval_fraction`` that
+                ``split_prompts`` refuses.
+        """
+        if self.split == "all":
+            return None
+        if self.split not in ("train", "eval"):
+            raise ValueError(f"split={self.split!r} is not one of ['train', 'eval', 'all']")
+        train, held_out = split_prompts(source, self.eval_fraction, self.data_seed)
+        return train if self.split == "train" else held_out
+
+    def part(self, source: PromptSource) -> PromptSource:
+        """The ``split`` part of a prompt source (``"all"``: the source itself)."""
+        subset = self._subset(source)
+        return source if subset is None else subset
+
+    def select(self, items: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+        """The ``split`` part of ``(prompt, answer)`` pairs, in their order."""
+        subset = self._subset([prompt for prompt, _ in items])
+        return list(items) if subset is None else [items[i] for i in subset.indices]
+
+
+DEFAULT_SPLIT = DataSplit()
+"""The ``DataSplit`` defaults (``split="train"``, ``eval_fraction=0.25``,
+``data_seed=0``): the default of a task body's ``data`` parameter."""
 
 
 def encode(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
@@ -117,14 +167,8 @@ class ExactMatchReward:
 def select_split(
     items: Sequence[tuple[str, str]], split: Split, eval_fraction: float, data_seed: int
 ) -> list[tuple[str, str]]:
-    """The ``split`` part of ``(prompt, answer)`` pairs (see ``split_prompts``)."""
-    if split == "all":
-        return list(items)
-    if split not in ("train", "eval"):
-        raise ValueError(f"split={split!r} is not one of ['train', 'eval', 'all']")
-    train, held_out = split_prompts([prompt for prompt, _ in items], eval_fraction, data_seed)
-    part = train if split == "train" else held_out
-    return [items[i] for i in part.indices]
+    """The ``split`` part of ``(prompt, answer)`` pairs: ``DataSplit(...).select(items)``."""
+    return DataSplit(split, eval_fraction, data_seed).select(items)
 
 
 def random_policy_return(env: TokenVectorEnv, num_batches: int = 4, seed: int = 0) -> float:

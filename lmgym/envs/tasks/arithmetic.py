@@ -29,11 +29,11 @@ from lmgym.envs.options import EnvOptions
 from lmgym.envs.single import single_env_factory
 from lmgym.envs.task_factory import build_env, task_factory
 from lmgym.envs.tasks._common import (
+    DEFAULT_SPLIT,
+    DataSplit,
     ExactMatchReward,
     PositionMatchReward,
-    Split,
     encode,
-    select_split,
     target_table,
 )
 from lmgym.envs.token_env import TokenVectorEnv
@@ -65,18 +65,15 @@ def arithmetic_items(max_operand: int = 9, operations: str = "+") -> list[tuple[
 def _arithmetic_vector(
     process: bool,
     options: EnvOptions,
-    *,
     max_operand: int,
     operations: str,
-    split: Split,
-    eval_fraction: float,
-    data_seed: int,
+    data: DataSplit,
 ) -> TokenVectorEnv:
     tokenizer = options.tokenizer
     if tokenizer.eos_token_id is None:
         raise ValueError("tokenizer: arithmetic answers end with EOS; use a tokenizer with one")
     every = arithmetic_items(max_operand, operations)
-    items = select_split(every, split, eval_fraction, data_seed)
+    items = data.select(every)
     targets = [encode(tokenizer, answer) + [tokenizer.eos_token_id] for _, answer in items]
     ids, lengths = target_table(targets, tokenizer.pad_token_id or 0)
     # The default budget fits the longest answer of *all* problems, so the train and
@@ -95,9 +92,7 @@ def make_arithmetic_vector(
     options: EnvOptions,
     max_operand: int = 9,
     operations: str = "+",
-    split: Split = "train",
-    eval_fraction: float = 0.25,
-    data_seed: int = 0,
+    data: DataSplit = DEFAULT_SPLIT,
 ) -> TokenVectorEnv:
     """``lmgym/Arithmetic-v0`` as a native vector env (exact-match outcome reward).
 
@@ -109,15 +104,7 @@ def make_arithmetic_vector(
         data_seed: seeds the split.
         max_new_tokens: token budget (default: the longest answer plus EOS).
     """
-    return _arithmetic_vector(
-        False,
-        options,
-        max_operand=max_operand,
-        operations=operations,
-        split=split,
-        eval_fraction=eval_fraction,
-        data_seed=data_seed,
-    )
+    return _arithmetic_vector(False, options, max_operand, operations, data)
 
 
 make_arithmetic = single_env_factory(make_arithmetic_vector)
@@ -128,21 +115,11 @@ def make_arithmetic_process_vector(
     options: EnvOptions,
     max_operand: int = 9,
     operations: str = "+",
-    split: Split = "train",
-    eval_fraction: float = 0.25,
-    data_seed: int = 0,
+    data: DataSplit = DEFAULT_SPLIT,
 ) -> TokenVectorEnv:
     """``lmgym/ArithmeticProcess-v0`` as a native vector env (a reward per correct
     digit; per-token by default). Arguments as ``make_arithmetic_vector``."""
-    return _arithmetic_vector(
-        True,
-        options,
-        max_operand=max_operand,
-        operations=operations,
-        split=split,
-        eval_fraction=eval_fraction,
-        data_seed=data_seed,
-    )
+    return _arithmetic_vector(True, options, max_operand, operations, data)
 
 
 make_arithmetic_process = single_env_factory(make_arithmetic_process_vector)

@@ -53,7 +53,7 @@ from lmgym.envs.rewards import FunctionReward
 from lmgym.envs.single import single_env_factory
 from lmgym.envs.task_factory import build_env, task_factory
 from lmgym.envs.tasks._chat import chat_prompt, wants_chat
-from lmgym.envs.tasks._common import Split, select_split
+from lmgym.envs.tasks._common import DEFAULT_SPLIT, DataSplit
 from lmgym.envs.token_env import TokenVectorEnv
 
 SOLVED_THRESHOLD = 0.9
@@ -174,9 +174,7 @@ def make_chat_arithmetic_vector(
     digits: int = 1,
     operations: str = OPERATORS,
     dataset_size: int | None = None,
-    split: Split = "train",
-    eval_fraction: float = 0.25,
-    data_seed: int = 0,
+    data: DataSplit = DEFAULT_SPLIT,
     chat: bool | None = None,
 ) -> TokenVectorEnv:
     """``lmgym/ChatArithmetic-v0`` as a native vector env.
@@ -200,8 +198,8 @@ def make_chat_arithmetic_vector(
     if answer not in REWARDS:
         raise ValueError(f"answer={answer!r}: must be one of {sorted(REWARDS)}")
     chat = wants_chat(chat, options.tokenizer)
-    every = chat_arithmetic_items(digits, operations, dataset_size, data_seed, chat=chat)
-    items = select_split(every, split, eval_fraction, data_seed)
+    every = chat_arithmetic_items(digits, operations, dataset_size, data.data_seed, chat=chat)
+    items = data.select(every)
     source = RecordPrompts([{"prompt": prompt, "answer": a} for prompt, a in items])
     reward = FunctionReward(REWARDS[answer], name=f"{answer}_match")
     return build_env(options, source, reward, max_new_tokens=DEFAULT_MAX_NEW_TOKENS)

@@ -66,7 +66,7 @@ from lmgym.envs.rewards import CombinedReward, FunctionReward
 from lmgym.envs.single import single_env_factory
 from lmgym.envs.task_factory import build_env, task_factory
 from lmgym.envs.tasks._chat import chat_prompt, distinct_draws, wants_chat
-from lmgym.envs.tasks._common import Split, select_split
+from lmgym.envs.tasks._common import DEFAULT_SPLIT, DataSplit
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.types import Prompt, RewardInput
 
@@ -296,9 +296,7 @@ def make_instructions_vector(
     min_words: int = 3,
     max_words: int = 8,
     dataset_size: int = 400,
-    split: Split = "train",
-    eval_fraction: float = 0.25,
-    data_seed: int = 0,
+    data: DataSplit = DEFAULT_SPLIT,
     chat: bool | None = None,
 ) -> TokenVectorEnv:
     """``lmgym/Instructions-v0`` as a native vector env.
@@ -320,10 +318,10 @@ def make_instructions_vector(
     names = parse_constraints(constraints)
     chat = wants_chat(chat, options.tokenizer)
     records = instruction_records(
-        names, dataset_size, min_words, max_words, data_seed, examples=examples, chat=chat
+        names, dataset_size, min_words, max_words, data.data_seed, examples=examples, chat=chat
     )
     pairs = [(record["prompt"], str(i)) for i, record in enumerate(records)]
-    kept = [records[int(i)] for _, i in select_split(pairs, split, eval_fraction, data_seed)]
+    kept = [records[int(i)] for _, i in data.select(pairs)]
     reward = instruction_reward(names, strict)
     return build_env(options, RecordPrompts(kept), reward, max_new_tokens=DEFAULT_MAX_NEW_TOKENS)
 

@@ -41,7 +41,7 @@ from lmgym.envs.rewards import FunctionReward
 from lmgym.envs.single import single_env_factory
 from lmgym.envs.task_factory import build_env, task_factory
 from lmgym.envs.tasks._chat import chat_prompt, distinct_draws, wants_chat
-from lmgym.envs.tasks._common import Split, select_split
+from lmgym.envs.tasks._common import DEFAULT_SPLIT, DataSplit
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.types import Prompt
 
@@ -140,9 +140,7 @@ def make_positive_continuation_vector(
     options: EnvOptions,
     openings: Openings = "mixed",
     dataset_size: int = 300,
-    split: Split = "train",
-    eval_fraction: float = 0.25,
-    data_seed: int = 0,
+    data: DataSplit = DEFAULT_SPLIT,
     chat: bool | None = None,
 ) -> TokenVectorEnv:
     """``lmgym/PositiveContinuation-v0`` as a native vector env (VADER compound reward).
@@ -162,11 +160,11 @@ def make_positive_continuation_vector(
         ImportError: ``vaderSentiment`` is not installed.
     """
     reward = FunctionReward(VaderSentiment(), name="vader_compound")  # fails first if missing
-    texts = review_openings(openings, dataset_size, data_seed)
+    texts = review_openings(openings, dataset_size, data.data_seed)
     chat = wants_chat(chat, options.tokenizer)
     prompts = [chat_prompt(QUESTION.format(opening=t)) if chat else t for t in texts]
     pairs = [(prompt, text) for prompt, text in zip(prompts, texts, strict=True)]
-    kept = [prompt for prompt, _ in select_split(pairs, split, eval_fraction, data_seed)]
+    kept = [prompt for prompt, _ in data.select(pairs)]
     return build_env(options, kept, reward, max_new_tokens=DEFAULT_MAX_NEW_TOKENS)
 
 

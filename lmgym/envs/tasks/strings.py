@@ -33,10 +33,10 @@ from lmgym.envs.options import EnvOptions
 from lmgym.envs.single import single_env_factory
 from lmgym.envs.task_factory import build_env, task_factory
 from lmgym.envs.tasks._common import (
+    DEFAULT_SPLIT,
+    DataSplit,
     PositionMatchReward,
-    Split,
     encode,
-    select_split,
     target_table,
 )
 from lmgym.envs.token_env import TokenVectorEnv
@@ -99,14 +99,11 @@ def string_task_items(
 def _string_task_vector(
     rule: Rule,
     options: EnvOptions,
-    *,
     length: int,
     alphabet: str,
     dataset_size: int,
-    split: Split,
-    eval_fraction: float,
-    data_seed: int,
-    shift: int,
+    data: DataSplit,
+    shift: int = 0,
 ) -> TokenVectorEnv:
     tokenizer = options.tokenizer
     unknown = [c for c in alphabet if tokenizer.unk_token_id in encode(tokenizer, c)]
@@ -115,11 +112,8 @@ def _string_task_vector(
             f"alphabet: characters {unknown} are not in the tokenizer's vocabulary; "
             "use characters the tokenizer knows"
         )
-    items = select_split(
-        string_task_items(rule, length, alphabet, dataset_size, data_seed, shift),
-        split,
-        eval_fraction,
-        data_seed,
+    items = data.select(
+        string_task_items(rule, length, alphabet, dataset_size, data.data_seed, shift)
     )
     ids, lengths = target_table(
         [encode(tokenizer, answer) for _, answer in items], tokenizer.pad_token_id or 0
@@ -138,9 +132,7 @@ def make_reverse_vector(
     length: int = 4,
     alphabet: str = "abcde",
     dataset_size: int = 64,
-    split: Split = "train",
-    eval_fraction: float = 0.25,
-    data_seed: int = 0,
+    data: DataSplit = DEFAULT_SPLIT,
 ) -> TokenVectorEnv:
     """``lmgym/Reverse-v0`` as a native vector env: write the prompt's string backwards.
 
@@ -153,17 +145,7 @@ def make_reverse_vector(
         data_seed: seeds the strings and the split.
         max_new_tokens: token budget (default: the answer length).
     """
-    return _string_task_vector(
-        "reverse",
-        options,
-        length=length,
-        alphabet=alphabet,
-        dataset_size=dataset_size,
-        split=split,
-        eval_fraction=eval_fraction,
-        data_seed=data_seed,
-        shift=0,
-    )
+    return _string_task_vector("reverse", options, length, alphabet, dataset_size, data)
 
 
 make_reverse = single_env_factory(make_reverse_vector)
@@ -175,23 +157,11 @@ def make_sort_vector(
     length: int = 4,
     alphabet: str = "abcde",
     dataset_size: int = 64,
-    split: Split = "train",
-    eval_fraction: float = 0.25,
-    data_seed: int = 0,
+    data: DataSplit = DEFAULT_SPLIT,
 ) -> TokenVectorEnv:
     """``lmgym/Sort-v0`` as a native vector env: write the string's characters in
     alphabet order. Arguments as ``make_reverse_vector``."""
-    return _string_task_vector(
-        "sort",
-        options,
-        length=length,
-        alphabet=alphabet,
-        dataset_size=dataset_size,
-        split=split,
-        eval_fraction=eval_fraction,
-        data_seed=data_seed,
-        shift=0,
-    )
+    return _string_task_vector("sort", options, length, alphabet, dataset_size, data)
 
 
 make_sort = single_env_factory(make_sort_vector)
@@ -204,24 +174,12 @@ def make_copy_rule_vector(
     alphabet: str = "abcde",
     shift: int = 1,
     dataset_size: int = 64,
-    split: Split = "train",
-    eval_fraction: float = 0.25,
-    data_seed: int = 0,
+    data: DataSplit = DEFAULT_SPLIT,
 ) -> TokenVectorEnv:
     """``lmgym/CopyRule-v0`` as a native vector env: copy the string, moving each
     character ``shift`` places along ``alphabet`` (cyclically). Other arguments as
     ``make_reverse_vector``."""
-    return _string_task_vector(
-        "shift",
-        options,
-        length=length,
-        alphabet=alphabet,
-        dataset_size=dataset_size,
-        split=split,
-        eval_fraction=eval_fraction,
-        data_seed=data_seed,
-        shift=shift,
-    )
+    return _string_task_vector("shift", options, length, alphabet, dataset_size, data, shift)
 
 
 make_copy_rule = single_env_factory(make_copy_rule_vector)

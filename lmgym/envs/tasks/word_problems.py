@@ -32,7 +32,7 @@ from lmgym.envs.prompts import RecordPrompts
 from lmgym.envs.rewards import FunctionReward
 from lmgym.envs.single import single_env_factory
 from lmgym.envs.task_factory import build_env, task_factory
-from lmgym.envs.tasks._common import Split, encode, select_split
+from lmgym.envs.tasks._common import DEFAULT_SPLIT, DataSplit, encode
 from lmgym.envs.token_env import TokenVectorEnv
 
 SOLVED_THRESHOLD = 0.9
@@ -90,9 +90,7 @@ def make_word_problem_vector(
     options: EnvOptions,
     dataset_size: int = 200,
     max_operand: int = 9,
-    split: Split = "train",
-    eval_fraction: float = 0.25,
-    data_seed: int = 0,
+    data: DataSplit = DEFAULT_SPLIT,
 ) -> TokenVectorEnv:
     """``lmgym/WordProblem-v0`` as a native vector env (exact match against the
     ``answer`` column).
@@ -105,8 +103,8 @@ def make_word_problem_vector(
         data_seed: seeds the problems and the split.
         max_new_tokens: token budget (default: the longest answer plus one token).
     """
-    every = word_problem_items(dataset_size, max_operand, data_seed)
-    items = select_split(every, split, eval_fraction, data_seed)
+    every = word_problem_items(dataset_size, max_operand, data.data_seed)
+    items = data.select(every)
     source = RecordPrompts([{"prompt": prompt, "answer": answer} for prompt, answer in items])
     # The budget fits the longest answer of *all* problems: train and eval envs match.
     longest = max(len(encode(options.tokenizer, answer)) for _, answer in every)

@@ -8,8 +8,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lmgym.envs.prompts import RecordPrompts, is_chat, split_prompts
-from lmgym.envs.tasks._common import Split
+from lmgym.envs.prompts import RecordPrompts, is_chat
+from lmgym.envs.tasks._common import DataSplit
 from lmgym.envs.turns import TurnOutput
 from lmgym.types import Prompt, PromptSource
 
@@ -64,20 +64,12 @@ def column(columns: Mapping[str, Sequence[Any]], name: str, who: str) -> Sequenc
     return columns[name]
 
 
-def split_records(
-    records: Sequence[dict[str, Any]], split: Split, eval_fraction: float, data_seed: int
-) -> PromptSource:
-    """The ``split`` part of ``records`` as a prompt source whose columns are the
-    records' other fields (``split_prompts`` under ``data_seed``; ``"all"``: every one).
+def split_records(records: Sequence[dict[str, Any]], data: DataSplit) -> PromptSource:
+    """The ``data`` part of ``records`` as a prompt source whose columns are the
+    records' other fields (``DataSplit.part``; ``"all"``: every one).
 
     Raises:
         ValueError: an unknown ``split`` (or an ``eval_fraction`` ``split_prompts``
             refuses).
     """
-    source = RecordPrompts(records)
-    if split == "all":
-        return source
-    if split not in ("train", "eval"):
-        raise ValueError(f"split={split!r} is not one of ['train', 'eval', 'all']")
-    train, held_out = split_prompts(source, eval_fraction, data_seed)
-    return train if split == "train" else held_out
+    return data.part(RecordPrompts(records))

@@ -48,7 +48,7 @@ from lmgym.envs.options import EnvOptions
 from lmgym.envs.single import single_env_factory
 from lmgym.envs.task_factory import build_env, task_factory
 from lmgym.envs.tasks._chat import chat_prompt, distinct_draws, wants_chat
-from lmgym.envs.tasks._common import Split
+from lmgym.envs.tasks._common import DEFAULT_SPLIT, DataSplit
 from lmgym.envs.tasks.multi_turn._common import Reply, column, split_records, turn_output
 from lmgym.envs.tasks.multi_turn.safe_arith import evaluate, format_number
 from lmgym.envs.tasks.multi_turn.tools import Tool, ToolRunner, parse_call, tool_messages
@@ -235,9 +235,7 @@ def make_calculator_vector(
     time_limit: float = DEFAULT_TIME_LIMIT,
     memory_limit_mb: int = DEFAULT_MEMORY_LIMIT_MB,
     declare_tools: bool = False,
-    split: Split = "train",
-    eval_fraction: float = 0.25,
-    data_seed: int = 0,
+    data: DataSplit = DEFAULT_SPLIT,
     chat: bool | None = None,
 ) -> TokenVectorEnv:
     """``lmgym/Calculator-v0`` as a native vector env.
@@ -264,12 +262,12 @@ def make_calculator_vector(
     chat = wants_chat(chat, options.tokenizer)
     tool_call = chat and declare_tools
     records = []
-    for expression, value in calculator_problems(dataset_size, digits, operations, data_seed):
+    for expression, value in calculator_problems(dataset_size, digits, operations, data.data_seed):
         prompt = chat_prompt(question(expression, chat=chat, tool_call=tool_call), chat=chat)
         if tool_call:
             prompt = tool_messages(prompt, [CALC_TOOL], options.tokenizer)
         records.append({"prompt": prompt, "answer": value})
-    source = split_records(records, split, eval_fraction, data_seed)
+    source = split_records(records, data)
     responder = Calculator("answer", call_cost, time_limit, memory_limit_mb)
     return build_env(
         options, source, None, responder=responder, max_new_tokens=DEFAULT_MAX_NEW_TOKENS

@@ -52,7 +52,7 @@ from lmgym.envs.options import EnvOptions
 from lmgym.envs.single import single_env_factory
 from lmgym.envs.task_factory import build_env, task_factory
 from lmgym.envs.tasks._chat import chat_prompt, wants_chat
-from lmgym.envs.tasks._common import Split
+from lmgym.envs.tasks._common import DEFAULT_SPLIT, DataSplit
 from lmgym.envs.tasks.multi_turn._common import Reply, column, split_records
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.envs.turns import EpisodeStart, TurnInput, TurnOutput
@@ -184,9 +184,7 @@ def make_echo_turn_vector(
     options: EnvOptions,
     letters: str = DEFAULT_LETTERS,
     num_games: int = 64,
-    split: Split = "train",
-    eval_fraction: float = 0.25,
-    data_seed: int = 0,
+    data: DataSplit = DEFAULT_SPLIT,
     spread: bool = True,
     chat: bool | None = None,
 ) -> TokenVectorEnv:
@@ -209,7 +207,7 @@ def make_echo_turn_vector(
     """
     chat = wants_chat(chat, options.tokenizer)
     records = echo_records(letters, num_games, chat=chat)
-    source = split_records(records, split, eval_fraction, data_seed)
+    source = split_records(records, data)
     return build_env(
         options,
         source,

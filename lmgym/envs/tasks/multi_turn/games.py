@@ -48,7 +48,7 @@ from typing import Any
 from lmgym.envs.options import EnvOptions
 from lmgym.envs.single import single_env_factory
 from lmgym.envs.task_factory import task_factory
-from lmgym.envs.tasks._common import Split
+from lmgym.envs.tasks._common import DEFAULT_SPLIT, DataSplit
 from lmgym.envs.tasks.multi_turn.gym_bridge import TextGame, build_game_env
 from lmgym.envs.token_env import TokenVectorEnv
 
@@ -202,9 +202,7 @@ def _game_env(
     options: EnvOptions,
     num_games: int,
     invalid_penalty: float,
-    split: Split,
-    eval_fraction: float,
-    data_seed: int,
+    data: DataSplit,
     chat: bool | None,
 ) -> TokenVectorEnv:
     return build_game_env(
@@ -212,9 +210,7 @@ def _game_env(
         GAMES[name],
         num_games=num_games,
         invalid_penalty=invalid_penalty,
-        split=split,
-        eval_fraction=eval_fraction,
-        data_seed=data_seed,
+        data=data,
         chat=chat,
         max_new_tokens=OPTIONS[name]["max_new_tokens"],
     )
@@ -225,16 +221,12 @@ def make_frozen_lake_vector(
     options: EnvOptions,
     num_games: int = 16,
     invalid_penalty: float = INVALID_PENALTY["FrozenLake"],
-    split: Split = "train",
-    eval_fraction: float = 0.25,
-    data_seed: int = 0,
+    data: DataSplit = DEFAULT_SPLIT,
     chat: bool | None = None,
 ) -> TokenVectorEnv:
     """``lmgym/FrozenLake-v0``, ``FrozenLake-v1`` bridged, as a native vector env (the
     parameters: ``build_game_env``; the defaults: ``OPTIONS['FrozenLake']``)."""
-    return _game_env(
-        "FrozenLake", options, num_games, invalid_penalty, split, eval_fraction, data_seed, chat
-    )
+    return _game_env("FrozenLake", options, num_games, invalid_penalty, data, chat)
 
 
 @task_factory(**OPTIONS["CliffWalking"])
@@ -242,16 +234,12 @@ def make_cliff_walking_vector(
     options: EnvOptions,
     num_games: int = 16,
     invalid_penalty: float = INVALID_PENALTY["CliffWalking"],
-    split: Split = "train",
-    eval_fraction: float = 0.25,
-    data_seed: int = 0,
+    data: DataSplit = DEFAULT_SPLIT,
     chat: bool | None = None,
 ) -> TokenVectorEnv:
     """``lmgym/CliffWalking-v0``, ``CliffWalking-v1`` bridged, as a native vector env (the
     parameters: ``build_game_env``; the defaults: ``OPTIONS['CliffWalking']``)."""
-    return _game_env(
-        "CliffWalking", options, num_games, invalid_penalty, split, eval_fraction, data_seed, chat
-    )
+    return _game_env("CliffWalking", options, num_games, invalid_penalty, data, chat)
 
 
 @task_factory(**OPTIONS["Taxi"])
@@ -259,16 +247,12 @@ def make_taxi_vector(
     options: EnvOptions,
     num_games: int = 256,
     invalid_penalty: float = INVALID_PENALTY["Taxi"],
-    split: Split = "train",
-    eval_fraction: float = 0.25,
-    data_seed: int = 0,
+    data: DataSplit = DEFAULT_SPLIT,
     chat: bool | None = None,
 ) -> TokenVectorEnv:
     """``lmgym/Taxi-v0``, ``Taxi-v4`` bridged, as a native vector env (the
     parameters: ``build_game_env``; the defaults: ``OPTIONS['Taxi']``)."""
-    return _game_env(
-        "Taxi", options, num_games, invalid_penalty, split, eval_fraction, data_seed, chat
-    )
+    return _game_env("Taxi", options, num_games, invalid_penalty, data, chat)
 
 
 @task_factory(**OPTIONS["Blackjack"])
@@ -276,16 +260,12 @@ def make_blackjack_vector(
     options: EnvOptions,
     num_games: int = 256,
     invalid_penalty: float = INVALID_PENALTY["Blackjack"],
-    split: Split = "train",
-    eval_fraction: float = 0.25,
-    data_seed: int = 0,
+    data: DataSplit = DEFAULT_SPLIT,
     chat: bool | None = None,
 ) -> TokenVectorEnv:
     """``lmgym/Blackjack-v0``, ``Blackjack-v1`` bridged, as a native vector env (the
     parameters: ``build_game_env``; the defaults: ``OPTIONS['Blackjack']``)."""
-    return _game_env(
-        "Blackjack", options, num_games, invalid_penalty, split, eval_fraction, data_seed, chat
-    )
+    return _game_env("Blackjack", options, num_games, invalid_penalty, data, chat)
 
 
 make_frozen_lake = single_env_factory(make_frozen_lake_vector)

@@ -39,7 +39,7 @@ from lmgym.envs.options import EnvOptions
 from lmgym.envs.single import single_env_factory
 from lmgym.envs.task_factory import build_env, task_factory
 from lmgym.envs.tasks._chat import chat_prompt, wants_chat
-from lmgym.envs.tasks._common import Split
+from lmgym.envs.tasks._common import DEFAULT_SPLIT, DataSplit
 from lmgym.envs.tasks.multi_turn._common import Reply, column, split_records, turn_output
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.envs.turns import EpisodeStart, TurnInput, TurnOutput
@@ -187,9 +187,7 @@ def make_guess_number_vector(
     low: int = 1,
     high: int = 8,
     num_games: int = 64,
-    split: Split = "train",
-    eval_fraction: float = 0.25,
-    data_seed: int = 0,
+    data: DataSplit = DEFAULT_SPLIT,
     chat: bool | None = None,
 ) -> TokenVectorEnv:
     """``lmgym/GuessNumber-v0`` as a native vector env.
@@ -210,8 +208,8 @@ def make_guess_number_vector(
         low, high, max_turns=options.max_turns or max(1, high - low + 1), column="secret"
     )
     chat = wants_chat(chat, options.tokenizer)
-    records = guess_number_records(low, high, num_games, data_seed, chat=chat)
-    source = split_records(records, split, eval_fraction, data_seed)
+    records = guess_number_records(low, high, num_games, data.data_seed, chat=chat)
+    source = split_records(records, data)
     return build_env(
         options, source, None, responder=responder, max_new_tokens=DEFAULT_MAX_NEW_TOKENS
     )

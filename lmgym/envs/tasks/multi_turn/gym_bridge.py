@@ -54,7 +54,7 @@ import gymnasium as gym
 from lmgym.envs.options import EnvOptions
 from lmgym.envs.task_factory import build_env
 from lmgym.envs.tasks._chat import chat_prompt, wants_chat
-from lmgym.envs.tasks._common import Split
+from lmgym.envs.tasks._common import DataSplit
 from lmgym.envs.tasks.multi_turn._common import Reply, column, split_records, turn_output
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.envs.turns import EpisodeStart, TurnInput, TurnOutput
@@ -363,9 +363,7 @@ def build_game_env(
     *,
     num_games: int,
     invalid_penalty: float,
-    split: Split,
-    eval_fraction: float,
-    data_seed: int,
+    data: DataSplit,
     chat: bool | None,
     max_new_tokens: int,
 ) -> TokenVectorEnv:
@@ -386,5 +384,5 @@ def build_game_env(
     responder = GymResponder(game, invalid_penalty=invalid_penalty)
     chat = wants_chat(chat, options.tokenizer)
     records = game_records(responder, num_games, chat=chat)
-    source = split_records(records, split, eval_fraction, data_seed)
+    source = split_records(records, data)
     return build_env(options, source, None, responder=responder, max_new_tokens=max_new_tokens)

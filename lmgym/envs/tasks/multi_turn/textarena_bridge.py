@@ -47,7 +47,7 @@ from typing import Any, Literal
 from lmgym.envs.options import EnvOptions
 from lmgym.envs.task_factory import build_env
 from lmgym.envs.tasks._chat import chat_prompt, wants_chat
-from lmgym.envs.tasks._common import Split
+from lmgym.envs.tasks._common import DataSplit
 from lmgym.envs.tasks.multi_turn._common import Reply, column, split_records, turn_output
 from lmgym.envs.tasks.multi_turn.gym_bridge import LiveGame
 from lmgym.envs.token_env import TokenVectorEnv
@@ -299,9 +299,7 @@ def build_textarena_env(
     game: TextArenaGame,
     *,
     num_games: int,
-    split: Split,
-    eval_fraction: float,
-    data_seed: int,
+    data: DataSplit,
     chat: bool | None,
     max_new_tokens: int,
 ) -> TokenVectorEnv:
@@ -324,7 +322,7 @@ def build_textarena_env(
     responder = TextArenaResponder(game)
     chat = wants_chat(chat, options.tokenizer)
     records = textarena_records(responder, num_games, chat=chat)
-    source = split_records(records, split, eval_fraction, data_seed)
+    source = split_records(records, data)
     return build_env(options, source, None, responder=responder, max_new_tokens=max_new_tokens)
 
 

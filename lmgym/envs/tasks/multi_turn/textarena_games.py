@@ -33,7 +33,7 @@ from typing import Any
 from lmgym.envs.options import EnvOptions
 from lmgym.envs.single import single_env_factory
 from lmgym.envs.task_factory import task_factory
-from lmgym.envs.tasks._common import Split
+from lmgym.envs.tasks._common import DEFAULT_SPLIT, DataSplit
 from lmgym.envs.tasks.multi_turn.textarena_bridge import (
     TextArenaGame,
     build_textarena_env,
@@ -69,18 +69,14 @@ def _env(
     name: str,
     options: EnvOptions,
     num_games: int,
-    split: Split,
-    eval_fraction: float,
-    data_seed: int,
+    data: DataSplit,
     chat: bool | None,
 ) -> TokenVectorEnv:
     return build_textarena_env(
         options,
         GAMES[name],
         num_games=num_games,
-        split=split,
-        eval_fraction=eval_fraction,
-        data_seed=data_seed,
+        data=data,
         chat=chat,
         max_new_tokens=OPTIONS[name]["max_new_tokens"],
     )
@@ -90,42 +86,36 @@ def _env(
 def make_guess_the_number_vector(
     options: EnvOptions,
     num_games: int = 16,
-    split: Split = "train",
-    eval_fraction: float = 0.25,
-    data_seed: int = 0,
+    data: DataSplit = DEFAULT_SPLIT,
     chat: bool | None = None,
 ) -> TokenVectorEnv:
     """``lmgym/TextArena-GuessTheNumber-v0`` as a native vector env (the parameters:
     ``build_textarena_env``)."""
-    return _env("GuessTheNumber", options, num_games, split, eval_fraction, data_seed, chat)
+    return _env("GuessTheNumber", options, num_games, data, chat)
 
 
 @task_factory(**OPTIONS["Crosswords"])
 def make_crosswords_vector(
     options: EnvOptions,
     num_games: int = 16,
-    split: Split = "train",
-    eval_fraction: float = 0.25,
-    data_seed: int = 0,
+    data: DataSplit = DEFAULT_SPLIT,
     chat: bool | None = None,
 ) -> TokenVectorEnv:
     """``lmgym/TextArena-Crosswords-v0`` as a native vector env (the parameters:
     ``build_textarena_env``)."""
-    return _env("Crosswords", options, num_games, split, eval_fraction, data_seed, chat)
+    return _env("Crosswords", options, num_games, data, chat)
 
 
 @task_factory(**OPTIONS["TowerOfHanoi"])
 def make_tower_of_hanoi_vector(
     options: EnvOptions,
     num_games: int = 4,
-    split: Split = "train",
-    eval_fraction: float = 0.25,
-    data_seed: int = 0,
+    data: DataSplit = DEFAULT_SPLIT,
     chat: bool | None = None,
 ) -> TokenVectorEnv:
     """``lmgym/TextArena-TowerOfHanoi-v0`` as a native vector env (the parameters:
     ``build_textarena_env``)."""
-    return _env("TowerOfHanoi", options, num_games, split, eval_fraction, data_seed, chat)
+    return _env("TowerOfHanoi", options, num_games, data, chat)
 
 
 make_guess_the_number = single_env_factory(make_guess_the_number_vector)

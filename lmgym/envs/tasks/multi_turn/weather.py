@@ -52,7 +52,7 @@ from lmgym.envs.options import EnvOptions
 from lmgym.envs.single import single_env_factory
 from lmgym.envs.task_factory import build_env, task_factory
 from lmgym.envs.tasks._chat import chat_prompt, wants_chat
-from lmgym.envs.tasks._common import Split
+from lmgym.envs.tasks._common import DEFAULT_SPLIT, DataSplit
 from lmgym.envs.tasks.multi_turn._common import Reply, column, split_records, turn_output
 from lmgym.envs.tasks.multi_turn.tools import (
     Tool,
@@ -285,9 +285,7 @@ def make_weather_vector(
     memory_limit_mb: int = DEFAULT_MEMORY_LIMIT_MB,
     spread: bool = True,
     describe_tools: bool = True,
-    split: Split = "train",
-    eval_fraction: float = 0.25,
-    data_seed: int = 0,
+    data: DataSplit = DEFAULT_SPLIT,
     chat: bool | None = None,
 ) -> TokenVectorEnv:
     """``lmgym/Weather-v0`` as a native vector env.
@@ -323,7 +321,7 @@ def make_weather_vector(
     records = weather_records(
         responder, num_games, chat=chat, tokenizer=options.tokenizer, describe_tools=describe_tools
     )
-    source = split_records(records, split, eval_fraction, data_seed)
+    source = split_records(records, data)
     return build_env(
         options, source, None, responder=responder, max_new_tokens=DEFAULT_MAX_NEW_TOKENS
     )
