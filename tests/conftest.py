@@ -1,8 +1,13 @@
-"""Shared fixtures: a character tokenizer, tiny models, and an env factory with an injectable reward."""
+"""Shared fixtures: a character tokenizer, tiny models, and an env factory with an injectable reward.
+
+Shared plain helpers live in ``tests/testkit/``; this file puts ``tests/`` on
+``sys.path`` so that any test module can ``from testkit import ...``."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,6 +15,12 @@ import torch
 from lmgym.char_tokenizer import make_char_tokenizer
 from lmgym.envs import FunctionReward, TokenVectorEnv
 from lmgym.policy import CausalLMPolicy, make_tiny_model
+
+# Appended, not prepended: only the name ``testkit`` is meant to resolve here.
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.append(str(Path(__file__).resolve().parent))
+
+from testkit import eos_biased_policy  # noqa: E402
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -94,21 +105,6 @@ def make_env(tokenizer) -> Callable[..., TokenVectorEnv]:
 def ids(tokenizer) -> Callable[[str], list[int]]:
     """Token ids of a string under the character tokenizer."""
     return lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]
-
-
-def eos_biased_policy(
-    tokenizer, eos_bias: float = 3.0, seed: int = 0, compile_decode: bool = False
-) -> CausalLMPolicy:
-    """A tiny policy whose LM head favours EOS, so episodes end at varied lengths."""
-    model = make_tiny_model(len(tokenizer), seed=seed)
-    old = model.get_output_embeddings()
-    head = torch.nn.Linear(old.in_features, old.out_features, bias=True)
-    head.weight = old.weight
-    with torch.no_grad():
-        head.bias.zero_()
-        head.bias[tokenizer.eos_token_id] = eos_bias
-    model.set_output_embeddings(head)
-    return CausalLMPolicy(model, tokenizer, compile_decode=compile_decode)
 
 
 @pytest.fixture

@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
+from testkit import ROOT, import_script
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "custom_reward.py"
+EXAMPLE = ROOT / "examples" / "custom_reward.py"
 
 
 def load_example():
-    spec = importlib.util.spec_from_file_location("custom_reward_example", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return import_script(EXAMPLE, "custom_reward_example")
 
 
 @pytest.mark.learning

@@ -4,26 +4,22 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
+from testkit import ROOT, import_script
 
 from lmgym.agents import GRPO
 from lmgym.agents.advantages import grpo_advantages
 from lmgym.policy import CausalLMPolicy, make_tiny_model
 from lmgym.rollout import collect
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "grpo_from_scratch.py"
+EXAMPLE = ROOT / "examples" / "grpo_from_scratch.py"
 
 
 @pytest.fixture(scope="module")
 def example():
-    spec = importlib.util.spec_from_file_location("grpo_from_scratch_example", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return import_script(EXAMPLE, "grpo_from_scratch_example")
 
 
 def test_group_advantages_by_hand_with_interleaved_groups(example):

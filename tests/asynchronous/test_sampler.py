@@ -6,11 +6,11 @@ from dataclasses import fields
 
 import pytest
 import torch
+from testkit import collected_and_admission
 
 from lmgym.asynchronous.sampler import AdmissionCollector
 from lmgym.envs.tasks.target_string import make_target_string_vector
 from lmgym.policy import CausalLMPolicy, make_char_tokenizer, make_tiny_model
-from lmgym.rollout import collect
 
 ROWS, GROUP, LENGTH = 12, 4, 6
 
@@ -38,12 +38,7 @@ def run_to_end(collector: AdmissionCollector, version: int) -> None:
 def test_whole_batches_are_collects_batches_token_for_token():
     """Admitting every row only when all have finished is the synchronous loop:
     the same rows as lmgym.rollout.collect with the same seed and generator."""
-    policy, env, generator = make()
-    expected = [
-        collect(env, policy, seed=3 if i == 0 else None, generator=generator) for i in range(3)
-    ]
-    policy, env, generator = make()
-    collector = AdmissionCollector(env, policy, generator, seed=3)
+    expected, collector = collected_and_admission(make, batches=3, seed=3)
     for i, batch in enumerate(expected):
         assert collector.admit(ROWS) == ROWS
         run_to_end(collector, version=i)

@@ -6,24 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
+from testkit import QUIET_CLI as QUIET  # small evaluations, no periodic printing
 
 from lmgym.agents import ALGORITHMS, GRPOConfig
 from lmgym.cli import main
 from lmgym.training.bench import load_results
 from lmgym.training.logger import read_progress
-
-# Small evaluations and no periodic printing: keeps each run well under a second.
-QUIET = [
-    "--no-progress",
-    "--log-interval",
-    "0",
-    "--eval-prompts",
-    "2",
-    "--eval-samples",
-    "2",
-    "--samples",
-    "2",
-]
 
 
 def train(*args: str) -> int:
@@ -310,45 +298,23 @@ def test_eval_reports_reward_pass_at_k_and_length(tmp_path, capsys):
     assert 0.0 <= result["pass_at_1"] <= result["pass_at_k"] <= 1.0
 
 
+def evaluate(model: Path, task: str, num_prompts: int, k: int) -> int:
+    """``lmgym eval --model MODEL --task TASK --num-prompts N -k K``; its exit status."""
+    return main(
+        ["eval", "--model", str(model), "--task", task, "--num-prompts", str(num_prompts),
+         "-k", str(k)]
+    )  # fmt: skip
+
+
 def test_eval_a_model_directory_on_a_task_with_a_held_out_split(tmp_path, capsys):
     from lmgym.policy import save_tiny
 
     model = save_tiny(tmp_path / "tiny")
-    assert (
-        main(
-            [
-                "eval",
-                "--model",
-                str(model),
-                "--task",
-                "lmgym/Reverse-v0",
-                "--num-prompts",
-                "5",
-                "-k",
-                "2",
-            ]
-        )
-        == 0
-    )
+    assert evaluate(model, "lmgym/Reverse-v0", num_prompts=5, k=2) == 0
     out = capsys.readouterr().out
     assert "on lmgym/Reverse-v0 (split eval): 5 prompts x 2 samples" in out
     assert "pass@2" in out
-    assert (
-        main(
-            [
-                "eval",
-                "--model",
-                str(model),
-                "--task",
-                "lmgym/LengthControl-v0",
-                "--num-prompts",
-                "2",
-                "-k",
-                "2",
-            ]
-        )
-        == 0
-    )
+    assert evaluate(model, "lmgym/LengthControl-v0", num_prompts=2, k=2) == 0
     assert "pass@k          -  (no verifier for this task" in capsys.readouterr().out
 
 

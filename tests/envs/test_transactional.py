@@ -3,11 +3,11 @@ failed ``step`` or ``reset`` gives what a run that never failed gives."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import pytest
 import torch
+from testkit import assert_same, snapshot
 
 from lmgym.envs import FunctionReward, RewardError
 
@@ -21,42 +21,11 @@ MODES = [
 ]
 
 
-def snapshot(obj: Any) -> Any:
-    """Every piece of state an object holds, as comparable values (tensors cloned)."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().clone()
-    if isinstance(obj, torch.Generator):
-        return obj.get_state()
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: snapshot(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, dict):
-        return {k: snapshot(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [snapshot(v) for v in obj]
-    return obj
-
-
 def env_state(env) -> dict[str, Any]:
     skip = {"tokenizer", "reward_model", "prompt_table", "metadata"}
     state = {k: snapshot(v) for k, v in vars(env).items() if k not in skip and "space" not in k}
     state["stream"] = snapshot(env.get_state())
     return state
-
-
-def assert_same(actual: Any, expected: Any, where: str) -> None:
-    if isinstance(expected, torch.Tensor):
-        assert isinstance(actual, torch.Tensor), where
-        assert actual.dtype == expected.dtype and torch.equal(actual, expected), where
-    elif isinstance(expected, dict):
-        assert actual.keys() == expected.keys(), where
-        for key in expected:
-            assert_same(actual[key], expected[key], f"{where}.{key}")
-    elif isinstance(expected, list):
-        assert len(actual) == len(expected), where
-        for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
-            assert_same(a, e, f"{where}[{i}]")
-    else:
-        assert actual == expected, where
 
 
 def scored(prompts: list[str], completions: list[str]) -> list[float]:

@@ -6,25 +6,12 @@ import numpy as np
 import pytest
 import torch
 from stable_baselines3 import A2C, PPO
-from stable_baselines3.common.callbacks import BaseCallback
+from testkit.sb3 import EpisodeReturns
 
 from lmgym.integrations import TokenIdsObservation
 from lmgym.integrations.sb3 import SB3VecEnv
 
 pytestmark = pytest.mark.learning
-
-
-class EpisodeReturns(BaseCallback):
-    """Collects the return of every finished episode, in order."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.returns: list[float] = []
-
-    def _on_step(self) -> bool:
-        infos = self.locals["infos"]
-        self.returns.extend(infos[i]["episode"]["r"] for i in np.flatnonzero(self.locals["dones"]))
-        return True
 
 
 @pytest.fixture

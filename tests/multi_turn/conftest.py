@@ -1,12 +1,14 @@
-"""Multi-turn test helpers: a scripted, deterministic responder and an env factory."""
+"""Multi-turn test helpers: a scripted, deterministic responder, an env factory and a
+one-thread fixture."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+import torch
 
 from lmgym.envs import TokenVectorEnv
 from lmgym.envs.turns import EpisodeStart, TurnInput, TurnOutput
@@ -131,3 +133,13 @@ def smollm2_tokenizer():
     if not path.is_dir():
         pytest.skip("smollm2-135m-instruct is not converted in the cache")
     return AutoTokenizer.from_pretrained(path)
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """Run on one torch thread (tiny models and SB3's MLP gain nothing from more), then
+    restore the count the test started with."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

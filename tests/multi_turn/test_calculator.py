@@ -8,6 +8,7 @@ import re
 
 import pytest
 import torch
+from testkit import step_scripted_turns
 
 from lmgym.char_tokenizer import make_char_tokenizer
 from lmgym.envs.tasks.multi_turn.calculator import (
@@ -142,27 +143,13 @@ def test_question_forms():
 
 
 # ------------------------------------------------------------------ the env
-def encode_turn(tok, text):
-    return tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-
-
 def play(env, script, seed=0):
     """Reset, then step each row through the turns ``script(answers)`` gives it."""
-    tok = env.tokenizer
     obs, info = env.reset(seed=seed)
     table = env.prompt_table
     answers = [table.columns["answer"][int(i)] for i in info["prompt_index"]]
     prompts = [table.prompts[int(i)] for i in info["prompt_index"]]
-    streams = [[i for text in turns for i in encode_turn(tok, text)] for turns in script(prompts)]
-    returns = torch.zeros(env.num_envs)
-    done = torch.zeros(env.num_envs, dtype=torch.bool)
-    position = 0
-    while not bool(done.all()) and any(position < len(s) for s in streams):
-        actions = [s[position] if position < len(s) else tok.eos_token_id for s in streams]
-        obs, reward, terminated, truncated, _ = env.step(torch.tensor(actions))
-        returns += reward
-        done = terminated | truncated
-        position += 1
+    returns, terminated, truncated, obs = step_scripted_turns(env, script(prompts), obs)
     return returns, terminated, truncated, obs, answers, prompts
 
 

@@ -11,6 +11,7 @@ import torch
 from gymnasium import spaces
 from gymnasium.utils.env_checker import check_env as gymnasium_check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
+from testkit import assert_same, snapshot
 from torch.testing import assert_close
 
 from lmgym.envs import EnvOptions, FunctionReward, TokenEnv, TokenVectorEnv
@@ -243,36 +244,11 @@ def test_build_env_passes_the_responder_through(scripted, tokenizer):
 
 
 # ------------------------------------------------------------- transactional
-def snapshot(obj):
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().clone()
-    if isinstance(obj, dict):
-        return {k: snapshot(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [snapshot(v) for v in obj]
-    return obj
-
-
 def env_state(env: TokenVectorEnv) -> dict:
     state = {name: snapshot(value) for name, value in env._rows._asdict().items()}
     state["turn_states"] = list(env._turn_states)
     state["stream"] = snapshot(env.get_state())
     return state
-
-
-def assert_same(actual, expected, where: str) -> None:
-    if isinstance(expected, torch.Tensor):
-        assert actual.dtype == expected.dtype and torch.equal(actual, expected), where
-    elif isinstance(expected, dict):
-        assert actual.keys() == expected.keys(), where
-        for key in expected:
-            assert_same(actual[key], expected[key], f"{where}.{key}")
-    elif isinstance(expected, list):
-        assert len(actual) == len(expected), where
-        for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
-            assert_same(a, e, f"{where}[{i}]")
-    else:
-        assert actual == expected, where
 
 
 def turn_script(ids) -> list[tuple]:

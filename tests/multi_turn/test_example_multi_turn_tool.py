@@ -3,20 +3,16 @@ episode solves the task through the calculator, and GRPO trains on the multi-tur
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 import torch
+from testkit import ROOT, import_script
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "multi_turn_tool.py"
+EXAMPLE = ROOT / "examples" / "multi_turn_tool.py"
 
 
 def load_example():
-    spec = importlib.util.spec_from_file_location("multi_turn_tool_example", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return import_script(EXAMPLE, "multi_turn_tool_example")
 
 
 def test_show_brackets_the_environments_tokens():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from testkit import step_scripted_turns
 
 from lmgym.envs.tasks.multi_turn.guess_number import (
     GuessNumber,
@@ -115,29 +116,14 @@ def test_records_are_seeded_and_in_range():
 
 
 # ------------------------------------------------------------------ the env
-def encode_turn(tok, text):
-    """A scripted policy turn: the text's ids, then the stop id."""
-    return tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-
-
 def play(env, script, seed=0):
     """Reset ``env`` and step each row through the turns ``script(secrets)`` gives it
     until every row's episode is over or its script is spent; returns
     ``(returns, terminated, truncated, obs, scripts, secrets)``."""
-    tok = env.tokenizer
     obs, info = env.reset(seed=seed)
     secrets = [env.prompt_table.columns["secret"][int(i)] for i in info["prompt_index"]]
     scripts = script(secrets)
-    streams = [[i for text in turns for i in encode_turn(tok, text)] for turns in scripts]
-    returns = torch.zeros(env.num_envs)
-    done = torch.zeros(env.num_envs, dtype=torch.bool)
-    position = 0
-    while not bool(done.all()) and any(position < len(s) for s in streams):
-        actions = [s[position] if position < len(s) else tok.eos_token_id for s in streams]
-        obs, reward, terminated, truncated, _ = env.step(torch.tensor(actions))
-        returns += reward
-        done = terminated | truncated
-        position += 1
+    returns, terminated, truncated, obs = step_scripted_turns(env, scripts, obs)
     return returns, terminated, truncated, obs, scripts, secrets
 
 

@@ -12,6 +12,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from testkit import step_scripted_turns
 
 from lmgym.envs.tasks.multi_turn.games import (
     GAMES,
@@ -217,26 +218,11 @@ def test_records_hold_the_intro_and_first_observation_per_seed():
 
 
 # ------------------------------------------------------------------ the env
-def encode_turn(tok, text):
-    return tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-
-
 def play(env, scripts, seed=0):
     """Reset ``env`` and step each row through its scripted turns until every row's
     episode is over or its script is spent; ``(returns, terminated, truncated, obs)``."""
-    tok = env.tokenizer
     obs, _ = env.reset(seed=seed)
-    streams = [[i for text in turns for i in encode_turn(tok, text)] for turns in scripts]
-    returns = torch.zeros(env.num_envs)
-    done = torch.zeros(env.num_envs, dtype=torch.bool)
-    position = 0
-    while not bool(done.all()) and any(position < len(s) for s in streams):
-        actions = [s[position] if position < len(s) else tok.eos_token_id for s in streams]
-        obs, reward, terminated, truncated, _ = env.step(torch.tensor(actions))
-        returns += reward
-        done = terminated | truncated
-        position += 1
-    return returns, terminated, truncated, obs
+    return step_scripted_turns(env, scripts, obs)
 
 
 def test_frozen_lake_through_the_env():

@@ -13,8 +13,6 @@ iterations average 0.95.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import gymnasium as gym
 import pytest
 import torch
@@ -41,15 +39,6 @@ def make_env(**kwargs: object) -> TokenVectorEnv:
     """EchoTurn over the ``"abcd"`` character vocabulary, 64 rows in groups of 8."""
     kwargs = {"num_envs": 64, "group_size": 8, **kwargs}
     return make_echo_turn_vector(letters=LETTERS, tokenizer=make_char_tokenizer(LETTERS), **kwargs)
-
-
-@pytest.fixture
-def one_thread() -> Iterator[None]:
-    """Run on one torch thread (tiny models gain nothing from more), then restore."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def train(name: str, seed: int) -> list[dict[str, float]]:

@@ -154,12 +154,10 @@ def torchrun(scenario: str, out: Path, nproc: int = 2, timeout: float = 300) -> 
 
 
 def lmgym_train(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    command = [sys.executable, "-m", "lmgym", "train", *args]
-    return subprocess.run(
-        command, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT
-    )
+    # Imported here, not at the top: torchrun runs this file as a script, without conftest.
+    from testkit import run_lmgym_train
+
+    return run_lmgym_train(*args, timeout=timeout)
 
 
 # ------------------------------------------------------------------ the tests

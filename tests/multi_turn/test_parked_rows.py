@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from testkit import eos_biased_policy
 
 from lmgym.envs.turns import (
     EpisodeStart,
@@ -22,7 +23,7 @@ from lmgym.envs.turns import (
     TurnInput,
     TurnOutput,
 )
-from lmgym.policy import CausalLMPolicy, make_tiny_model
+from lmgym.policy import CausalLMPolicy
 from lmgym.policy.counter_rng import counter_uniforms, mix64
 from lmgym.rollout import ContinuousCollector
 from lmgym.types import RolloutBatch
@@ -277,15 +278,7 @@ def test_without_parking_the_env_reports_no_waiting_rows(make_turn_env):
 # ------------------------------------------------------------ the collector
 def eos_policy(tokenizer, seed: int = 3) -> CausalLMPolicy:
     """A tiny GPT-2 whose head favours EOS, so turns end after a few tokens."""
-    model = make_tiny_model(len(tokenizer), seed=seed)
-    old = model.get_output_embeddings()
-    head = torch.nn.Linear(old.in_features, old.out_features, bias=True)
-    head.weight = old.weight
-    with torch.no_grad():
-        head.bias.zero_()
-        head.bias[tokenizer.eos_token_id] = 2.0
-    model.set_output_embeddings(head)
-    return CausalLMPolicy(model, tokenizer)
+    return eos_biased_policy(tokenizer, 2.0, seed=seed)
 
 
 def logprob_gap(policy: CausalLMPolicy, batch: RolloutBatch) -> float:

@@ -6,21 +6,20 @@ and appended. Eager and compiled decode, synchronous and continuous collection."
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 import pytest
 import torch
-from transformers import MistralConfig, MistralForCausalLM
+from testkit import collected_and_admission, decode_mode, eos_biased_policy, mistral_policy
 
 from lmgym.agents import GRPO
 from lmgym.asynchronous.sampler import AdmissionCollector
 from lmgym.asynchronous.transport import pack, unpack
 from lmgym.envs import TokenVectorEnv
 from lmgym.envs.turns import EpisodeStart, TurnInput, TurnOutput
-from lmgym.policy import CausalLMPolicy, compiled_decode, make_tiny_model
+from lmgym.policy import CausalLMPolicy, make_tiny_model
 from lmgym.rollout import ContinuousCollector, collect
 from lmgym.types import RolloutBatch
 
@@ -52,29 +51,14 @@ class Replies:
 
 def eos_policy(tokenizer, compile_decode: bool = False, bias: float = 2.0) -> CausalLMPolicy:
     """A tiny GPT-2 whose head favours EOS, so turns end after a few tokens."""
-    model = make_tiny_model(len(tokenizer), seed=3)
-    old = model.get_output_embeddings()
-    head = torch.nn.Linear(old.in_features, old.out_features, bias=True)
-    head.weight = old.weight
-    with torch.no_grad():
-        head.bias.zero_()
-        head.bias[tokenizer.eos_token_id] = bias
-    model.set_output_embeddings(head)
-    return CausalLMPolicy(model, tokenizer, compile_decode=compile_decode)
+    return eos_biased_policy(tokenizer, bias, seed=3, compile_decode=compile_decode)
 
 
 @pytest.fixture(params=["eager", "fixed_shape", pytest.param("compiled", marks=pytest.mark.slow)])
 def decode(request, monkeypatch) -> Iterator[bool]:
     """``compile_decode`` for the policy; ``fixed_shape`` runs the step the compiler
     would compile as plain Python. A fallback to eager fails a compiled test."""
-    if request.param == "fixed_shape":
-        monkeypatch.setattr(
-            compiled_decode, "compile_step", lambda mode, packed=False: compiled_decode._step
-        )
-    with torch._dynamo.config.patch(recompile_limit=64), warnings.catch_warnings():
-        if request.param != "eager":
-            warnings.filterwarnings("error", "compile_decode: torch.compile of the decode step")
-        yield request.param != "eager"
+    yield from decode_mode(request, monkeypatch)
 
 
 def turn_env(tokenizer, responder: Replies | None = None, **kwargs: Any) -> TokenVectorEnv:
@@ -226,12 +210,8 @@ def test_the_actors_sampler_gives_collects_batches_and_stamps_only_sampled_token
         env = turn_env(tokenizer, num_prompts=2, group_size=2)
         return eos_policy(tokenizer), env, torch.Generator().manual_seed(5)
 
-    policy, env, generator = make()
-    expected = [
-        collect(env, policy, seed=3 if i == 0 else None, generator=generator) for i in range(2)
-    ]
-    policy, env, generator = make()
-    collector = AdmissionCollector(env, policy, generator, seed=3)
+    expected, collector = collected_and_admission(make, batches=2, seed=3)
+    env = collector.env
     for version, batch in enumerate(expected):
         assert collector.admit(None) == env.num_envs
         while collector.num_live:
@@ -278,27 +258,7 @@ def rotary_policy(tokenizer, sliding_window: int | None) -> CausalLMPolicy:
     """A tiny Mistral (rotary positions, grouped KV heads), EOS-biased: the absorbed
     observations' positions must follow the row's exactly. A sliding window gives a
     cache kind lmgym does not move into slots (rebuilt from the text instead)."""
-    config = MistralConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        sliding_window=sliding_window,
-        tie_word_embeddings=False,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    torch.manual_seed(0)
-    model = MistralForCausalLM(config).eval()
-    head = torch.nn.Linear(config.hidden_size, config.vocab_size, bias=True)
-    with torch.no_grad():
-        head.bias.zero_()
-        head.bias[tokenizer.eos_token_id] = 2.0
-    model.lm_head = head
-    return CausalLMPolicy(model, tokenizer)
+    return mistral_policy(tokenizer, sliding_window, eos_bias=2.0)
 
 
 @pytest.mark.parametrize("sliding_window", [None, 4])

@@ -12,16 +12,14 @@ position, one-hot encoded into 33 features for ``MlpPolicy``.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
 
 import gymnasium as gym
 import numpy as np
 import pytest
-import torch
 from gymnasium.utils.env_checker import check_env as gymnasium_check_env
 from stable_baselines3 import PPO
-from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
+from testkit.sb3 import EpisodeReturns
 
 from lmgym.envs.tasks.multi_turn.echo import make_echo_turn_vector
 from lmgym.integrations import (
@@ -42,15 +40,6 @@ VIEW = LastTokensObservation(2)
 # 200), 10-23 s each (up to 52 s with the 2-core machine under other load).
 ENV_STEPS = 20_000
 WINDOW = 200
-
-
-@pytest.fixture
-def one_thread() -> Iterator[None]:
-    """Run on one torch thread (SB3's MLP gains nothing from more), then restore."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _checked(check, env: gym.Env, **kwargs) -> list[str]:
@@ -98,19 +87,6 @@ def test_the_adapter_plays_whole_multi_turn_episodes():
     assert [info["episode"]["l"] for info in infos] == [3] * 4  # policy tokens only
 
 
-class _Returns(BaseCallback):
-    """Collects the return of every finished episode (the adapter's episode stats)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.returns: list[float] = []
-
-    def _on_step(self) -> bool:
-        infos = self.locals["infos"]
-        self.returns += [infos[i]["episode"]["r"] for i in np.flatnonzero(self.locals["dones"])]
-        return True
-
-
 @pytest.mark.learning
 @pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -121,7 +97,7 @@ def test_sb3_ppo_learns_to_repeat_the_environments_letter(seed):
     adapter = SB3VecEnv(env, VIEW)
     hyper = dict(n_steps=64, batch_size=128, n_epochs=10, learning_rate=1e-3)
     model = PPO("MlpPolicy", adapter, seed=seed, device="cpu", **hyper)
-    returns = _Returns()
+    returns = EpisodeReturns()
     model.learn(ENV_STEPS, callback=returns)
     assert len(returns.returns) > 5 * WINDOW
     first = float(np.mean(returns.returns[:WINDOW]))

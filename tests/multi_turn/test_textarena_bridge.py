@@ -19,6 +19,8 @@ from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 pytest.importorskip("textarena")
 
+from testkit import encode_turn, step_scripted_turns  # noqa: E402
+
 from lmgym.envs import TASKS  # noqa: E402
 from lmgym.envs.prompts import source_columns  # noqa: E402
 from lmgym.envs.tasks import random_policy_return  # noqa: E402
@@ -39,10 +41,6 @@ IDS = ["lmgym/TextArena-GuessTheNumber-v0", "lmgym/TextArena-Crosswords-v0",
 HANOI = ["a c", "a b", "c b", "a c", "b a", "b c", "a c"]  # the 7-move solution
 
 
-def encode_turn(tok, text: str) -> list[int]:
-    return tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-
-
 def play(env, scripts, seed: int = 0):
     """Reset ``env``, then ``drive`` it through ``scripts``."""
     env.reset(seed=seed)
@@ -52,19 +50,7 @@ def play(env, scripts, seed: int = 0):
 def drive(env, scripts):
     """Step each row through its scripted turns until every episode is over (or its
     script is spent); ``(returns, terminated, truncated, obs)``."""
-    tok = env.tokenizer
-    obs = None
-    streams = [[i for text in turns for i in encode_turn(tok, text)] for turns in scripts]
-    returns = torch.zeros(env.num_envs)
-    done = torch.zeros(env.num_envs, dtype=torch.bool)
-    position = 0
-    while not bool(done.all()) and any(position < len(s) for s in streams):
-        actions = [s[position] if position < len(s) else tok.eos_token_id for s in streams]
-        obs, reward, terminated, truncated, _ = env.step(torch.tensor(actions))
-        returns += reward
-        done |= terminated | truncated
-        position += 1
-    return returns, terminated, truncated, obs
+    return step_scripted_turns(env, scripts, sticky_done=True)
 
 
 def test_the_three_games_are_registered_as_multi_turn_tasks():

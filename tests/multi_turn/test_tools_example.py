@@ -4,18 +4,15 @@ limit), the scripted Weather episode is solved, and GRPO trains on the task."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tool_weather.py"
+from testkit import ROOT, import_script
+
+EXAMPLE = ROOT / "examples" / "tool_weather.py"
 
 
 def load_example():
-    spec = importlib.util.spec_from_file_location("tool_weather_example", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return import_script(EXAMPLE, "tool_weather_example")
 
 
 def test_tool_weather_example_runs(capsys):

@@ -18,8 +18,6 @@ budget in 3-5 minutes (1 torch thread, 2 cores under heavy other load).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
@@ -49,14 +47,6 @@ def make_env(**kwargs: object) -> TokenVectorEnv:
         conditions=CONDITIONS, call_bonus=BONUS, describe_tools=False, max_new_tokens=16,
     )  # fmt: skip
     return make_weather_vector(**{**options, **kwargs})
-
-
-@pytest.fixture
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def play(env: TokenVectorEnv, turns: list[list[int]]) -> torch.Tensor:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from testkit import run_lmgym_train
 
 from lmgym.persistence.state import load_state
 from lmgym.policy import CausalLMPolicy
@@ -23,12 +24,7 @@ FAST = ["--no-progress", "--eval-prompts", "2", "--eval-samples", "2", "--sample
 
 
 def lmgym(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    command = [sys.executable, "-m", "lmgym", "train", *args]
-    return subprocess.run(
-        command, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT
-    )
+    return run_lmgym_train(*args, timeout=timeout)
 
 
 def rows(run: Path) -> list[dict[str, str]]:

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterator
 
 import pytest
-import torch
-
-from lmgym.policy import compiled_decode
+from testkit import decode_mode
 
 DECODE_MODES = [
     "eager",
@@ -24,13 +21,4 @@ def decode(request, monkeypatch) -> Iterator[bool]:
     """``compile_decode`` for the policy under test; in ``fixed_shape`` mode the step
     that ``torch.compile`` would compile runs as plain Python. In both compiled modes
     a fallback to eager decoding fails the test instead of passing as eager."""
-    if request.param == "fixed_shape":
-        monkeypatch.setattr(
-            compiled_decode, "compile_step", lambda mode, packed=False: compiled_decode._step
-        )
-    # dynamo keeps at most recompile_limit graphs per function; a test session
-    # compiles the step for many models and shapes (a process rarely does).
-    with torch._dynamo.config.patch(recompile_limit=64), warnings.catch_warnings():
-        if request.param != "eager":
-            warnings.filterwarnings("error", "compile_decode: torch.compile of the decode step")
-        yield request.param != "eager"
+    yield from decode_mode(request, monkeypatch)

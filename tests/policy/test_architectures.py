@@ -9,39 +9,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
-from transformers import DynamicCache, MistralConfig, MistralForCausalLM
+from testkit import mistral_policy
+from transformers import DynamicCache
 
 from lmgym.policy import CausalLMPolicy
 from lmgym.policy.kv_slots import is_slot_cache
 from lmgym.rollout import ContinuousCollector, collect
-
-
-def mistral_policy(
-    tokenizer, sliding_window: int | None, compile_decode: bool = False
-) -> CausalLMPolicy:
-    config = MistralConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        sliding_window=sliding_window,
-        tie_word_embeddings=False,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    torch.manual_seed(0)
-    model = MistralForCausalLM(config).eval()
-    # A biased head so that EOS is likely and episodes end at different steps.
-    head = nn.Linear(config.hidden_size, config.vocab_size, bias=True)
-    with torch.no_grad():
-        head.bias.zero_()
-        head.bias[tokenizer.eos_token_id] = 2.5
-    model.lm_head = head
-    return CausalLMPolicy(model, tokenizer, compile_decode=compile_decode)
 
 
 def max_logprob_gap(policy: CausalLMPolicy, batch) -> float:
@@ -57,7 +30,7 @@ def test_rollouts_match_teacher_forcing_on_a_rotary_gqa_model(
     make_env, tokenizer, sliding_window, decode
 ):
     # Grouped KV heads: the compiled step's attention reads them without copying.
-    policy = mistral_policy(tokenizer, sliding_window, decode)
+    policy = mistral_policy(tokenizer, sliding_window, eos_bias=2.5, compile_decode=decode)
     prompts = ["ab", "hello there", "x"]
     env = make_env(prompts=prompts, num_prompts=3, group_size=2, max_new_tokens=10)
     batch = collect(env, policy, seed=0)

@@ -12,6 +12,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+from testkit import empty_model_cache
 
 from lmgym.policy import CausalLMPolicy, packaged
 from lmgym.policy.packaged import (
@@ -31,12 +32,7 @@ SPEC = PACKAGED_MODELS[NAME]
 @pytest.fixture
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An empty model cache named by ``LMGYM_MODEL_CACHE``."""
-    root = tmp_path / "cache"
-    monkeypatch.setenv("LMGYM_MODEL_CACHE", str(root))
-    # Checked first, so that a cache_root ignoring the variable fails here instead of
-    # letting a test convert into, or clear, the user's real cache.
-    assert cache_root() == root
-    return root
+    return empty_model_cache(tmp_path, monkeypatch)
 
 
 def hide_modules(monkeypatch: pytest.MonkeyPatch, found: dict[str, object]) -> None:

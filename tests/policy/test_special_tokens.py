@@ -7,9 +7,10 @@ import math
 
 import pytest
 import torch
+from testkit import biased_head_policy
 
 from lmgym.envs import FunctionReward
-from lmgym.policy import CausalLMPolicy, make_tiny_model
+from lmgym.policy import CausalLMPolicy
 from lmgym.policy.logprobs import token_logprobs
 from lmgym.policy.sampling import sample_tokens, special_mass
 from lmgym.rollout import ContinuousCollector, collect
@@ -19,16 +20,7 @@ PAD, EOS, UNK = 0, 1, 2
 
 def special_loving_policy(tokenizer, **kwargs) -> CausalLMPolicy:
     """A tiny policy whose head strongly prefers <pad> and <unk>."""
-    model = make_tiny_model(len(tokenizer), seed=0)
-    old = model.get_output_embeddings()
-    head = torch.nn.Linear(old.in_features, old.out_features, bias=True)
-    head.weight = old.weight
-    with torch.no_grad():
-        head.bias.zero_()
-        head.bias[[PAD, UNK]] = 4.0
-        head.bias[EOS] = 1.0
-    model.set_output_embeddings(head)
-    return CausalLMPolicy(model, tokenizer, **kwargs)
+    return biased_head_policy(tokenizer, {PAD: 4.0, UNK: 4.0, EOS: 1.0}, seed=0, **kwargs)
 
 
 def expected_special_mass(policy, batch, refused: list[int]) -> torch.Tensor:

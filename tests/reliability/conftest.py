@@ -17,23 +17,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from testkit import QUIET_CLI as QUIET  # small evaluations, no periodic printing
 
 from lmgym.cli import main
 from lmgym.persistence import atomic
 from lmgym.training.logger import read_progress
 
-# Small evaluations and no periodic printing: each run takes well under a second.
-QUIET = [
-    "--no-progress",
-    "--log-interval",
-    "0",
-    "--eval-prompts",
-    "2",
-    "--eval-samples",
-    "2",
-    "--samples",
-    "2",
-]
 KILLED = 77
 """Exit status of a child killed at its write point."""
 

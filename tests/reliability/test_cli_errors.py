@@ -11,16 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from testkit import one_line
 
 from lmgym.cli import main
 from lmgym.training import model_source
-
-
-def one_line(capsys) -> str:
-    """The single stderr line (asserts there is exactly one) without its newline."""
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.endswith("\n"), err
-    return err[:-1]
 
 
 @pytest.mark.parametrize(

