@@ -121,14 +121,9 @@ def _in_place_hits(
     return hits & (positions[None, :] < lengths[:, None]), lengths
 
 
-class PositionMatchReward:
-    """Fraction of the prompt's target tokens reproduced in place; vectorised over rows.
-
-    ``R_i = (1/K_i) * sum_{t < K_i} [y_{i,t} == target_{p(i),t}]`` with ``p(i)`` the
-    row's prompt index and ``K_i`` its target length; range ``[0, 1]``. Tokens past
-    ``K_i`` do not count. On a prefix the same formula counts the positions written
-    so far, so the env's per-token potential form gives ``r_t = [y_t correct] / K``
-    exactly: a reward per correct step (process supervision).
+class InPlaceTargetReward:
+    """Base of the rewards that compare a completion with its prompt's target tokens
+    in place (``PositionMatchReward``, ``ExactMatchReward``).
 
     Args:
         target_ids: ``[P, K] int64`` right-padded targets (``P = 1``: one target for all).
@@ -139,28 +134,39 @@ class PositionMatchReward:
     def __init__(self, target_ids: Tensor, target_lengths: Tensor, name: str) -> None:
         self.target_ids, self.target_lengths, self.name = target_ids, target_lengths, name
 
+    def _hits(self, batch: RewardInput) -> tuple[Tensor, Tensor]:
+        """``(hits [N, K] bool, lengths [N] int64)`` of ``batch`` (see ``_in_place_hits``)."""
+        return _in_place_hits(batch, self.target_ids, self.target_lengths)
+
+
+class PositionMatchReward(InPlaceTargetReward):
+    """Fraction of the prompt's target tokens reproduced in place; vectorised over rows.
+
+    ``R_i = (1/K_i) * sum_{t < K_i} [y_{i,t} == target_{p(i),t}]`` with ``p(i)`` the
+    row's prompt index and ``K_i`` its target length; range ``[0, 1]``. Tokens past
+    ``K_i`` do not count. On a prefix the same formula counts the positions written
+    so far, so the env's per-token potential form gives ``r_t = [y_t correct] / K``
+    exactly: a reward per correct step (process supervision).
+
+    Args: ``target_ids``, ``target_lengths``, ``name``, as ``InPlaceTargetReward``.
+    """
+
     def __call__(self, batch: RewardInput) -> Tensor:
-        hits, lengths = _in_place_hits(batch, self.target_ids, self.target_lengths)
+        hits, lengths = self._hits(batch)
         return hits.float().sum(dim=1) / lengths.float()
 
 
-class ExactMatchReward:
+class ExactMatchReward(InPlaceTargetReward):
     """1 if the completion reproduces the prompt's whole target, else 0 (outcome reward).
 
     ``R_i = prod_{t < K_i} [y_{i,t} == target_{p(i),t}]``. Put the stop id at the
     end of each target to demand that the completion ends right after the answer.
 
-    Args:
-        target_ids: ``[P, K] int64`` right-padded targets.
-        target_lengths: ``[P] int64``.
-        name: Name in errors and logs.
+    Args: ``target_ids``, ``target_lengths``, ``name``, as ``InPlaceTargetReward``.
     """
 
-    def __init__(self, target_ids: Tensor, target_lengths: Tensor, name: str) -> None:
-        self.target_ids, self.target_lengths, self.name = target_ids, target_lengths, name
-
     def __call__(self, batch: RewardInput) -> Tensor:
-        hits, lengths = _in_place_hits(batch, self.target_ids, self.target_lengths)
+        hits, lengths = self._hits(batch)
         return (hits.sum(dim=1) == lengths).float()
 
 

@@ -31,7 +31,7 @@ import torch
 
 from lmgym.envs.options import EnvOptions
 from lmgym.envs.single import single_env_factory
-from lmgym.envs.task_factory import build_env, task_factory
+from lmgym.envs.task_factory import VectorFactory, build_env, task_factory
 from lmgym.envs.tasks._common import (
     DEFAULT_SPLIT,
     DataSplit,
@@ -126,14 +126,26 @@ def _string_task_vector(
     )
 
 
-@task_factory()
-def make_reverse_vector(
-    options: EnvOptions,
-    length: int = 4,
-    alphabet: str = "abcde",
-    dataset_size: int = 64,
-    data: DataSplit = DEFAULT_SPLIT,
-) -> TokenVectorEnv:
+def _string_factory(rule: Rule, factory_name: str, doc: str) -> VectorFactory:
+    """The vector factory of the string task with ``rule`` and no other parameter."""
+
+    def body(
+        options: EnvOptions,
+        length: int = 4,
+        alphabet: str = "abcde",
+        dataset_size: int = 64,
+        data: DataSplit = DEFAULT_SPLIT,
+    ) -> TokenVectorEnv:
+        return _string_task_vector(rule, options, length, alphabet, dataset_size, data)
+
+    body.__name__ = body.__qualname__ = factory_name
+    body.__doc__ = doc
+    return task_factory()(body)
+
+
+make_reverse_vector = _string_factory(
+    "reverse",
+    "make_reverse_vector",
     """``lmgym/Reverse-v0`` as a native vector env: write the prompt's string backwards.
 
     Args:
@@ -144,26 +156,15 @@ def make_reverse_vector(
         eval_fraction: share of strings held out for ``"eval"``.
         data_seed: seeds the strings and the split.
         max_new_tokens: token budget (default: the answer length).
-    """
-    return _string_task_vector("reverse", options, length, alphabet, dataset_size, data)
-
-
+    """,
+)
 make_reverse = single_env_factory(make_reverse_vector)
-
-
-@task_factory()
-def make_sort_vector(
-    options: EnvOptions,
-    length: int = 4,
-    alphabet: str = "abcde",
-    dataset_size: int = 64,
-    data: DataSplit = DEFAULT_SPLIT,
-) -> TokenVectorEnv:
+make_sort_vector = _string_factory(
+    "sort",
+    "make_sort_vector",
     """``lmgym/Sort-v0`` as a native vector env: write the string's characters in
-    alphabet order. Arguments as ``make_reverse_vector``."""
-    return _string_task_vector("sort", options, length, alphabet, dataset_size, data)
-
-
+    alphabet order. Arguments as ``make_reverse_vector``.""",
+)
 make_sort = single_env_factory(make_sort_vector)
 
 

@@ -4,13 +4,13 @@ records split into train/eval."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from lmgym.envs.prompts import RecordPrompts, is_chat
 from lmgym.envs.tasks._common import DataSplit
-from lmgym.envs.turns import TurnOutput
+from lmgym.envs.turns import TurnInput, TurnOutput
 from lmgym.types import Prompt, PromptSource
 
 
@@ -46,6 +46,21 @@ def turn_output(replies: Sequence[Reply], prompts: Sequence[Prompt]) -> TurnOutp
         if any(r.truncated for r in replies)
         else None,
     )
+
+
+def reply_each(reply: Callable[[str, Any], Reply], turns: TurnInput) -> TurnOutput:
+    """The ``turn_output`` of ``reply(turn text, state)`` for each row of ``turns``."""
+    return turn_output(
+        [reply(text, state) for text, state in zip(turns.turn_texts, turns.states, strict=True)],
+        turns.prompts,
+    )
+
+
+def check_num_games(num_games: int) -> None:
+    """Raise ``ValueError`` unless ``num_games`` is an integer ``>= 2`` (a train/eval
+    split needs two games)."""
+    if not isinstance(num_games, int) or num_games < 2:
+        raise ValueError(f"num_games={num_games!r}: must be an integer >= 2")
 
 
 def column(columns: Mapping[str, Sequence[Any]], name: str, who: str) -> Sequence[Any]:

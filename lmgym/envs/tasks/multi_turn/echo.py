@@ -53,7 +53,7 @@ from lmgym.envs.single import single_env_factory
 from lmgym.envs.task_factory import build_env, task_factory
 from lmgym.envs.tasks._chat import chat_prompt, wants_chat
 from lmgym.envs.tasks._common import DEFAULT_SPLIT, DataSplit
-from lmgym.envs.tasks.multi_turn._common import Reply, column, split_records
+from lmgym.envs.tasks.multi_turn._common import Reply, check_num_games, column, split_records
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.envs.turns import EpisodeStart, TurnInput, TurnOutput
 
@@ -168,8 +168,7 @@ def echo_records(
         ValueError: bad ``letters``, or ``num_games < 2`` (a split needs two games).
     """
     check_letters(letters)
-    if not isinstance(num_games, int) or num_games < 2:
-        raise ValueError(f"num_games={num_games!r}: must be an integer >= 2")
+    check_num_games(num_games)
     text = (
         "Say anything. Then I will say a letter: reply with that letter only."
         if chat

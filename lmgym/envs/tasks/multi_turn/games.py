@@ -47,7 +47,7 @@ from typing import Any
 
 from lmgym.envs.options import EnvOptions
 from lmgym.envs.single import single_env_factory
-from lmgym.envs.task_factory import task_factory
+from lmgym.envs.task_factory import VectorFactory, task_factory
 from lmgym.envs.tasks._common import DEFAULT_SPLIT, DataSplit
 from lmgym.envs.tasks.multi_turn.gym_bridge import TextGame, build_game_env
 from lmgym.envs.token_env import TokenVectorEnv
@@ -197,76 +197,44 @@ INVALID_PENALTY: dict[str, float] = {
 }
 
 
-def _game_env(
-    name: str,
-    options: EnvOptions,
-    num_games: int,
-    invalid_penalty: float,
-    data: DataSplit,
-    chat: bool | None,
-) -> TokenVectorEnv:
-    return build_game_env(
-        options,
-        GAMES[name],
-        num_games=num_games,
-        invalid_penalty=invalid_penalty,
-        data=data,
-        chat=chat,
-        max_new_tokens=OPTIONS[name]["max_new_tokens"],
+def _game_factory(name: str, bridged: str, factory_name: str, num_games: int) -> VectorFactory:
+    """The vector factory of bridged game ``name`` (``lmgym/<name>-v0``)."""
+
+    def body(
+        options: EnvOptions,
+        num_games: int = num_games,
+        invalid_penalty: float = INVALID_PENALTY[name],
+        data: DataSplit = DEFAULT_SPLIT,
+        chat: bool | None = None,
+    ) -> TokenVectorEnv:
+        return build_game_env(
+            options,
+            GAMES[name],
+            num_games=num_games,
+            invalid_penalty=invalid_penalty,
+            data=data,
+            chat=chat,
+            max_new_tokens=OPTIONS[name]["max_new_tokens"],
+        )
+
+    body.__name__ = body.__qualname__ = factory_name
+    body.__doc__ = (
+        f"``lmgym/{name}-v0``, ``{bridged}`` bridged, as a native vector env (the\n"
+        f"parameters: ``build_game_env``; the defaults: ``OPTIONS['{name}']``)."
     )
+    return task_factory(**OPTIONS[name])(body)
 
 
-@task_factory(**OPTIONS["FrozenLake"])
-def make_frozen_lake_vector(
-    options: EnvOptions,
-    num_games: int = 16,
-    invalid_penalty: float = INVALID_PENALTY["FrozenLake"],
-    data: DataSplit = DEFAULT_SPLIT,
-    chat: bool | None = None,
-) -> TokenVectorEnv:
-    """``lmgym/FrozenLake-v0``, ``FrozenLake-v1`` bridged, as a native vector env (the
-    parameters: ``build_game_env``; the defaults: ``OPTIONS['FrozenLake']``)."""
-    return _game_env("FrozenLake", options, num_games, invalid_penalty, data, chat)
-
-
-@task_factory(**OPTIONS["CliffWalking"])
-def make_cliff_walking_vector(
-    options: EnvOptions,
-    num_games: int = 16,
-    invalid_penalty: float = INVALID_PENALTY["CliffWalking"],
-    data: DataSplit = DEFAULT_SPLIT,
-    chat: bool | None = None,
-) -> TokenVectorEnv:
-    """``lmgym/CliffWalking-v0``, ``CliffWalking-v1`` bridged, as a native vector env (the
-    parameters: ``build_game_env``; the defaults: ``OPTIONS['CliffWalking']``)."""
-    return _game_env("CliffWalking", options, num_games, invalid_penalty, data, chat)
-
-
-@task_factory(**OPTIONS["Taxi"])
-def make_taxi_vector(
-    options: EnvOptions,
-    num_games: int = 256,
-    invalid_penalty: float = INVALID_PENALTY["Taxi"],
-    data: DataSplit = DEFAULT_SPLIT,
-    chat: bool | None = None,
-) -> TokenVectorEnv:
-    """``lmgym/Taxi-v0``, ``Taxi-v4`` bridged, as a native vector env (the
-    parameters: ``build_game_env``; the defaults: ``OPTIONS['Taxi']``)."""
-    return _game_env("Taxi", options, num_games, invalid_penalty, data, chat)
-
-
-@task_factory(**OPTIONS["Blackjack"])
-def make_blackjack_vector(
-    options: EnvOptions,
-    num_games: int = 256,
-    invalid_penalty: float = INVALID_PENALTY["Blackjack"],
-    data: DataSplit = DEFAULT_SPLIT,
-    chat: bool | None = None,
-) -> TokenVectorEnv:
-    """``lmgym/Blackjack-v0``, ``Blackjack-v1`` bridged, as a native vector env (the
-    parameters: ``build_game_env``; the defaults: ``OPTIONS['Blackjack']``)."""
-    return _game_env("Blackjack", options, num_games, invalid_penalty, data, chat)
-
+make_frozen_lake_vector = _game_factory(
+    "FrozenLake", "FrozenLake-v1", "make_frozen_lake_vector", num_games=16
+)
+make_cliff_walking_vector = _game_factory(
+    "CliffWalking", "CliffWalking-v1", "make_cliff_walking_vector", num_games=16
+)
+make_taxi_vector = _game_factory("Taxi", "Taxi-v4", "make_taxi_vector", num_games=256)
+make_blackjack_vector = _game_factory(
+    "Blackjack", "Blackjack-v1", "make_blackjack_vector", num_games=256
+)
 
 make_frozen_lake = single_env_factory(make_frozen_lake_vector)
 make_cliff_walking = single_env_factory(make_cliff_walking_vector)

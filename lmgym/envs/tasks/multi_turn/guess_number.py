@@ -40,7 +40,13 @@ from lmgym.envs.single import single_env_factory
 from lmgym.envs.task_factory import build_env, task_factory
 from lmgym.envs.tasks._chat import chat_prompt, wants_chat
 from lmgym.envs.tasks._common import DEFAULT_SPLIT, DataSplit
-from lmgym.envs.tasks.multi_turn._common import Reply, column, split_records, turn_output
+from lmgym.envs.tasks.multi_turn._common import (
+    Reply,
+    check_num_games,
+    column,
+    split_records,
+    turn_output,
+)
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.envs.turns import EpisodeStart, TurnInput, TurnOutput
 
@@ -170,8 +176,7 @@ def guess_number_records(
     Raises:
         ValueError: ``num_games < 2`` (a train/eval split needs two games).
     """
-    if not isinstance(num_games, int) or num_games < 2:
-        raise ValueError(f"num_games={num_games!r}: must be an integer >= 2")
+    check_num_games(num_games)
     if chat:
         prompt = chat_game_prompt(low, high)
     else:  # the character tokenizer's alphabet: lowercase, digits and .,:-

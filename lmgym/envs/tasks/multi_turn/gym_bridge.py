@@ -55,7 +55,13 @@ from lmgym.envs.options import EnvOptions
 from lmgym.envs.task_factory import build_env
 from lmgym.envs.tasks._chat import chat_prompt, wants_chat
 from lmgym.envs.tasks._common import DataSplit
-from lmgym.envs.tasks.multi_turn._common import Reply, column, split_records, turn_output
+from lmgym.envs.tasks.multi_turn._common import (
+    Reply,
+    check_num_games,
+    column,
+    reply_each,
+    split_records,
+)
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.envs.turns import EpisodeStart, TurnInput, TurnOutput
 
@@ -330,13 +336,7 @@ class GymResponder:
 
     def respond(self, turns: TurnInput) -> TurnOutput:
         """Answer each row's move (see the module docstring)."""
-        return turn_output(
-            [
-                self.reply(text, state)
-                for text, state in zip(turns.turn_texts, turns.states, strict=True)
-            ],
-            turns.prompts,
-        )
+        return reply_each(self.reply, turns)
 
 
 def game_records(
@@ -348,8 +348,7 @@ def game_records(
     Raises:
         ValueError: ``num_games < 2`` (a train/eval split needs two games).
     """
-    if not isinstance(num_games, int) or num_games < 2:
-        raise ValueError(f"num_games={num_games!r}: must be an integer >= 2")
+    check_num_games(num_games)
     records = []
     for seed in range(num_games):
         text = f"{responder.game.intro}\n{responder.first_observation(seed)}"

@@ -48,7 +48,13 @@ from lmgym.envs.options import EnvOptions
 from lmgym.envs.task_factory import build_env
 from lmgym.envs.tasks._chat import chat_prompt, wants_chat
 from lmgym.envs.tasks._common import DataSplit
-from lmgym.envs.tasks.multi_turn._common import Reply, column, split_records, turn_output
+from lmgym.envs.tasks.multi_turn._common import (
+    Reply,
+    check_num_games,
+    column,
+    reply_each,
+    split_records,
+)
 from lmgym.envs.tasks.multi_turn.gym_bridge import LiveGame
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.envs.turns import EpisodeStart, TurnInput, TurnOutput
@@ -268,13 +274,7 @@ class TextArenaResponder:
 
     def respond(self, turns: TurnInput) -> TurnOutput:
         """Answer each row's move (see the module docstring)."""
-        return turn_output(
-            [
-                self.reply(text, state)
-                for text, state in zip(turns.turn_texts, turns.states, strict=True)
-            ],
-            turns.prompts,
-        )
+        return reply_each(self.reply, turns)
 
 
 def textarena_records(
@@ -286,8 +286,7 @@ def textarena_records(
     Raises:
         ValueError: ``num_games < 2`` (a train/eval split needs two games).
     """
-    if not isinstance(num_games, int) or num_games < 2:
-        raise ValueError(f"num_games={num_games!r}: must be an integer >= 2")
+    check_num_games(num_games)
     return [
         {"prompt": chat_prompt(responder.first_observation(seed), chat=chat), "seed": seed}
         for seed in range(num_games)

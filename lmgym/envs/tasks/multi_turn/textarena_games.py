@@ -32,7 +32,7 @@ from typing import Any
 
 from lmgym.envs.options import EnvOptions
 from lmgym.envs.single import single_env_factory
-from lmgym.envs.task_factory import task_factory
+from lmgym.envs.task_factory import VectorFactory, task_factory
 from lmgym.envs.tasks._common import DEFAULT_SPLIT, DataSplit
 from lmgym.envs.tasks.multi_turn.textarena_bridge import (
     TextArenaGame,
@@ -65,58 +65,39 @@ OPTIONS: dict[str, dict[str, Any]] = {
 }
 
 
-def _env(
-    name: str,
-    options: EnvOptions,
-    num_games: int,
-    data: DataSplit,
-    chat: bool | None,
-) -> TokenVectorEnv:
-    return build_textarena_env(
-        options,
-        GAMES[name],
-        num_games=num_games,
-        data=data,
-        chat=chat,
-        max_new_tokens=OPTIONS[name]["max_new_tokens"],
+def _game_factory(name: str, factory_name: str, num_games: int) -> VectorFactory:
+    """The vector factory of TextArena game ``name`` (``lmgym/TextArena-<name>-v0``)."""
+
+    def body(
+        options: EnvOptions,
+        num_games: int = num_games,
+        data: DataSplit = DEFAULT_SPLIT,
+        chat: bool | None = None,
+    ) -> TokenVectorEnv:
+        return build_textarena_env(
+            options,
+            GAMES[name],
+            num_games=num_games,
+            data=data,
+            chat=chat,
+            max_new_tokens=OPTIONS[name]["max_new_tokens"],
+        )
+
+    body.__name__ = body.__qualname__ = factory_name
+    body.__doc__ = (
+        f"``lmgym/TextArena-{name}-v0`` as a native vector env (the parameters:\n"
+        "``build_textarena_env``)."
     )
+    return task_factory(**OPTIONS[name])(body)
 
 
-@task_factory(**OPTIONS["GuessTheNumber"])
-def make_guess_the_number_vector(
-    options: EnvOptions,
-    num_games: int = 16,
-    data: DataSplit = DEFAULT_SPLIT,
-    chat: bool | None = None,
-) -> TokenVectorEnv:
-    """``lmgym/TextArena-GuessTheNumber-v0`` as a native vector env (the parameters:
-    ``build_textarena_env``)."""
-    return _env("GuessTheNumber", options, num_games, data, chat)
-
-
-@task_factory(**OPTIONS["Crosswords"])
-def make_crosswords_vector(
-    options: EnvOptions,
-    num_games: int = 16,
-    data: DataSplit = DEFAULT_SPLIT,
-    chat: bool | None = None,
-) -> TokenVectorEnv:
-    """``lmgym/TextArena-Crosswords-v0`` as a native vector env (the parameters:
-    ``build_textarena_env``)."""
-    return _env("Crosswords", options, num_games, data, chat)
-
-
-@task_factory(**OPTIONS["TowerOfHanoi"])
-def make_tower_of_hanoi_vector(
-    options: EnvOptions,
-    num_games: int = 4,
-    data: DataSplit = DEFAULT_SPLIT,
-    chat: bool | None = None,
-) -> TokenVectorEnv:
-    """``lmgym/TextArena-TowerOfHanoi-v0`` as a native vector env (the parameters:
-    ``build_textarena_env``)."""
-    return _env("TowerOfHanoi", options, num_games, data, chat)
-
+make_guess_the_number_vector = _game_factory(
+    "GuessTheNumber", "make_guess_the_number_vector", num_games=16
+)
+make_crosswords_vector = _game_factory("Crosswords", "make_crosswords_vector", num_games=16)
+make_tower_of_hanoi_vector = _game_factory(
+    "TowerOfHanoi", "make_tower_of_hanoi_vector", num_games=4
+)
 
 make_guess_the_number = single_env_factory(make_guess_the_number_vector)
 make_crosswords = single_env_factory(make_crosswords_vector)

@@ -53,7 +53,13 @@ from lmgym.envs.single import single_env_factory
 from lmgym.envs.task_factory import build_env, task_factory
 from lmgym.envs.tasks._chat import chat_prompt, wants_chat
 from lmgym.envs.tasks._common import DEFAULT_SPLIT, DataSplit
-from lmgym.envs.tasks.multi_turn._common import Reply, column, split_records, turn_output
+from lmgym.envs.tasks.multi_turn._common import (
+    Reply,
+    check_num_games,
+    column,
+    reply_each,
+    split_records,
+)
 from lmgym.envs.tasks.multi_turn.tools import (
     Tool,
     ToolRunner,
@@ -226,10 +232,7 @@ class Weather:
 
     def respond(self, turns: TurnInput) -> TurnOutput:
         """Answer each row's turn (module docstring)."""
-        return turn_output(
-            [self.reply(t, s) for t, s in zip(turns.turn_texts, turns.states, strict=True)],
-            turns.prompts,
-        )
+        return reply_each(self.reply, turns)
 
 
 def weather_records(
@@ -248,8 +251,7 @@ def weather_records(
     Raises:
         ValueError: ``num_games < 2``.
     """
-    if not isinstance(num_games, int) or num_games < 2:
-        raise ValueError(f"num_games={num_games!r}: must be an integer >= 2")
+    check_num_games(num_games)
     tools = list(responder.tools.values())
     records = []
     for i in range(num_games):
