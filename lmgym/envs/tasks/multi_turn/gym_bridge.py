@@ -373,9 +373,9 @@ def build_game_env(
         game: the game.
         num_games: game seeds ``0 .. num_games - 1``, one prompt each, before the split.
         invalid_penalty: reward of a turn that names no valid move.
-        split: ``"train"``, ``"eval"`` (held-out seeds) or ``"all"``.
-        eval_fraction: share of the seeds held out for ``"eval"``.
-        data_seed: seeds the split.
+        data: which seeds the env serves (``DataSplit``: ``split`` ``"train"``,
+            ``"eval"`` (held-out seeds) or ``"all"``, ``eval_fraction`` of the seeds
+            held out, ``data_seed`` seeding the split).
         chat: chat prompts; ``False``: plain text; ``None``: chat iff the tokenizer
             has a chat template.
         max_new_tokens: the task's default budget (the options' value wins if set).

@@ -296,7 +296,6 @@ def textarena_records(
 def build_textarena_env(
     options: EnvOptions,
     game: TextArenaGame,
-    *,
     num_games: int,
     data: DataSplit,
     chat: bool | None,
@@ -308,9 +307,9 @@ def build_textarena_env(
         options: the options the task body was given.
         game: the game.
         num_games: game seeds ``0 .. num_games - 1``, one prompt each, before the split.
-        split: ``"train"``, ``"eval"`` (held-out seeds) or ``"all"``.
-        eval_fraction: share of the seeds held out for ``"eval"``.
-        data_seed: seeds the split.
+        data: which seeds the env serves (``DataSplit``: ``split`` ``"train"``,
+            ``"eval"`` (held-out seeds) or ``"all"``, ``eval_fraction`` of the seeds
+            held out, ``data_seed`` seeding the split).
         chat: chat prompts; ``False``: plain text; ``None``: chat iff the tokenizer
             has a chat template.
         max_new_tokens: the task's default budget (the options' value wins if set).

@@ -68,20 +68,15 @@ OPTIONS: dict[str, dict[str, Any]] = {
 def _game_factory(name: str, factory_name: str, num_games: int) -> VectorFactory:
     """The vector factory of TextArena game ``name`` (``lmgym/TextArena-<name>-v0``)."""
 
+    budget = OPTIONS[name]["max_new_tokens"]
+
     def body(
         options: EnvOptions,
         num_games: int = num_games,
         data: DataSplit = DEFAULT_SPLIT,
         chat: bool | None = None,
     ) -> TokenVectorEnv:
-        return build_textarena_env(
-            options,
-            GAMES[name],
-            num_games=num_games,
-            data=data,
-            chat=chat,
-            max_new_tokens=OPTIONS[name]["max_new_tokens"],
-        )
+        return build_textarena_env(options, GAMES[name], num_games, data, chat, budget)
 
     body.__name__ = body.__qualname__ = factory_name
     body.__doc__ = (
