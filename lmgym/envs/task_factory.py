@@ -111,6 +111,17 @@ def task_factory(**defaults: Any) -> Callable[[Callable[..., TokenVectorEnv]], V
     return decorate
 
 
+def named_task_factory(
+    body: Callable[..., TokenVectorEnv], name: str, doc: str, **defaults: Any
+) -> VectorFactory:
+    """``task_factory(**defaults)(body)`` for a body that a function makes, one per task
+    of a family: the factory is called ``name`` (its module's attribute of that name)
+    and its docstring is ``doc``."""
+    body.__name__ = body.__qualname__ = name
+    body.__doc__ = doc
+    return task_factory(**defaults)(body)
+
+
 def _expand_records(
     params: list[inspect.Parameter], hints: dict[str, Any]
 ) -> tuple[list[inspect.Parameter], dict[str, tuple[type, list[str]]]]:

@@ -25,9 +25,11 @@ problems (under ``data_seed``) to test generalisation.
 
 from __future__ import annotations
 
+from typing import Any
+
 from lmgym.envs.options import EnvOptions
 from lmgym.envs.single import single_env_factory
-from lmgym.envs.task_factory import build_env, task_factory
+from lmgym.envs.task_factory import VectorFactory, build_env, named_task_factory
 from lmgym.envs.tasks._common import (
     DEFAULT_SPLIT,
     DataSplit,
@@ -87,13 +89,25 @@ def _arithmetic_vector(
     return build_env(options, [prompt for prompt, _ in items], reward, max_new_tokens=longest)
 
 
-@task_factory()
-def make_arithmetic_vector(
-    options: EnvOptions,
-    max_operand: int = 9,
-    operations: str = "+",
-    data: DataSplit = DEFAULT_SPLIT,
-) -> TokenVectorEnv:
+def _arithmetic_factory(
+    process: bool, factory_name: str, doc: str, **defaults: Any
+) -> VectorFactory:
+    """The vector factory of the arithmetic task: per-digit reward iff ``process``."""
+
+    def body(
+        options: EnvOptions,
+        max_operand: int = 9,
+        operations: str = "+",
+        data: DataSplit = DEFAULT_SPLIT,
+    ) -> TokenVectorEnv:
+        return _arithmetic_vector(process, options, max_operand, operations, data)
+
+    return named_task_factory(body, factory_name, doc, **defaults)
+
+
+make_arithmetic_vector = _arithmetic_factory(
+    False,
+    "make_arithmetic_vector",
     """``lmgym/Arithmetic-v0`` as a native vector env (exact-match outcome reward).
 
     Args:
@@ -103,23 +117,14 @@ def make_arithmetic_vector(
         eval_fraction: share of problems held out for ``"eval"``.
         data_seed: seeds the split.
         max_new_tokens: token budget (default: the longest answer plus EOS).
-    """
-    return _arithmetic_vector(False, options, max_operand, operations, data)
-
-
+    """,
+)
 make_arithmetic = single_env_factory(make_arithmetic_vector)
-
-
-@task_factory(reward_mode="per_token")
-def make_arithmetic_process_vector(
-    options: EnvOptions,
-    max_operand: int = 9,
-    operations: str = "+",
-    data: DataSplit = DEFAULT_SPLIT,
-) -> TokenVectorEnv:
+make_arithmetic_process_vector = _arithmetic_factory(
+    True,
+    "make_arithmetic_process_vector",
     """``lmgym/ArithmeticProcess-v0`` as a native vector env (a reward per correct
-    digit; per-token by default). Arguments as ``make_arithmetic_vector``."""
-    return _arithmetic_vector(True, options, max_operand, operations, data)
-
-
+    digit; per-token by default). Arguments as ``make_arithmetic_vector``.""",
+    reward_mode="per_token",
+)
 make_arithmetic_process = single_env_factory(make_arithmetic_process_vector)

@@ -31,7 +31,7 @@ import torch
 
 from lmgym.envs.options import EnvOptions
 from lmgym.envs.single import single_env_factory
-from lmgym.envs.task_factory import VectorFactory, build_env, task_factory
+from lmgym.envs.task_factory import VectorFactory, build_env, named_task_factory, task_factory
 from lmgym.envs.tasks._common import (
     DEFAULT_SPLIT,
     DataSplit,
@@ -138,9 +138,7 @@ def _string_factory(rule: Rule, factory_name: str, doc: str) -> VectorFactory:
     ) -> TokenVectorEnv:
         return _string_task_vector(rule, options, length, alphabet, dataset_size, data)
 
-    body.__name__ = body.__qualname__ = factory_name
-    body.__doc__ = doc
-    return task_factory()(body)
+    return named_task_factory(body, factory_name, doc)
 
 
 make_reverse_vector = _string_factory(

@@ -47,7 +47,7 @@ from typing import Any
 
 from lmgym.envs.options import EnvOptions
 from lmgym.envs.single import single_env_factory
-from lmgym.envs.task_factory import VectorFactory, task_factory
+from lmgym.envs.task_factory import VectorFactory, named_task_factory
 from lmgym.envs.tasks._common import DEFAULT_SPLIT, DataSplit
 from lmgym.envs.tasks.multi_turn.gym_bridge import TextGame, build_game_env
 from lmgym.envs.token_env import TokenVectorEnv
@@ -217,12 +217,13 @@ def _game_factory(name: str, bridged: str, factory_name: str, num_games: int) ->
             max_new_tokens=OPTIONS[name]["max_new_tokens"],
         )
 
-    body.__name__ = body.__qualname__ = factory_name
-    body.__doc__ = (
+    return named_task_factory(
+        body,
+        factory_name,
         f"``lmgym/{name}-v0``, ``{bridged}`` bridged, as a native vector env (the\n"
-        f"parameters: ``build_game_env``; the defaults: ``OPTIONS['{name}']``)."
+        f"parameters: ``build_game_env``; the defaults: ``OPTIONS['{name}']``).",
+        **OPTIONS[name],
     )
-    return task_factory(**OPTIONS[name])(body)
 
 
 make_frozen_lake_vector = _game_factory(

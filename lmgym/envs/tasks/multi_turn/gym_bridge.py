@@ -107,11 +107,18 @@ class LiveGame:
         return LiveGame()
 
 
+def move_digest(digest: str, move: object, text: str, reward: float, end: object) -> str:
+    """A bridged game's digest after one move: a hash of the one before, the move, the
+    observation's text, the reward and how the move ended the game (stable across
+    processes)."""
+    record = f"{digest}|{move}|{text}|{reward!r}|{end}".encode()
+    return hashlib.blake2b(record, digest_size=12).hexdigest()
+
+
 def step_digest(digest: str, action: int, text: str, reward: float, ends: tuple[bool, bool]) -> str:
     """The digest after one move: of the one before, the action, the observation's
-    text, the reward and ``(terminated, truncated)`` (stable across processes)."""
-    record = f"{digest}|{action}|{text}|{reward!r}|{ends}".encode()
-    return hashlib.blake2b(record, digest_size=12).hexdigest()
+    text, the reward and ``(terminated, truncated)`` (``move_digest``)."""
+    return move_digest(digest, action, text, reward, ends)
 
 
 @dataclass(frozen=True)

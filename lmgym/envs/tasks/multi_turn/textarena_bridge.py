@@ -35,7 +35,6 @@ its moves, and a replay that does not read as the episode did is refused
 
 from __future__ import annotations
 
-import hashlib
 import numbers
 import random
 import threading
@@ -55,7 +54,7 @@ from lmgym.envs.tasks.multi_turn._common import (
     reply_each,
     split_records,
 )
-from lmgym.envs.tasks.multi_turn.gym_bridge import LiveGame
+from lmgym.envs.tasks.multi_turn.gym_bridge import LiveGame, move_digest
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.envs.turns import EpisodeStart, TurnInput, TurnOutput
 from lmgym.extras import require
@@ -136,9 +135,8 @@ class SeededGame:
 
 
 def digest_step(digest: str, move: str, text: str, reward: float, done: bool) -> str:
-    """The digest after one move (stable across processes)."""
-    record = f"{digest}|{move}|{text}|{reward!r}|{done}".encode()
-    return hashlib.blake2b(record, digest_size=12).hexdigest()
+    """The digest after one move (``move_digest``)."""
+    return move_digest(digest, move, text, reward, done)
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from typing import Any
 
 from lmgym.envs.options import EnvOptions
 from lmgym.envs.single import single_env_factory
-from lmgym.envs.task_factory import VectorFactory, task_factory
+from lmgym.envs.task_factory import VectorFactory, named_task_factory
 from lmgym.envs.tasks._common import DEFAULT_SPLIT, DataSplit
 from lmgym.envs.tasks.multi_turn.textarena_bridge import (
     TextArenaGame,
@@ -78,12 +78,13 @@ def _game_factory(name: str, factory_name: str, num_games: int) -> VectorFactory
     ) -> TokenVectorEnv:
         return build_textarena_env(options, GAMES[name], num_games, data, chat, budget)
 
-    body.__name__ = body.__qualname__ = factory_name
-    body.__doc__ = (
+    return named_task_factory(
+        body,
+        factory_name,
         f"``lmgym/TextArena-{name}-v0`` as a native vector env (the parameters:\n"
-        "``build_textarena_env``)."
+        "``build_textarena_env``).",
+        **OPTIONS[name],
     )
-    return task_factory(**OPTIONS[name])(body)
 
 
 make_guess_the_number_vector = _game_factory(
