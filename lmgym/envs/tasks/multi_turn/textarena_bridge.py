@@ -299,18 +299,8 @@ def build_textarena_env(
     chat: bool | None,
     max_new_tokens: int,
 ) -> TokenVectorEnv:
-    """The multi-turn env of a bridged TextArena game.
-
-    Args:
-        options: the options the task body was given.
-        game: the game.
-        num_games: game seeds ``0 .. num_games - 1``, one prompt each, before the split.
-        data: which seeds the env serves (``DataSplit``: ``split`` ``"train"``,
-            ``"eval"`` (held-out seeds) or ``"all"``, ``eval_fraction`` of the seeds
-            held out, ``data_seed`` seeding the split).
-        chat: chat prompts; ``False``: plain text; ``None``: chat iff the tokenizer
-            has a chat template.
-        max_new_tokens: the task's default budget (the options' value wins if set).
+    """The multi-turn env of a bridged TextArena game. The arguments are those of
+    ``lmgym.envs.tasks.multi_turn.gym_bridge.build_game_env`` but ``invalid_penalty``.
 
     Raises:
         ImportError: textarena is not installed (``pip install 'lmgym[textarena]'``).
