@@ -115,14 +115,18 @@ def digit_share(prompts: list[Any], completions: list[str]) -> list[float]:
     return [sum(c.isdigit() for c in text) / max(1, len(text)) for text in completions]
 
 
-def build(args: Any) -> tuple[Side, Callable[[int], Side]]:
-    """The multi-turn side, and a maker of the single-turn side for a given ``L``."""
+def build(args: Any) -> tuple[list[Side], Callable[[str, int], Side]]:
+    """The multi-turn sides (episode-synchronous and continuous), and a maker of a
+    single-turn side of completions of a given length."""
     config = {**h.ONE_STEP, "learning_rate": 1e-4, "beta": 0.0, "seed": 0}
-    multi = load_policy(args.quick, forbid_stops=False)
-    env = w.guess_number_env(multi, args)
-    prompts = env.prompt_source  # the GuessNumber chat prompts (train split)
+    multi = []
+    for name, autoreset in (("multi-turn", False), ("multi-turn, continuous", True)):
+        policy = load_policy(args.quick, forbid_stops=False)
+        env = w.guess_number_env(policy, args, autoreset=autoreset)
+        multi.append(Side(name, GRPO(policy, env, **config)))
+    prompts = multi[0].agent.env.prompt_source  # the GuessNumber chat prompts (train split)
 
-    def single(length: int) -> Side:
+    def single(name: str, length: int) -> Side:
         policy = load_policy(args.quick, forbid_stops=True)
         single_env = TokenVectorEnv(
             policy.tokenizer,
@@ -133,9 +137,9 @@ def build(args: Any) -> tuple[Side, Callable[[int], Side]]:
             max_new_tokens=length,
             stop_token_ids=policy.stop_token_ids,
         )
-        return Side("single-turn", GRPO(policy, single_env, **config))
+        return Side(name, GRPO(policy, single_env, **config))
 
-    return Side("multi-turn", GRPO(multi, env, **config)), single
+    return multi, single
 
 
 def med(xs: list[float]) -> float:
@@ -144,13 +148,13 @@ def med(xs: list[float]) -> float:
 
 def report(args: Any, sides: list[Side], profiles: dict[str, h.Phases], total: float) -> list[str]:
     head = h.header(
-        "Real-model multi-turn cost: GuessNumber against a single-turn task of equal tokens",
+        "Real-model multi-turn cost: GuessNumber against single-turn tasks of equal tokens and width",
         f"torch threads = {torch.get_num_threads()}",
         ["torch", "transformers", "peft", "lmgym"],
         h.command_line("multi_turn_cost.py"),
         note=f" (total {total:.0f} s)",
     )
-    multi, single = sides
+    single = sides[2]
     rows = []
     for s in sides:
         it = [a + b for a, b in zip(s.seconds["collect"], s.seconds["train_on_batch"], strict=True)]
@@ -168,14 +172,23 @@ def report(args: Any, sides: list[Side], profiles: dict[str, h.Phases], total: f
     def peak(s: Side) -> float:
         return max(max(s.peak_mib["collect"]), max(s.peak_mib["train_on_batch"]))
 
-    time_ratio, mem_ratio = it_med(multi) / it_med(single), peak(multi) / peak(single)
+    ratios = [
+        f"- {m.name} / {s.name}: **{it_med(m) / it_med(s):.2f}x** time per iteration, "
+        f"**{peak(m) / peak(s):.2f}x** peak memory (target <= 1.5x each: "
+        f"{h.verdict(it_med(m) / it_med(s) <= 1.5)} / {h.verdict(peak(m) / peak(s) <= 1.5)})"
+        for m in sides[:2]
+        for s in sides[2:]
+    ]
     work = (
         f"- work: `{MODEL if not args.quick else 'tiny Llama (smoke)'}` + LoRA r 16, float32; "
         f"GRPO, one optimizer step per batch, lr 1e-4, beta 0; {args.prompts} prompts x "
         f"{args.group} episodes; multi-turn: `{TASK}` chat, budget {args.budget} tokens, "
-        f"{args.turns} turns at most; single-turn: the same prompts, exactly L = "
-        f"{single.agent.env.max_new_tokens} tokens per completion (stop ids forbidden), L = "
-        "the multi-turn warm-up's mean completion-region length"
+        f"{args.turns} turns at most, episode-synchronous (`collect`) or continuous "
+        "(`autoreset=True`, `ContinuousCollector`); single-turn: the same prompts, "
+        "completions of exactly L tokens (stop ids forbidden): *equal tokens*, L = "
+        f"{single.agent.env.max_new_tokens}, the multi-turn warm-up's mean completion-region "
+        f"length; *equal width*, L = {sides[3].agent.env.max_new_tokens}, its longest row "
+        "(a multi-turn batch is ragged: its rows run and are padded to the longest)"
     )
     method = (
         f"- method: {args.warmup} warm-up iteration(s) per side, then {args.repeats} timed "
@@ -191,9 +204,7 @@ def report(args: Any, sides: list[Side], profiles: dict[str, h.Phases], total: f
             rows,
         ),
         "",
-        f"Multi-turn / single-turn: **{time_ratio:.2f}x** time per iteration, "
-        f"**{mem_ratio:.2f}x** peak memory (target <= 1.5x each: "
-        f"{h.verdict(time_ratio <= 1.5)} / {h.verdict(mem_ratio <= 1.5)}).",
+        *ratios,
     ]  # fmt: skip
     lines += h.phase_section(
         "Where a collect's time goes", "One `collect` per side under the profiler.", profiles
@@ -214,23 +225,25 @@ def main(argv: list[str] | None = None) -> int:
     release_freed_buffers()
     torch.manual_seed(0)
     multi, make_single = build(args)
-    for _ in range(args.warmup):
-        multi.iteration(record=False)
-    # L: the mean completion-region length of two more (untimed) batches.
-    tokens = [float(multi.agent.collect()[0].lengths.float().mean()) for _ in range(2)]
-    single = make_single(max(1, round(statistics.mean(tokens))))
-    for _ in range(args.warmup):
-        single.iteration(record=False)
+    for side in multi:
+        for _ in range(args.warmup):
+            side.iteration(record=False)
+    # L: the mean and the longest completion-region length of two more (untimed) batches.
+    batches = [multi[0].agent.collect()[0] for _ in range(2)]
+    mean = statistics.mean(float(b.lengths.float().mean()) for b in batches)
+    longest = max(int(b.lengths.max()) for b in batches)
+    sides = [*multi, make_single("single-turn, equal tokens", max(1, round(mean)))]
+    sides.append(make_single("single-turn, equal width", longest))
+    for side in sides[2:]:
+        for _ in range(args.warmup):
+            side.iteration(record=False)
     for i in range(args.repeats):
-        order = (multi, single) if i % 2 == 0 else (single, multi)
-        for side in order:
+        for side in sides if i % 2 == 0 else sides[::-1]:
             side.iteration()
-            print(
-                f"{side.name}: {side.seconds['collect'][-1] + side.seconds['train_on_batch'][-1]:.1f} s",
-                flush=True,
-            )
-    profiles = {s.name: h.profile_phases(lambda s=s: s.agent.collect(), 1) for s in (multi, single)}
-    lines = report(args, [multi, single], profiles, time.perf_counter() - start)
+            last = {k: round(v[-1], 1) for k, v in side.seconds.items()}
+            print(f"{side.name}: {last} s", flush=True)
+    profiles = {s.name: h.profile_phases(lambda s=s: s.agent.collect(), 1) for s in sides}
+    lines = report(args, sides, profiles, time.perf_counter() - start)
     h.finish(lines, args.out)
     return 0
 

@@ -452,9 +452,10 @@ def add_guess_number_options(p: Any) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads (1)")
 
 
-def guess_number_env(policy: Any, args: Any) -> Any:
+def guess_number_env(policy: Any, args: Any, autoreset: bool = False) -> Any:
     """The training ``lmgym/GuessNumber-v0`` vector env for ``policy`` under
-    ``add_guess_number_options``' ``args`` (the unwrapped ``TokenVectorEnv``)."""
+    ``add_guess_number_options``' ``args`` (the unwrapped ``TokenVectorEnv``);
+    ``autoreset``: continuous batching."""
     import gymnasium as gym
 
     import lmgym  # noqa: F401  (registers the tasks)
@@ -467,4 +468,5 @@ def guess_number_env(policy: Any, args: Any) -> Any:
         max_new_tokens=args.budget,
         max_turns=args.turns,
         stop_token_ids=policy.stop_token_ids,
+        autoreset=autoreset,
     ).unwrapped
