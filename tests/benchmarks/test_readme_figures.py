@@ -33,3 +33,22 @@ def test_readme_parking_figures_match_the_results() -> None:
     text = " ".join(sentence.group().split())
     assert f"{ratios[64]} the synchronous path's tokens/s at 64 rows" in text
     assert f"{ratios[8]} at 8" in text
+
+
+def test_readme_guess_number_bisection_figures_match_the_record() -> None:
+    import json
+
+    record = json.loads((ROOT / "benchmarks/results/guess_bisect/guess_bisect-s0.json").read_text())
+    first, last = record["evals"][0], record["evals"][-1]
+    assert (len(record["history"]), last["iteration"]) == (80, 80)
+    text = " ".join(README.split())
+    greedy = (
+        f"greedy return went from {first['greedy']['return']:.3f} to {last['greedy']['return']:.3f}"
+    )
+    sampled = (
+        f"sampled one from {first['sampled']['return']:.3f} to {last['sampled']['return']:.3f}"
+    )
+    assert greedy in text and sampled in text
+    assert f"{last['greedy']['midpoint']:.0%} of guesses at the middle" in text
+    assert f"against {first['greedy']['midpoint']:.0%} for the base model" in text
+    assert last["greedy"]["solved"] == 1.0 and "(all solved," in text
