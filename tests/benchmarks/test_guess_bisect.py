@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import sys
 from pathlib import Path
 
 import pytest
+from testkit import import_script
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-sys.path.insert(0, str(BENCHMARKS))
-_spec = importlib.util.spec_from_file_location(
-    "benchmark_guess_bisect", BENCHMARKS / "guess_bisect.py"
-)
-gb = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = gb
-_spec.loader.exec_module(gb)
+sys.path.insert(0, str(BENCHMARKS))  # the script imports harness, parts, workloads
+gb = import_script(BENCHMARKS / "guess_bisect.py", "benchmark_guess_bisect")
 
 HIGHER = "[\n<|im_start|>user\nhigher<|im_end|>\n<|im_start|>assistant\n]"
 LOWER = "[\n<|im_start|>user\nlower<|im_end|>\n<|im_start|>assistant\n]"

@@ -4,7 +4,6 @@ and build the workloads they claim."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -31,14 +30,11 @@ SCRIPTS = [
 sys.path.insert(0, str(BENCHMARKS))
 
 import harness as h  # noqa: E402
+from testkit import import_script  # noqa: E402
 
 
 def load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return import_script(BENCHMARKS / f"{name}.py", f"benchmark_{name}")
 
 
 @pytest.mark.parametrize("name", SCRIPTS)

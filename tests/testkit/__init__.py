@@ -222,10 +222,12 @@ def step_scripted_turns(
 
 # ------------------------------------------------------------------ examples, CLI
 def import_script(path: Path, name: str) -> ModuleType:
-    """Import the script at ``path`` (an example) as a fresh module named ``name``."""
+    """Import the script at ``path`` (an example, a benchmark) as a fresh module named
+    ``name``, registered in ``sys.modules`` (dataclasses look their module up there)."""
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None, path
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 
