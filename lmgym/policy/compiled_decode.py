@@ -97,11 +97,45 @@ def slot_attention(
     rows, allowed = lmgym_packed
     n, width = key.shape[0], allowed.shape[1]
     out = _attend(query[:n], key, value, attention_mask, scaling)
-    # The packed queries read their own rows' first W columns: a [T, Hkv, W, D] gather.
-    packed = _attend(
-        query[n:], key[rows, :, :width], value[rows, :, :width], allowed[:, None, None], scaling
-    )
+    if torch.compiler.is_compiling():
+        # One graph for every step: a [T, Hkv, W, D] gather, each packed query its own row.
+        key, value = key[rows, :, :width], value[rows, :, :width]
+        packed = _attend(query[n:], key, value, allowed[:, None, None], scaling)
+    else:
+        packed = _attend_by_row(
+            query[n:], key[:, :, :width], value[:, :, :width], rows, allowed, scaling
+        )
     return torch.cat([out, packed]), None
+
+
+def _attend_by_row(
+    query: Tensor, key: Tensor, value: Tensor, rows: Tensor, allowed: Tensor, scaling: float | None
+) -> Tensor:
+    """Packed one-token queries, each reading its row's columns where ``allowed``.
+
+    A run of queries of one row attends as one block, ``[Hq, t, D]`` against that
+    row's ``[Hkv, W, D]``, so each row's cache is read once per step. A per-query
+    gather would copy it once per query: a restarted row packs its whole new prompt,
+    and ``T`` copies of a ``W``-column cache made such a step about 15x a plain one
+    (SmolLM2, 16 rows restarting 151-token prompts).
+
+    Args:
+        query: ``[T, Hq, 1, D]``.
+        key, value: ``[N, Hkv, W, D]`` the cache rows' first ``W`` columns.
+        rows: ``[T] int64`` each query's cache row.
+        allowed: ``[T, W] bool`` the columns each query reads.
+
+    Returns:
+        ``[T, 1, Hq, D]``, as ``_attend`` gives.
+    """
+    runs, run_of, lengths = torch.unique_consecutive(rows, return_inverse=True, return_counts=True)
+    within = torch.arange(rows.shape[0], device=rows.device) - (lengths.cumsum(0) - lengths)[run_of]
+    block = query.new_zeros(runs.shape[0], query.shape[1], int(lengths.max()), query.shape[3])
+    block[run_of, :, within] = query[:, :, 0]
+    mask = allowed.new_zeros(runs.shape[0], 1, block.shape[2], allowed.shape[1])
+    mask[run_of, 0, within] = allowed  # a block's padding reads nothing and is dropped
+    out = _attend(block, key[runs], value[runs], mask, scaling)  # [R, t, Hq, D]
+    return out[run_of, within][:, None]
 
 
 def _attend(

@@ -88,6 +88,35 @@ def test_slot_attention_reads_only_the_columns_its_mask_covers():
     torch.testing.assert_close(out, expected, atol=0, rtol=0)
 
 
+def test_packed_queries_read_their_own_rows_as_sdpa_does():
+    # Packed one-token queries (appended text) after N rows' own: runs of one row, a
+    # row appearing in two runs, a row with one query; each reads its row's columns
+    # where allowed, exactly as one SDPA call per query over that row would.
+    gen = torch.Generator().manual_seed(2)
+    n, heads, kv_heads, cols, dim = 3, 4, 2, 6, 8
+    rows = torch.tensor([0, 0, 0, 2, 1, 1, 2])
+    t = rows.shape[0]
+    query = torch.randn(n + t, heads, 1, dim, generator=gen)
+    key = torch.randn(n, kv_heads, cols, dim, generator=gen)
+    value = torch.randn(n, kv_heads, cols, dim, generator=gen)
+    mask = torch.rand(n, 1, 1, cols, generator=gen) > 0.3
+    allowed = torch.rand(t, cols, generator=gen) > 0.4
+    mask[..., 0] = allowed[:, 0] = True
+    out, _ = slot_attention(
+        None, query, key, value, mask, scaling=0.3, lmgym_packed=(rows, allowed)
+    )
+    assert out.shape == (n + t, 1, heads, dim)
+    for i in range(t):
+        expected = torch.nn.functional.scaled_dot_product_attention(
+            query[n + i : n + i + 1],
+            key[rows[i : i + 1]].repeat_interleave(2, dim=1),
+            value[rows[i : i + 1]].repeat_interleave(2, dim=1),
+            attn_mask=allowed[i].view(1, 1, 1, cols),
+            scale=0.3,
+        )
+        torch.testing.assert_close(out[n + i], expected.transpose(1, 2)[0], atol=1e-6, rtol=1e-5)
+
+
 def test_slot_attention_refuses_what_it_does_not_apply():
     q, k = torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 3, 4)
     with pytest.raises(NotImplementedError, match="lmgym_slots attention does not apply"):
