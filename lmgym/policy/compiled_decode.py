@@ -37,6 +37,7 @@ import contextlib
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -56,7 +57,7 @@ def slot_attention(
     attention_mask: Tensor | None,
     scaling: float | None = None,
     dropout: float = 0.0,
-    lmgym_packed: tuple[Tensor, Tensor] | None = None,
+    lmgym_packed: tuple[Tensor, Tensor] | tuple[Tensor, Tensor, RowRuns] | None = None,
     **kwargs: object,
 ) -> tuple[Tensor, None]:
     """Masked scaled dot-product attention over the slot columns (transformers'
@@ -71,7 +72,7 @@ def slot_attention(
             only the first ``W <= C`` columns are read (``None``: all ``C`` are).
         scaling: the score scale (default ``D ** -0.5``).
         dropout: must be 0 (the policy runs in eval mode).
-        lmgym_packed: ``(rows [T] int64, allowed [T, W] bool)``: ``T`` more
+        lmgym_packed: ``(rows [T] int64, allowed [T, W] bool[, RowRuns])``: ``T`` more
             one-token queries after the first ``N`` (appended text, packed
             into the decode step): query ``N + t`` reads columns ``[0, W)`` of cache
             row ``rows[t]`` where ``allowed[t]``.
@@ -94,47 +95,69 @@ def slot_attention(
         key, value = key[:, :, :width], value[:, :, :width]
     if lmgym_packed is None:
         return _attend(query, key, value, attention_mask, scaling), None
-    rows, allowed = lmgym_packed
+    rows, allowed, *grouped = lmgym_packed
     n, width = key.shape[0], allowed.shape[1]
     out = _attend(query[:n], key, value, attention_mask, scaling)
-    if torch.compiler.is_compiling():
-        # One graph for every step: a [T, Hkv, W, D] gather, each packed query its own row.
-        key, value = key[rows, :, :width], value[rows, :, :width]
-        packed = _attend(query[n:], key, value, allowed[:, None, None], scaling)
-    else:
-        packed = _attend_by_row(
-            query[n:], key[:, :, :width], value[:, :, :width], rows, allowed, scaling
-        )
+    key, value = key[:, :, :width], value[:, :, :width]
+    if grouped and not torch.compiler.is_compiling():
+        packed = _attend_by_row(query[n:], key, value, allowed, grouped[0], scaling)
+    else:  # one graph for every step: a [T, Hkv, W, D] gather, each query its own row
+        packed = _attend(query[n:], key[rows], value[rows], allowed[:, None, None], scaling)
     return torch.cat([out, packed]), None
 
 
+@dataclass(frozen=True)
+class RowRuns:
+    """Packed queries as runs of one cache row, for ``_attend_by_row``: computed once
+    a step (``row_runs``), not in each layer's attention.
+
+    Attributes:
+        rows: ``[R] int64`` each run's cache row.
+        run_of: ``[T] int64`` each query's run.
+        within: ``[T] int64`` its place in the run.
+        longest: the longest run's length.
+    """
+
+    rows: Tensor
+    run_of: Tensor
+    within: Tensor
+    longest: int
+
+
+def row_runs(rows: Tensor) -> RowRuns:
+    """The runs of equal consecutive entries of ``rows`` (``[T] int64``)."""
+    runs, run_of, lengths = torch.unique_consecutive(rows, return_inverse=True, return_counts=True)
+    within = torch.arange(rows.shape[0], device=rows.device) - (lengths.cumsum(0) - lengths)[run_of]
+    return RowRuns(runs, run_of, within, int(lengths.max()))
+
+
 def _attend_by_row(
-    query: Tensor, key: Tensor, value: Tensor, rows: Tensor, allowed: Tensor, scaling: float | None
+    query: Tensor, key: Tensor, value: Tensor, allowed: Tensor, runs: RowRuns, scaling: float | None
 ) -> Tensor:
     """Packed one-token queries, each reading its row's columns where ``allowed``.
 
     A run of queries of one row attends as one block, ``[Hq, t, D]`` against that
     row's ``[Hkv, W, D]``, so each row's cache is read once per step. A per-query
     gather would copy it once per query: a restarted row packs its whole new prompt,
-    and ``T`` copies of a ``W``-column cache made such a step about 15x a plain one
-    (SmolLM2, 16 rows restarting 151-token prompts).
+    and ``T`` copies of a ``W``-column cache made such a step about 2.3x slower
+    (SmolLM2, 16 rows restarting 151-token GuessNumber prompts:
+    benchmarks/results/multi_turn_cost.md's notes).
 
     Args:
         query: ``[T, Hq, 1, D]``.
         key, value: ``[N, Hkv, W, D]`` the cache rows' first ``W`` columns.
-        rows: ``[T] int64`` each query's cache row.
         allowed: ``[T, W] bool`` the columns each query reads.
+        runs: the queries' runs of one row (``row_runs``).
 
     Returns:
         ``[T, 1, Hq, D]``, as ``_attend`` gives.
     """
-    runs, run_of, lengths = torch.unique_consecutive(rows, return_inverse=True, return_counts=True)
-    within = torch.arange(rows.shape[0], device=rows.device) - (lengths.cumsum(0) - lengths)[run_of]
-    block = query.new_zeros(runs.shape[0], query.shape[1], int(lengths.max()), query.shape[3])
+    n_runs, run_of, within = runs.rows.shape[0], runs.run_of, runs.within
+    block = query.new_zeros(n_runs, query.shape[1], runs.longest, query.shape[3])
     block[run_of, :, within] = query[:, :, 0]
-    mask = allowed.new_zeros(runs.shape[0], 1, block.shape[2], allowed.shape[1])
+    mask = allowed.new_zeros(n_runs, 1, runs.longest, allowed.shape[1])
     mask[run_of, 0, within] = allowed  # a block's padding reads nothing and is dropped
-    out = _attend(block, key[runs], value[runs], mask, scaling)  # [R, t, Hq, D]
+    out = _attend(block, key[runs.rows], value[runs.rows], mask, scaling)  # [R, t, Hq, D]
     return out[run_of, within][:, None]
 
 

@@ -41,6 +41,7 @@ from torch import Tensor
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from lmgym.policy.compiled_decode import row_runs
 from lmgym.policy.groups import shared_pass, shared_rows
 from lmgym.policy.kv_slots import (
     is_slot_cache,
@@ -411,6 +412,8 @@ class RolloutEngine:
                 set_step(cache, write_cols, filled, rows=write_rows)
             if packed is not None:
                 attention_mask = attention_mask[:, None, None, :]
+            if packed is not None:  # grouped once here, read by every layer's attention
+                attend = (packed.rows, packed.allowed, row_runs(packed.rows))
             hidden = self.trunk.hidden_states(
                 tokens, self._trunk_mask(attention_mask, padded), positions_in, cache, attend
             )[:, 0]

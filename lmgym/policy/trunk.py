@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from transformers import DynamicCache
 
 from lmgym.policy.adapters import transformer_of
-from lmgym.policy.compiled_decode import CompiledDecode, slot_attention_on
+from lmgym.policy.compiled_decode import CompiledDecode, RowRuns, slot_attention_on
 from lmgym.profiling import TRUNK, labelled
 
 
@@ -90,7 +90,7 @@ class ModelTrunk:
         attention_mask: Tensor | None,
         position_ids: Tensor,
         cache: DynamicCache | None = None,
-        packed: tuple[Tensor, Tensor] | None = None,
+        packed: tuple[Tensor, Tensor] | tuple[Tensor, Tensor, RowRuns] | None = None,
     ) -> Tensor:
         """Final hidden states of the trunk: ``[N, S, H]`` for ``[N, S]`` inputs.
 

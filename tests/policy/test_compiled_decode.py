@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from lmgym.policy import CausalLMPolicy, compiled_decode, make_tiny_lm, make_tiny_model, save_tiny
-from lmgym.policy.compiled_decode import slot_attention
+from lmgym.policy.compiled_decode import row_runs, slot_attention
 from lmgym.rollout import ContinuousCollector, collect
 
 
@@ -88,7 +88,8 @@ def test_slot_attention_reads_only_the_columns_its_mask_covers():
     torch.testing.assert_close(out, expected, atol=0, rtol=0)
 
 
-def test_packed_queries_read_their_own_rows_as_sdpa_does():
+@pytest.mark.parametrize("grouped", [True, False], ids=["by row (eager)", "per query (compiled)"])
+def test_packed_queries_read_their_own_rows_as_sdpa_does(grouped):
     # Packed one-token queries (appended text) after N rows' own: runs of one row, a
     # row appearing in two runs, a row with one query; each reads its row's columns
     # where allowed, exactly as one SDPA call per query over that row would.
@@ -102,9 +103,8 @@ def test_packed_queries_read_their_own_rows_as_sdpa_does():
     mask = torch.rand(n, 1, 1, cols, generator=gen) > 0.3
     allowed = torch.rand(t, cols, generator=gen) > 0.4
     mask[..., 0] = allowed[:, 0] = True
-    out, _ = slot_attention(
-        None, query, key, value, mask, scaling=0.3, lmgym_packed=(rows, allowed)
-    )
+    packed = (rows, allowed, row_runs(rows)) if grouped else (rows, allowed)
+    out, _ = slot_attention(None, query, key, value, mask, scaling=0.3, lmgym_packed=packed)
     assert out.shape == (n + t, 1, heads, dim)
     for i in range(t):
         expected = torch.nn.functional.scaled_dot_product_attention(
@@ -115,6 +115,13 @@ def test_packed_queries_read_their_own_rows_as_sdpa_does():
             scale=0.3,
         )
         torch.testing.assert_close(out[n + i], expected.transpose(1, 2)[0], atol=1e-6, rtol=1e-5)
+
+
+def test_row_runs_group_consecutive_queries_of_one_row():
+    runs = row_runs(torch.tensor([0, 0, 0, 2, 1, 1, 2]))
+    assert runs.rows.tolist() == [0, 2, 1, 2] and runs.longest == 3
+    assert runs.run_of.tolist() == [0, 0, 0, 1, 2, 2, 3]
+    assert runs.within.tolist() == [0, 1, 2, 0, 0, 1, 0]
 
 
 def test_slot_attention_refuses_what_it_does_not_apply():

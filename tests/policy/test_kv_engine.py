@@ -65,7 +65,7 @@ class StubTrunk(nn.Module):
             allowed = allowed & attention_mask.reshape(n, -1)[:, None, :width].bool()
         out = attend(q[:n], keys, values, allowed)
         if packed is not None:  # T more one-token queries, each over its own row
-            rows, row_allowed = packed
+            rows, row_allowed, *_ = packed  # (RowRuns, the grouping, unused here)
             cols = row_allowed.shape[1]
             extra = attend(
                 q[n:], keys[rows, :, :cols], values[rows, :, :cols], row_allowed[:, None]
