@@ -1,13 +1,13 @@
 """Seed robustness: does each agent reach the solved threshold, and keep it?
 
 Every agent x TargetString and LengthControl x 5 seeds, with the settings of
-``lmgym bench`` (``lmgym.training.bench``: a fresh tiny GPT-2 per seed, its batch
+``lmgym bench`` (``lmgym.bench.run``: a fresh tiny GPT-2 per seed, its batch
 shape, 4 prompts x 16 completions, bandit reward, each agent's documented defaults,
 150 / 250 iterations). Per agent and task the table
 counts the seeds that *reached* the threshold (rolling mean over 5 iterations), that
 *kept* it (mean of the last 10 iterations at the threshold) and that ended on a
 *plateau* (not kept, last 10 iterations within 0.05: stuck at a local optimum); the
-definitions live in ``lmgym.training.bench_report`` (``kept``, ``plateaued``), the
+definitions live in ``lmgym.bench.report`` (``kept``, ``plateaued``), the
 same ones ``lmgym bench`` reports. Target (issue 26): every agent keeps the solution
 on at least 4 of 5 seeds on both tasks.
 
@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from lmgym.agents import ALGORITHMS
-from lmgym.training.bench import BenchSpec, run_job
-from lmgym.training.bench_report import KEEP_WINDOW, PLATEAU_RANGE, machine_line, summarize
+from lmgym.bench.report import KEEP_WINDOW, PLATEAU_RANGE, machine_line, summarize
+from lmgym.bench.run import BenchSpec, run_job
 
 TASKS = ("lmgym/TargetString-v0", "lmgym/LengthControl-v0")
 SEEDS = (0, 1, 2, 3, 4)

@@ -3,8 +3,8 @@
 Every place lmgym reads a value for a typed field calls this module:
 
 - ``parse_value`` converts a value that comes from outside Python: a command-line
-  string (a flag, ``lmgym.training.flags``), a JSON/YAML value (``--config FILE`` and
-  a run's ``config.json``, ``lmgym.training.train_args`` and
+  string (a flag, ``lmgym.cli.flags``), a JSON/YAML value (``--config FILE`` and
+  a run's ``config.json``, ``lmgym.cli.train_args`` and
   ``lmgym.agents.config.config_from_dict``), an env argument (``--env KEY=VALUE``,
   read as JSON when it parses, and a config's ``env_kwargs``,
   ``lmgym.training.env_args``);

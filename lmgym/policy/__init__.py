@@ -1,6 +1,6 @@
 """Policies: a transformers causal LM with a KV-cached sampler and a teacher-forced pass."""
 
-# make_char_tokenizer lives in lmgym.char_tokenizer; lmgym.training.bench imports it from here.
+# make_char_tokenizer lives in lmgym.char_tokenizer; lmgym.bench.run imports it from here.
 from lmgym.char_tokenizer import make_char_tokenizer
 from lmgym.policy.causal_lm import CausalLMPolicy, PolicyState
 from lmgym.policy.engines import ROLLOUT_ENGINES, set_rollout_engine

@@ -1,7 +1,7 @@
 """Training runs around the agents: run directories, logging, checkpoints, callbacks,
-evaluation (mean reward, pass@k, length) and the agent benchmark.
+and evaluation (mean reward, pass@k, length). The agent benchmark is ``lmgym.bench``.
 
-What ``lmgym train`` / ``eval`` / ``bench`` do, as a library:
+What ``lmgym train`` / ``eval`` do, as a library:
 
 - ``Trainer(TrainConfig(...), agent_config).run()``: one training run with a run
   directory (``config.json``, ``progress.csv``, TensorBoard events, ``samples.jsonl``,
@@ -11,7 +11,6 @@ What ``lmgym train`` / ``eval`` / ``bench`` do, as a library:
 - ``EarlyStopAtThreshold``, ``PeriodicEval``, ``SamplePrinter``, ``MetricsLogger``,
   ``CheckpointCallback``: callbacks for ``Agent.learn``.
 - ``evaluate_policy``: mean reward, pass@k and mean length on a task's eval prompts.
-- ``run_bench``: agents x tasks x seeds with equal budgets, a Markdown table and PNG curves.
 - ``resolve_task`` (``"module:Id"`` tasks) and ``register_prompt_task`` (a JSONL prompt
   file and a reward as a task): the user's own tasks, as ``lmgym train`` takes them.
 
@@ -44,8 +43,6 @@ _EXPORTS = {
     "TrainConfig": "lmgym.training.run",
     "Trainer": "lmgym.training.trainer",
     "TrainResult": "lmgym.training.trainer",
-    "BenchSpec": "lmgym.training.bench",
-    "run_bench": "lmgym.training.bench",
     "resolve_task": "lmgym.training.user_code",
     "register_prompt_task": "lmgym.training.user_code",
 }

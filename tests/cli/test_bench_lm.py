@@ -12,10 +12,10 @@ import textwrap
 import gymnasium as gym
 import pytest
 
+from lmgym.bench import run as bench
+from lmgym.bench.run import BenchSpec, BenchSpecChangedError, run_bench, run_jobs
+from lmgym.bench.spec import MAX_TIME_ITERATIONS
 from lmgym.cli import main
-from lmgym.training import bench
-from lmgym.training.bench import BenchSpec, BenchSpecChangedError, run_bench, run_jobs
-from lmgym.training.bench_spec import MAX_TIME_ITERATIONS
 from lmgym.training.pretrained import PRETRAINED_DEFAULTS
 
 pytest.importorskip("matplotlib")

@@ -9,8 +9,8 @@ import pytest
 from testkit import QUIET_CLI as QUIET  # small evaluations, no periodic printing
 
 from lmgym.agents import ALGORITHMS, GRPOConfig
+from lmgym.bench.run import load_results
 from lmgym.cli import main
-from lmgym.training.bench import load_results
 from lmgym.training.logger import read_progress
 
 

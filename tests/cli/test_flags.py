@@ -14,9 +14,9 @@ import pytest
 from lmgym.agents import ALGORITHMS, GRPOConfig, PPOConfig
 from lmgym.agents.config import field_help
 from lmgym.cli import main
-from lmgym.training.flags import flag_annotations, flag_dataclass, make_parser
+from lmgym.cli.flags import flag_annotations, flag_dataclass, make_parser
+from lmgym.cli.train_args import _train_parser
 from lmgym.training.run import TrainConfig
-from lmgym.training.train_args import _train_parser
 from lmgym.typed_values import parse_value
 
 
@@ -190,7 +190,7 @@ def test_a_config_file_sets_model_settings_and_flags_override_it(tmp_path):
     config = tmp_path / "c.json"
     config.write_text(json.dumps({"lora_target_modules": ["c_attn"], "dtype": "bfloat16"}))
     parser, run_fields, _ = _train_parser("grpo")
-    from lmgym.training.train_args import _apply_file_values
+    from lmgym.cli.train_args import _apply_file_values
 
     _apply_file_values(parser, json.loads(config.read_text()), str(config))
     args = parser.parse_args(["--dtype", "float32"])

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from lmgym.training.bench_spec import BenchSpec
+from lmgym.bench.spec import BenchSpec
 from lmgym.training.run import TrainConfig
 
 

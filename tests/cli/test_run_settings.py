@@ -9,9 +9,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from lmgym.agents import ALGORITHMS, GRPOConfig
+from lmgym.bench.run import DEFAULT_AGENTS, BenchSpec
 from lmgym.cli import main
 from lmgym.training import TrainConfig, Trainer
-from lmgym.training.bench import DEFAULT_AGENTS, BenchSpec
 from lmgym.training.logger import read_progress
 
 QUIET = [
@@ -182,7 +182,7 @@ def test_the_bench_runs_every_agent_at_its_defaults_and_lmgym_train_s_batch():
 
 
 def test_bench_agents_all_runs_every_algorithm(monkeypatch, tmp_path):
-    import lmgym.training.bench as bench
+    import lmgym.bench.run as bench
 
     seen = []
     monkeypatch.setattr(bench, "run_bench", lambda spec, out, overwrite: seen.append(spec) or "")

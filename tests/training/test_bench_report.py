@@ -7,8 +7,7 @@ import json
 
 import pytest
 
-from lmgym.training.bench import BenchSpec
-from lmgym.training.bench_report import (
+from lmgym.bench.report import (
     kept,
     load_results,
     plateaued,
@@ -17,6 +16,7 @@ from lmgym.training.bench_report import (
     summarize,
     write_report,
 )
+from lmgym.bench.run import BenchSpec
 
 TASK = "lmgym/TargetString-v0"
 TOKENS_PER_ITERATION = 4096

@@ -1,4 +1,4 @@
-"""``lmgym bench``: train agents x tasks x seeds with equal budgets (``lmgym.training.bench``)."""
+"""``lmgym bench``: train agents x tasks x seeds with equal budgets (``lmgym.bench.run``)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from lmgym.training.cli_common import add_rollout_engine_flags, error, quiet_transformers
-from lmgym.training.flags import FlagType, add_typed_flag
+from lmgym.cli.common import add_rollout_engine_flags, error, quiet_transformers
+from lmgym.cli.flags import FlagType, add_typed_flag
 
 
 def _csv_list(text: str) -> list[str]:
@@ -15,8 +15,8 @@ def _csv_list(text: str) -> list[str]:
 
 
 def _bench_parser() -> argparse.ArgumentParser:
-    from lmgym.training.bench import DEFAULT_AGENTS, DEFAULT_OUT, DEFAULT_SEEDS, DEFAULT_TASKS
-    from lmgym.training.bench_spec import (
+    from lmgym.bench.run import DEFAULT_AGENTS, DEFAULT_OUT, DEFAULT_SEEDS, DEFAULT_TASKS
+    from lmgym.bench.spec import (
         DEFAULT_EVAL_PROMPTS,
         DEFAULT_EVAL_SAMPLES,
         DEFAULT_GROUP_SIZE,
@@ -163,7 +163,7 @@ def _bench_parser() -> argparse.ArgumentParser:
 def bench(argv: Sequence[str]) -> int:
     """``lmgym bench``: the agent benchmark."""
     from lmgym.agents import ALGORITHMS
-    from lmgym.training.bench import BenchOutputExistsError, BenchSpec, run_bench
+    from lmgym.bench.run import BenchOutputExistsError, BenchSpec, run_bench
     from lmgym.training.pretrained import PRETRAINED_DEFAULTS
 
     args = _bench_parser().parse_args(list(argv))
@@ -176,7 +176,7 @@ def bench(argv: Sequence[str]) -> int:
         tasks = args.tasks
         prompts = args.prompts
         if prompts is not None or args.reward is not None:
-            from lmgym.training.bench_spec import register_user_task
+            from lmgym.bench.spec import register_user_task
 
             if prompts is not None:
                 prompts = str(Path(prompts).expanduser().resolve())

@@ -27,13 +27,13 @@ from pathlib import Path
 from typing import Any
 
 from lmgym.agents.config import config_from_dict
-from lmgym.training.cli_common import (
+from lmgym.cli.common import (
     add_rollout_engine_flags,
     error,
     parse_env_kwarg,
     quiet_transformers,
 )
-from lmgym.training.flags import add_typed_flag
+from lmgym.cli.flags import add_typed_flag
 from lmgym.training.holdout import TooFewRows
 from lmgym.training.run import DEFAULT_TASK, TrainConfig
 from lmgym.training.sample_text import sample_line

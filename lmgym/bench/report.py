@@ -1,6 +1,6 @@
 """The agent benchmark's report: summary numbers, Markdown tables, learning-curve PNGs.
 
-``lmgym.training.bench`` runs the jobs of a ``BenchSpec`` (``bench_spec``); this
+``lmgym.bench.run`` runs the jobs of a ``BenchSpec`` (``bench_spec``); this
 module turns their results into what ``run_bench`` writes: ``summarize`` (per agent and task: the final reward as mean
 +- std over seeds, the seeds that reached the solved threshold and those that kept
 it to the end, the seeds that ended on a plateau below it, iterations and tokens to
@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lmgym.training.bench_spec import DEFAULT_OUT, BenchSpec
+from lmgym.bench.spec import DEFAULT_OUT, BenchSpec
 
 if TYPE_CHECKING:
     from lmgym.envs.registration import TaskInfo

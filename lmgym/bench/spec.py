@@ -1,7 +1,7 @@
 """What an agent benchmark runs: ``BenchSpec`` and its defaults.
 
-Apart from ``lmgym.training.bench`` (which runs a spec) and
-``lmgym.training.bench_report`` (which renders its results), so both can read a
+Apart from ``lmgym.bench.run`` (which runs a spec) and
+``lmgym.bench.report`` (which renders its results), so both can read a
 spec without importing each other. Algorithm names are those of the one registry,
 ``lmgym.agents.ALGORITHMS``; every agent runs at its documented defaults and only
 ``_COST`` (iterations dearer than most) names agents, so a new agent needs no entry

@@ -31,7 +31,7 @@ def add_launch_flags(parser: argparse.ArgumentParser) -> None:
     """``--nproc-per-node`` (data parallel) and the asynchronous actor-learner's flags."""
     from lmgym.agents.config import field_help
     from lmgym.asynchronous import AsyncConfig
-    from lmgym.training.flags import add_typed_flag
+    from lmgym.cli.flags import add_typed_flag
 
     helps = field_help(AsyncConfig)  # type: ignore[arg-type]
     group = parser.add_argument_group(
@@ -93,7 +93,7 @@ def async_config(args: argparse.Namespace) -> Any:
 
 def pop_nproc(argv: list[str]) -> tuple[int | None, list[str]]:
     """``(--nproc-per-node N or None, argv without it)``."""
-    from lmgym.training.flags import add_typed_flag
+    from lmgym.cli.flags import add_typed_flag
 
     pre = argparse.ArgumentParser(prog="lmgym train", add_help=False)
     add_typed_flag(pre, "--nproc-per-node", "--nproc_per_node", kind=int, default=None)

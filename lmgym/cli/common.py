@@ -46,7 +46,7 @@ def add_rollout_engine_flags(parser: argparse.ArgumentParser) -> None:
     from typing import get_args
 
     from lmgym.agents.config import field_help
-    from lmgym.training.flags import add_typed_flag
+    from lmgym.cli.flags import add_typed_flag
     from lmgym.training.run import TrainConfig
 
     helps = field_help(TrainConfig)  # type: ignore[arg-type]

@@ -16,7 +16,7 @@ Measured per run: the ``reward_mean`` and ``tokens_generated`` of every
 iteration, wall time of ``learn`` and the process's peak resident memory
 (``ru_maxrss``, which includes the ~0.5 GB that importing torch and transformers
 costs). Running and reporting are apart: ``run_jobs`` runs a spec and returns
-its records (one dict per run), and ``lmgym.training.bench_report`` renders records
+its records (one dict per run), and ``lmgym.bench.report`` renders records
 (``render_markdown``: the ``README.md`` tables; ``render_json``: ``results.json``
 with every curve) and writes them with one PNG of learning curves per task
 (``write_report``). ``run_bench`` is the two in a row.
@@ -51,8 +51,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from lmgym.persistence.atomic import atomic_write_text
-from lmgym.training.bench_report import (  # noqa: F401  (re-exported: the report's API)
+from lmgym.bench.report import (  # noqa: F401  (re-exported: the report's API)
     THRESHOLD_TOLERANCE,
     final_reward,
     format_summary,
@@ -65,7 +64,7 @@ from lmgym.training.bench_report import (  # noqa: F401  (re-exported: the repor
     summarize,
     write_report,
 )
-from lmgym.training.bench_spec import (  # noqa: F401  (re-exported: the spec's API)
+from lmgym.bench.spec import (  # noqa: F401  (re-exported: the spec's API)
     DEFAULT_AGENTS,
     DEFAULT_ITERATIONS,
     DEFAULT_OUT,
@@ -74,6 +73,7 @@ from lmgym.training.bench_spec import (  # noqa: F401  (re-exported: the spec's 
     TASK_ITERATIONS,
     BenchSpec,
 )
+from lmgym.persistence.atomic import atomic_write_text
 
 
 class BenchOutputExistsError(FileExistsError):
@@ -191,7 +191,7 @@ def _policy_and_env(job: dict[str, Any], lora_r: int) -> tuple[Any, Any, str]:
 def _register_job_task(job: dict[str, Any]) -> None:
     """Register a job's ``--prompts`` task in this process (a spawned worker has not)."""
     if job.get("user_task") is not None:
-        from lmgym.training.bench_spec import register_user_task
+        from lmgym.bench.spec import register_user_task
 
         register_user_task(*job["user_task"])
 

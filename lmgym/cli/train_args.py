@@ -1,21 +1,37 @@
 """``lmgym train``'s command line, read into a ``TrainRequest``, and the ``Trainer`` it asks for.
 
 Every field of ``TrainConfig`` and of the chosen algorithm's config is a flag
-(``lmgym.training.flags``); ``--config FILE`` (or the resumed run's ``config.json``)
+(``lmgym.cli.flags``); ``--config FILE`` (or the resumed run's ``config.json``)
 gives the defaults the flags override. Nothing here starts a process or writes a
-file: ``lmgym.cli`` decides (``launch``) and runs.
+file: ``lmgym.cli.train`` decides (``launch``) and runs.
+
+Config files (``--config FILE``): JSON always, YAML when pyyaml is installed. A file
+is a mapping of field names (``learning_rate`` or ``learning-rate``) to values, either
+flat::
+
+    algo: ppo
+    task: lmgym/LengthControl-v0
+    iterations: 200
+    learning_rate: 3.0e-4
+    env_kwargs: {reward_mode: per_token}
+
+or in the sections a run's ``config.json`` uses (``{"algo", "run": {...},
+"agent": {...}}``), so ``--config runs/x/config.json`` repeats run ``x`` (in a
+new run directory). Flags on the command line override the file's values.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from lmgym.training.cli_common import parse_env_kwarg, quiet_transformers
-from lmgym.training.launch import (
+from lmgym.cli.common import parse_env_kwarg, quiet_transformers
+from lmgym.cli.launch import (
     LAUNCH_FLAGS,
     add_launch_flags,
     async_config,
@@ -23,11 +39,79 @@ from lmgym.training.launch import (
     pop_nproc,
 )
 from lmgym.training.ranks import launched_ranks
-from lmgym.training.run import TrainConfig
+from lmgym.training.run import RUN_MARKER, TrainConfig
 
 
 class UsageError(ValueError):
     """A command line ``lmgym train`` refuses (the message is the one line it prints)."""
+
+
+class ConfigFileError(ValueError):
+    """A config file that cannot be read or has the wrong shape."""
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """Read a JSON or YAML config file into one flat ``{field_name: value}`` mapping.
+
+    Raises:
+        ConfigFileError: missing file, unknown extension, a parse error, YAML without
+            pyyaml, or not a mapping.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigFileError(f"--config {path}: no such file")
+    text = path.read_text()
+    suffix = path.suffix.lower()
+    if suffix == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigFileError(f"--config {path}: invalid JSON: {exc}") from None
+    elif suffix in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError:
+            raise ConfigFileError(
+                f"--config {path}: reading YAML needs pyyaml (pip install pyyaml); "
+                "or write the config as JSON"
+            ) from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigFileError(f"--config {path}: invalid YAML: {exc}") from None
+    else:
+        raise ConfigFileError(
+            f"--config {path}: unknown extension {path.suffix!r}; use .json, .yaml or .yml"
+        )
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigFileError(
+            f"--config {path}: expected a mapping of field names to values, got "
+            f"{type(data).__name__}"
+        )
+    flat = flatten_config(data, str(path))
+    if RUN_MARKER in data:
+        flat.pop("run_dir", None)  # repeating a saved run: a new directory, not the old one
+    return flat
+
+
+def flatten_config(data: dict[str, Any], source: str = "config") -> dict[str, Any]:
+    """Merge a ``{"run": ..., "agent": ...}`` config into one flat mapping; keys get
+    underscores. A flat mapping passes through (keys normalised)."""
+    flat: dict[str, Any] = {}
+    sections = {"run", "agent"}
+    for key, value in data.items():
+        if key == RUN_MARKER or (key in ("imports", "launch") and RUN_MARKER in data):
+            continue  # a run's "imports" and "launch" are records of how it ran
+        if key in sections:
+            if not isinstance(value, dict):
+                raise ConfigFileError(f"--config {source}: section {key!r} must be a mapping")
+            for inner, inner_value in value.items():
+                flat[str(inner).replace("-", "_")] = inner_value
+        else:
+            flat[str(key).replace("-", "_")] = value
+    return flat
 
 
 ASYNC_RESUME_REFUSED = (
@@ -44,10 +128,10 @@ def _train_parser(algo: str) -> tuple[argparse.ArgumentParser, list[str], list[s
     """The ``lmgym train`` parser for ``algo``: ``(parser, TrainConfig fields, agent fields)``.
 
     The typed flags of both config classes come from ``HfArgumentParser``
-    (``lmgym.training.flags``); the run's own flags are added here.
+    (``lmgym.cli.flags``); the run's own flags are added here.
     """
     from lmgym.agents import ALGORITHMS
-    from lmgym.training.flags import field_names, flag_dataclass, make_parser
+    from lmgym.cli.flags import field_names, flag_dataclass, make_parser
 
     run_flags = flag_dataclass(
         TrainConfig, skip=_SPECIAL_FIELDS, choices={"algo": sorted(ALGORITHMS)}
@@ -104,7 +188,7 @@ def _apply_file_values(
     the flag converts what it is given."""
     import typing
 
-    from lmgym.training.flags import flag_annotations
+    from lmgym.cli.flags import flag_annotations
     from lmgym.typed_values import parse_value
 
     where = f"--config {source}"
@@ -231,7 +315,6 @@ def _show_pretrained_defaults(
 
 def _file_values(known: argparse.Namespace) -> tuple[dict[str, Any], str | None]:
     """``(values, source)`` of ``--config`` or of the resumed run's ``config.json``."""
-    from lmgym.training.config_file import flatten_config, read_config_file
     from lmgym.training.resume import saved_values
 
     if known.resume is not None:
@@ -266,8 +349,8 @@ def parse_train(argv: Sequence[str]) -> TrainRequest:
         UsageError: a refused combination or value (one line).
         SystemExit: argparse's ``--help`` (0) or usage error (2).
     """
+    from lmgym.cli.flags import given_fields
     from lmgym.training.build import check_algo
-    from lmgym.training.flags import given_fields
 
     nproc, argv = pop_nproc(list(argv))
     if nproc is not None:
