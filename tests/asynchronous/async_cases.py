@@ -31,11 +31,18 @@ BOUND_ITERATIONS = 5
 # two-learner comparison a gradient to compare.
 TWO_LEARNERS: tuple[str, dict[str, Any]] = ("grpo", {"entropy_coef": 0.01, **SINGLE_PASS})
 LEARN_BUDGET = 200
-# 2e-3 collapses onto a partial answer at max_staleness=2 for this seed. At 1e-3 alone
-# the run turned on timing: with the machine loaded (two busy loops beside it, as in a
-# full `pytest -n auto`) the actor's staleness pattern changed and it settled on `helll`
-# (0.8) in 3 of 4 runs, once in a fresh-clone `make test`. The entropy bonus keeps the
-# last letter sampled until the group sees `o`: 7 of 7 runs solved it, 4 of them loaded.
+# The learning run was flaky while the actor ran freely: its staleness pattern followed
+# the machine's load, and "hello" has a trap (`helll`, reward 0.8) that some patterns
+# fell into (1 in 4 runs alone, more under `pytest -n auto`). Two changes, each for one
+# cause. The learner pauses after each update, so the actor always waits at the bound
+# and every run is the same run (checked: identical histories under load). With the
+# actor pinned at staleness 2, "hello" settled in the trap on seed 0 (the synchronous
+# run solves it in 100 updates), so the target is a word without a repeated letter:
+# "world" is solved in 103 updates and "house" in 99, at every update's staleness 2.
+LEARN_PAUSE_S = 0.2
+LEARN_TARGET = "world"
+# 2e-3 collapses onto a partial answer at max_staleness=2 for this seed; the entropy
+# bonus keeps the last letter sampled until the group sees it.
 LEARN_OVERRIDES: dict[str, Any] = {
     "learning_rate": 1e-3,
     "tis_cap": 2.0,

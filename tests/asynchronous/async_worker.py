@@ -25,6 +25,8 @@ from async_cases import (  # noqa: E402
     EQUAL_ITERATIONS,
     LEARN_BUDGET,
     LEARN_OVERRIDES,
+    LEARN_PAUSE_S,
+    LEARN_TARGET,
     SINGLE_PASS,
     TWO_LEARNERS,
     make_agent,
@@ -128,7 +130,7 @@ def stuck(out: Path) -> None:
 
 
 def learn(out: Path) -> None:
-    """TargetString "hello" with max_staleness=2, until solved."""
+    """TargetString "world" with max_staleness=2, until solved."""
     recent: list[float] = []
 
     def solved(agent, metrics):
@@ -136,9 +138,19 @@ def learn(out: Path) -> None:
         return not (len(recent) >= 5 and sum(recent[-5:]) / 5 >= 0.95)
 
     make = partial(
-        factory, "grpo", LEARN_OVERRIDES, num_prompts=4, group_size=16, max_new_tokens=None
+        factory,
+        "grpo",
+        LEARN_OVERRIDES,
+        num_prompts=4,
+        group_size=16,
+        max_new_tokens=None,
+        target=LEARN_TARGET,
     )
-    result = run_async(make, LEARN_BUDGET, AsyncConfig(max_staleness=2), callback=solved)
+    # A slow learner keeps the actor at the bound: every rollout is exactly as stale as
+    # max_staleness allows whatever the machine's load, so the run is the same every time.
+    hooks = AsyncHooks(learner_update=pause(LEARN_PAUSE_S))
+    config = AsyncConfig(max_staleness=2)
+    result = run_async(make, LEARN_BUDGET, config, hooks=hooks, callback=solved)
     if result.role.is_learner:
         torch.save({"history": result.history}, out / "learn-learner0.pt")
 
