@@ -1,18 +1,23 @@
-"""Which token ids are special, and which of them a policy may sample or an env accepts.
+"""Which token ids are special, and which of them are legal actions (``TokenRules``).
 
 A special token (``<pad>``, ``<unk>``, ``<bos>``, a chat marker, ...) has no text of
 its own: ``decode(..., skip_special_tokens=True)`` drops it. A policy that may
 emit one can game a string reward (``'<pad>cc<unk>cccc'`` decodes to ``'cccccc'``).
-So by default ``CausalLMPolicy`` never samples a special token other than its
-stop token, ``TokenVectorEnv`` refuses one other than its stop ids, and both take
-``allowed_special_tokens`` to permit more (ids or token strings, or ``"all"``).
+So by default only the stop ids are legal special actions; ``allowed_special_tokens``
+(ids or token strings, or ``"all"``) permits more. The env builds these rules once
+(``TokenVectorEnv.token_rules``) and hands them to the policy
+(``CausalLMPolicy.check_env``), which refuses to sample what the env refuses: one
+record, so the two cannot disagree.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
+import torch
+from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
 #: Special tokens allowed beyond the stop token(s): ids or token strings, or ``"all"``.
@@ -97,57 +102,80 @@ def resolve_special_tokens(
     return ids
 
 
-def refused_special_ids(
-    tokenizer: PreTrainedTokenizerBase,
-    keep: Iterable[int],
-    allowed: AllowedSpecialTokens,
-    field: str = "allowed_special_tokens",
-) -> list[int]:
-    """The special ids outside ``keep`` (the stop ids) and ``allowed``, sorted.
+@dataclass(frozen=True)
+class TokenRules:
+    """Which ids end a completion and which special ids are legal actions: one record,
+    built by the env (``TokenVectorEnv.token_rules``) and handed to the policy
+    (``CausalLMPolicy.check_env``), which then samples by it.
 
-    Args:
-        tokenizer: Defines the special tokens.
-        keep: Ids always allowed (the stop token(s)).
-        allowed: Further special tokens allowed, or ``"all"`` (then nothing is refused).
-        field: The option's name, for errors.
+    Attributes:
+        stop_ids: Ids that end a completion (a policy turn), in the order given.
+        allowed_ids: Special ids that are legal actions besides the stop ids, sorted.
+        refused_ids: Special ids that are not legal actions, sorted: the env refuses
+            them and the policy never samples them (probability 0).
     """
-    if isinstance(allowed, str) and allowed == "all":
-        return []
-    allowed_ids = resolve_special_tokens(tokenizer, allowed, field)
-    return sorted(set(special_token_ids(tokenizer)) - set(keep) - set(allowed_ids))
 
+    stop_ids: tuple[int, ...]
+    allowed_ids: tuple[int, ...]
+    refused_ids: tuple[int, ...]
 
-def check_special_tokens_match(
-    tokenizer: PreTrainedTokenizerBase,
-    masked_ids: Sequence[int],
-    env_stop_ids: Sequence[int],
-    env_refused_ids: Sequence[int],
-) -> None:
-    """Fail early when a policy's special-token mask and an env's rules disagree.
+    @classmethod
+    def build(
+        cls,
+        tokenizer: PreTrainedTokenizerBase,
+        stop_ids: Iterable[int],
+        allowed: AllowedSpecialTokens,
+        field: str = "allowed_special_tokens",
+    ) -> TokenRules:
+        """The rules of ``tokenizer``'s special tokens: every one outside ``stop_ids``
+        and ``allowed`` is refused.
 
-    Args:
-        tokenizer: For token names in the message.
-        masked_ids: Ids the policy never samples.
-        env_stop_ids: Ids that end the env's episodes.
-        env_refused_ids: Special ids the env refuses as actions.
+        Args:
+            tokenizer: Defines the special tokens.
+            stop_ids: Ids that end a completion (always legal).
+            allowed: Further special tokens allowed (ids or token strings), or
+                ``"all"`` (then nothing is refused).
+            field: The option's name, for errors.
 
-    Raises:
-        ValueError: the policy masks a stop id (it could never end a completion), or
-            may sample a special id the env refuses.
-    """
-    masked = set(masked_ids)
-    unstoppable = [i for i in env_stop_ids if i in masked]
-    if unstoppable:
-        names = ", ".join(token_names(tokenizer, unstoppable))
-        raise ValueError(
-            f"the env stops on {names}, which the policy never samples (a masked special "
-            f"token), so no completion could end; build the policy with "
-            f"allowed_special_tokens=[...] naming it"
-        )
-    refused = sorted(set(env_refused_ids) - masked)
-    if refused:
-        names = ", ".join(token_names(tokenizer, refused))
-        raise ValueError(
-            f"the policy may sample {names}, which the env refuses as actions; pass the same "
-            "allowed_special_tokens to the env, or leave them out of the policy's"
-        )
+        Raises:
+            TypeError, ValueError: ``allowed`` names something that is not a special
+                token of ``tokenizer`` (``resolve_special_tokens``).
+        """
+        stop = tuple(int(i) for i in stop_ids)
+        special = set(special_token_ids(tokenizer)) - set(stop)
+        if isinstance(allowed, str) and allowed == "all":
+            allowed_ids = special
+        else:
+            allowed_ids = set(resolve_special_tokens(tokenizer, allowed, field)) - set(stop)
+        return cls(stop, tuple(sorted(allowed_ids)), tuple(sorted(special - allowed_ids)))
+
+    def refused_mask(self, vocab_size: int, device: torch.device | str = "cpu") -> Tensor | None:
+        """``[V] bool``, True at ``refused_ids``; ``None`` when nothing is refused."""
+        if not self.refused_ids:
+            return None
+        mask = torch.zeros(vocab_size, dtype=torch.bool, device=device)
+        mask[list(self.refused_ids)] = True
+        return mask
+
+    def check_model_stops(
+        self, tokenizer: PreTrainedTokenizerBase, model_stop_ids: Iterable[int]
+    ) -> None:
+        """Fail when a model would have to end its turns on an id these rules refuse.
+
+        Args:
+            tokenizer: For token names in the message.
+            model_stop_ids: The model's own stop ids (``stop_ids_for(model, tokenizer)``).
+
+        Raises:
+            ValueError: one of them is refused, naming the fix.
+        """
+        refused = set(self.refused_ids)
+        unstoppable = [int(i) for i in model_stop_ids if i in refused]
+        if unstoppable:
+            names = ", ".join(token_names(tokenizer, unstoppable))
+            raise ValueError(
+                f"the model stops on {names} (its generation_config.eos_token_id), which the "
+                "env refuses as an action; build the env with "
+                "stop_token_ids=policy.stop_token_ids (lmgym.envs.stop_ids_for(model, "
+                "tokenizer)) so that it ends completions there too"
+            )

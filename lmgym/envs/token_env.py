@@ -49,10 +49,12 @@ Rewards (docs/algorithms.md#rewards):
 
 Special tokens. Ordinary tokens and the stop ids are the legal actions; any other
 special token (``<pad>``, ``<unk>``, ...) is refused with an error unless listed in
-``allowed_special_tokens`` (or ``"all"``). A string reward reads
-``RewardInput.completions``, the text of exactly the actions taken: every real token
-decoded, allowed special tokens included (``'<pad>'``), only a final special stop
-token (``<eos>``) left out (``lmgym.envs.text``). So ``'<pad>cc<unk>cccc'`` cannot
+``allowed_special_tokens`` (or ``"all"``). The env holds these rules as one record,
+``token_rules``, and a ``CausalLMPolicy`` samples by it (``check_env`` hands it
+over). A string reward reads ``RewardInput.completions``, the text of exactly the
+actions taken: every real token decoded, allowed special tokens included
+(``'<pad>'``), only a final special stop token (``<eos>``) left out
+(``lmgym.envs.text``). So ``'<pad>cc<unk>cccc'`` cannot
 pass for ``'cccccc'``.
 
 Sharding (data parallelism, docs/distributed.md). ``shard=(rank, world_size)``
@@ -125,11 +127,7 @@ from lmgym.envs.turn_park import ParkedTurns
 from lmgym.envs.turn_step import TurnStepper
 from lmgym.envs.turns import Responder
 from lmgym.profiling import ENV_RESET, ENV_STEP, REWARD, labelled, phase
-from lmgym.special_tokens import (
-    refused_special_ids,
-    special_token_ids,
-    token_names,
-)
+from lmgym.special_tokens import TokenRules, special_token_ids, token_names
 from lmgym.types import PromptSource, RewardInput, RewardModel
 
 
@@ -246,8 +244,11 @@ class TokenVectorEnv(VectorEnv):
             (see the module doc); ``None``: single-turn.
 
     Attributes:
+        token_rules: The stop ids and the allowed and refused special ids
+            (``lmgym.special_tokens.TokenRules``), built here once from the options;
+            ``CausalLMPolicy.check_env`` hands them to the policy, which samples by them.
         stop_token_ids: ``[S] int64`` on ``device``, the ids that end an episode
-            (a policy turn, in a multi-turn env).
+            (a policy turn, in a multi-turn env): ``token_rules.stop_ids``.
         responder: The env's responder, or ``None``.
     """
 
@@ -309,14 +310,15 @@ class TokenVectorEnv(VectorEnv):
 
         self.vocab_size = len(tokenizer)
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        stop = torch.tensor(self.options.stop_token_ids, dtype=torch.long)
+        self.token_rules = TokenRules.build(
+            tokenizer, self.options.stop_token_ids, self.allowed_special_tokens
+        )
+        stop = torch.tensor(self.token_rules.stop_ids, dtype=torch.long)
         self.stop_token_ids = stop.to(self.device)
         special = special_token_ids(tokenizer)
         # A final stop id that is a special token ends the text instead of being in it.
         self._hidden_stop_ids = stop[torch.isin(stop, torch.tensor(special, dtype=torch.long))]
-        self.refused_token_ids = refused_special_ids(
-            tokenizer, stop.tolist(), self.allowed_special_tokens
-        )
+        self.refused_token_ids = list(self.token_rules.refused_ids)
         refused = torch.zeros(self.vocab_size, dtype=torch.bool)
         refused[self.refused_token_ids] = True
         self.legal_token_ids = (~refused).nonzero().squeeze(1)

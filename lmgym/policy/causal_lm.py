@@ -58,13 +58,7 @@ from lmgym.policy.sampling import SamplingSettings
 from lmgym.policy.trunk import ModelTrunk
 from lmgym.policy.weights import check_finite_weights
 from lmgym.profiling import LM_HEAD, LOGPROBS, TEACHER_FORCED, labelled
-from lmgym.special_tokens import (
-    AllowedSpecialTokens,
-    check_special_tokens_match,
-    refused_special_ids,
-    stop_ids_for,
-    token_names,
-)
+from lmgym.special_tokens import AllowedSpecialTokens, TokenRules, stop_ids_for
 
 if TYPE_CHECKING:
     from lmgym.envs.token_env import TokenVectorEnv
@@ -189,12 +183,15 @@ class CausalLMPolicy(nn.Module):
             ``gelu_new``) by torch's fused kernel, in place: the same function up to
             float rounding, a few percent faster to train and sample (see
             ``lmgym.policy.activations``). ``False`` keeps the model untouched.
-        allowed_special_tokens: Special tokens the policy may sample besides the
-            tokenizer's EOS: ids or token strings, or ``"all"`` (no mask). By default
-            every other special token (``<pad>``, ``<unk>``, ...) gets probability 0, in
-            sampling and in the teacher-forced log-probs alike; ``masked_token_ids``
-            lists them and each rollout records the probability removed
-            (``RolloutBatch.special_mass``).
+        allowed_special_tokens: Special tokens the policy may sample besides its
+            stop ids, until an env hands over its own rules: ids or token strings, or
+            ``"all"`` (no mask). Every other special token (``<pad>``, ``<unk>``, ...)
+            gets probability 0, in sampling and in the teacher-forced log-probs alike;
+            ``masked_token_ids`` lists them and each rollout records the probability
+            removed (``RolloutBatch.special_mass``). ``check_env(env)`` (every
+            collector and agent calls it) replaces these rules by the env's
+            (``env.token_rules``): the policy then masks exactly what the env
+            refuses, so give ``allowed_special_tokens`` to the env.
         peft_config: A ``peft.PeftConfig`` (e.g. ``LoraConfig(target_modules=[...])``):
             wrap ``model`` with ``peft.get_peft_model`` so that only the adapter
             trains. ``model`` may also be a ``peft.PeftModel`` already (a layer
@@ -278,15 +275,12 @@ class CausalLMPolicy(nn.Module):
         # (chat models' end-of-turn tokens): they stay samplable.
         self.stop_token_ids = stop_ids_for(model, tokenizer)
         self.allowed_special_tokens = allowed_special_tokens
-        self.masked_token_ids = refused_special_ids(
-            tokenizer, self.stop_token_ids, allowed_special_tokens
-        )
-        self.num_masked_tokens = len(self.masked_token_ids)
-        refused = torch.zeros(self.vocab_size, dtype=torch.bool, device=head.weight.device)
-        refused[self.masked_token_ids] = True
-        # Not persistent: checkpoints keep their keys; the mask follows the tokenizer.
-        self.register_buffer(
-            "_refused", refused if self.masked_token_ids else None, persistent=False
+        # Not persistent: checkpoints keep their keys; the mask follows the rules.
+        self.register_buffer("_refused", None, persistent=False)
+        # Until an env hands over its rules (check_env): the model's stop ids and
+        # allowed_special_tokens, by the env's own builder.
+        self.use_token_rules(
+            TokenRules.build(tokenizer, self.stop_token_ids, allowed_special_tokens)
         )
         self.trunk = ModelTrunk(self, self._trunk_pass_context, compile_decode)
         self.engine = RolloutEngine(self.trunk, self, sampling)
@@ -418,6 +412,21 @@ class CausalLMPolicy(nn.Module):
         return self._refused
 
     @property
+    def masked_token_ids(self) -> list[int]:
+        """The special ids never sampled: ``token_rules.refused_ids``."""
+        return list(self.token_rules.refused_ids)
+
+    @property
+    def num_masked_tokens(self) -> int:
+        return len(self.token_rules.refused_ids)
+
+    def use_token_rules(self, rules: TokenRules) -> None:
+        """Sample (and compute teacher-forced log-probs) by ``rules``: never an id
+        they refuse. ``check_env`` hands over the env's."""
+        self.token_rules = rules
+        self._refused = rules.refused_mask(self.vocab_size, self._head()[0].device)
+
+    @property
     def gradient_checkpointing(self) -> bool:
         """Whether activation checkpointing is on."""
         return _checkpointing(self.model)
@@ -448,7 +457,15 @@ class CausalLMPolicy(nn.Module):
         return _context_length(transformer_of(self.model))
 
     def check_env(self, env: TokenVectorEnv) -> None:
-        """Fail early, with the field to change, if this policy cannot drive ``env``."""
+        """Fail early, with the field to change, if this policy cannot drive ``env``;
+        then take the env's token rules (``env.token_rules``: its stop ids and refused
+        special ids), so that the policy never samples what the env refuses.
+
+        Raises:
+            ValueError: another tokenizer, a longer context than the model's, or an
+                env that refuses one of the model's own stop ids (a chat model's end of
+                turn: build the env with ``stop_token_ids=policy.stop_token_ids``).
+        """
         self._check_autocast()
         if env.vocab_size != self.vocab_size or (
             # Comparing vocabularies builds two dicts; skip it for the same tokenizer.
@@ -466,22 +483,9 @@ class CausalLMPolicy(nn.Module):
                 f"{env.max_new_tokens} = {env.seq_len} exceeds the model's context of "
                 f"{ctx} tokens; lower max_new_tokens or use shorter prompts"
             )
-        refused = set(getattr(env, "refused_token_ids", []))
-        unstoppable = [i for i in self.stop_token_ids if i in refused]
-        if unstoppable:
-            names = ", ".join(token_names(self.tokenizer, unstoppable))
-            raise ValueError(
-                f"the model stops on {names} (its generation_config.eos_token_id), which the "
-                "env refuses as an action; build the env with "
-                "stop_token_ids=policy.stop_token_ids (lmgym.envs.stop_ids_for(model, "
-                "tokenizer)) so that it ends completions there too"
-            )
-        check_special_tokens_match(
-            self.tokenizer,
-            self.masked_token_ids,
-            env.stop_token_ids.tolist(),
-            getattr(env, "refused_token_ids", []),
-        )
+        env.token_rules.check_model_stops(self.tokenizer, self.stop_token_ids)
+        if env.token_rules != self.token_rules:
+            self.use_token_rules(env.token_rules)
 
     # --------------------------------------------------------------- pieces
     def _check_autocast(self) -> None:

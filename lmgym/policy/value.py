@@ -131,6 +131,7 @@ class AdapterDisabledReference(CausalLMPolicy):
             allowed_special_tokens=policy.allowed_special_tokens,
             autocast_dtype=policy.autocast_dtype,
         )
+        self.use_token_rules(policy.token_rules)  # the env's, if the policy has them
 
     def _trunk_context(self) -> contextlib.AbstractContextManager[None]:
         return adapters_disabled(self.model)

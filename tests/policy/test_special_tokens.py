@@ -83,17 +83,38 @@ def test_an_allowed_special_token_is_sampled(make_env, tokenizer):
     assert (real == UNK).any()
 
 
-def test_policy_and_env_special_tokens_must_agree(make_env, tokenizer):
+def test_the_policy_samples_by_the_envs_token_rules(make_env, tokenizer):
+    """The env's rules replace the policy's own: the two cannot disagree."""
     policy = special_loving_policy(tokenizer)
-    # The env ends episodes on <unk>, which the policy never samples.
-    with pytest.raises(ValueError, match=r"the env stops on '<unk>' \(id 2\), which the policy"):
-        collect(make_env(stop_token_ids=[EOS, UNK]), policy)
-    # The policy may sample <pad> and <unk>, which the env refuses.
+    # The env ends episodes on <unk>: the policy keeps it samplable, and rows end there.
+    env = make_env(num_prompts=2, group_size=4, stop_token_ids=[EOS, UNK])
+    batch = collect(env, policy, seed=0)
+    assert policy.token_rules is env.token_rules and policy.masked_token_ids == [PAD]
+    last = batch.completion_ids.gather(1, (batch.lengths - 1)[:, None])[:, 0]
+    assert UNK in last[batch.terminated].tolist()
+    assert not (batch.completion_ids[batch.completion_mask] == PAD).any()
+    # A policy allowed every special token samples none the env refuses.
     permissive = special_loving_policy(tokenizer, allowed_special_tokens="all")
-    with pytest.raises(ValueError, match=r"the policy may sample '<pad>' \(id 0\), '<unk>'"):
-        collect(make_env(), permissive)
+    assert permissive.masked_token_ids == []
+    batch = collect(make_env(num_prompts=2, group_size=4), permissive, seed=0)
+    assert permissive.masked_token_ids == [PAD, UNK]
+    assert not torch.isin(
+        batch.completion_ids[batch.completion_mask], torch.tensor([PAD, UNK])
+    ).any()
+    # Teacher forcing uses the env's mask too: the sampler log-probs are reproduced.
+    ids, mask = batch.input_ids()
+    with torch.no_grad():
+        lp, _ = permissive.logprobs(ids, mask, batch.max_new_tokens)
+    assert ((lp * batch.completion_mask) - batch.sampler_logprobs).abs().max().item() < 1e-4
     with pytest.raises(ValueError, match=r"allowed_special_tokens: 'b' is not a special token"):
         special_loving_policy(tokenizer, allowed_special_tokens=["b"])
+
+
+def test_allowing_specials_on_the_env_alone_lets_the_policy_sample_them(make_env, tokenizer):
+    policy = special_loving_policy(tokenizer)
+    batch = collect(make_env(num_prompts=2, group_size=4, allowed_special_tokens="all"), policy)
+    assert policy.masked_token_ids == [] and policy.refused_mask is None
+    assert torch.isin(batch.completion_ids[batch.completion_mask], torch.tensor([PAD, UNK])).any()
 
 
 # ------------------------------------------------------------------ the pieces
