@@ -52,41 +52,16 @@ _COST = {"ppo": 3.0, "dual_clip_ppo": 3.0, "vapo": 3.0, "remax": 1.5}
 
 @dataclass(frozen=True)
 class BenchSpec:
-    """What ``run_bench`` runs.
+    """What ``run_bench`` runs: each field's docstring is its ``lmgym bench`` flag's help.
 
-    Attributes:
-        agents: algorithm names (``ALGORITHMS`` keys).
-        tasks: task ids.
-        seeds: one run per seed (model init, sampler, prompt order).
-        iterations: for every task; ``None``: ``TASK_ITERATIONS`` (else 150).
-        num_prompts, group_size: batch shape, the same for every agent.
-        workers: processes running at once (a fresh one per run); 0 runs everything in
-            this process. Default 1: concurrent runs share the CPU caches and memory
-            bandwidth and, on a 2-vCPU machine measured for the committed results, slowed
-            each other about 2x, which gained nothing and made wall times meaningless.
-        window: iterations in the rolling mean (final reward, solved threshold).
-        agent_overrides: config overrides per agent (default none: every agent at its
-            documented defaults; until issue 26 most critic-free agents ran at 2e-3
-            here, and the GRPO family kept TargetString on 2-3 of 5 seeds,
-            benchmarks/results/stability_notes.md).
-        env_kwargs: extra env factory arguments per task.
-        model: a local directory or hub name of a causal LM (``None``: the tiny GPT-2).
-        learning_rate: every agent's learning rate (``None``: ``agent_overrides``').
-        rollout_engine, vllm_kv_cache_gib: what samples the rollouts (``TrainConfig``'s
-            fields of the same names); each run's process starts its own engine.
-        lora_r: LoRA rank with ``model`` (0: every weight trains); alpha and target
-            modules are ``lmgym train``'s (``TrainConfig.peft_config``).
-        max_time: every run's wall-time budget (``10m``; ``durations.parse_duration``),
-            instead of, or as well as, ``iterations``: a run stops before an iteration
-            that would end past it (``WallClockLimit``).
-        prompts, reward, prompt_field: a task of your own from a JSON Lines file and a
-            reward (``lmgym train --prompts --reward``), benchmarked as the task
-            ``prompts/<file stem>-v0`` (name it in ``tasks``); its held-out rows are
-            ``lmgym.training.holdout``'s.
-        evaluate: evaluate the base model (once per task and seed) and every trained
-            model on the task's held-out prompts (``make_eval_env``), greedy and sampled.
-        eval_prompts, eval_samples: prompts per evaluation, and samples per prompt of
-            the sampled one (the k of pass@k), as ``lmgym train``'s.
+    The fields a run config has too (``model``, ``lora_r``, ``num_prompts``,
+    ``group_size``, ``max_time``, ``prompts``, ``reward``, ``prompt_field``,
+    ``eval_prompts``, ``eval_samples``, ``rollout_engine``, ``vllm_kv_cache_gib``) mean
+    what ``TrainConfig``'s do, for every run, and take its defaults; ``lmgym bench``
+    gives them ``TrainConfig``'s flags. A ``prompts`` task is benchmarked as
+    ``prompts/<file stem>-v0`` (name it in ``tasks``), its held-out rows
+    ``lmgym.training.holdout``'s. ``max_time`` is each run's wall-time budget (of
+    ``learn``), instead of, or as well as, ``iterations``.
 
     With ``model``, every agent trains with the pretrained defaults
     (``PRETRAINED_DEFAULTS``: learning rate 1e-4 with LoRA, 1e-5 for a full fine-tune,
@@ -96,25 +71,35 @@ class BenchSpec:
     """
 
     agents: tuple[str, ...] = DEFAULT_AGENTS
+    """Algorithm names (lmgym.agents.ALGORITHMS; on the command line, all: every one)."""
     tasks: tuple[str, ...] = DEFAULT_TASKS
+    """Task ids, your own as module:TaskId-v0."""
     seeds: tuple[int, ...] = DEFAULT_SEEDS
+    """One run per seed (model init, sampler, prompt order)."""
     iterations: int | None = None
+    """Iterations for every task; None: per task (TASK_ITERATIONS, else 150), or none with max_time alone."""
     num_prompts: int = DEFAULT_NUM_PROMPTS
     group_size: int = DEFAULT_GROUP_SIZE
     workers: int = 1
+    """Runs at once, each in its own process with one torch thread; 0 runs them in this process. 1: concurrent runs share the CPU caches and memory bandwidth and, on the 2-vCPU machine of the committed results, slowed each other about 2x."""
     window: int = 5
+    """Iterations in the rolling mean (final reward, solved threshold)."""
     agent_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Config overrides per agent (default none: every agent at its documented defaults; until issue 26 most critic-free agents ran at 2e-3 here, and the GRPO family kept TargetString on 2-3 of 5 seeds, benchmarks/results/stability_notes.md)."""
     env_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Extra env factory arguments per task."""
     model: str | None = None
     learning_rate: float | None = None
-    rollout_engine: str = "lmgym"
-    vllm_kv_cache_gib: float = 2.0
-    lora_r: int = 0
+    """Every agent's learning rate; None: each agent's own (agent_overrides'), with a model the pretrained defaults'."""
+    rollout_engine: str = _TRAIN_DEFAULTS["rollout_engine"]
+    vllm_kv_cache_gib: float = _TRAIN_DEFAULTS["vllm_kv_cache_gib"]
+    lora_r: int = _TRAIN_DEFAULTS["lora_r"]
     max_time: str | None = None
     prompts: str | None = None
     reward: str | None = None
-    prompt_field: str = "prompt"
+    prompt_field: str = _TRAIN_DEFAULTS["prompt_field"]
     evaluate: bool = False
+    """Evaluate the base model (once per task and seed) and every trained model on the task's held-out prompts (make_eval_env), greedy and sampled."""
     eval_prompts: int = DEFAULT_EVAL_PROMPTS
     eval_samples: int = DEFAULT_EVAL_SAMPLES
 

@@ -1,11 +1,13 @@
-"""Small helpers every ``lmgym`` subcommand shares: the one-line error, ``--env KEY=VALUE``
-parsing, and quieting transformers' progress bars."""
+"""Small helpers the ``lmgym`` commands share: the one-line error, ``--env KEY=VALUE``,
+a file given to a count flag, and quieting transformers' progress bars."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -40,30 +42,42 @@ def quiet_transformers() -> None:
     hf_logging.disable_progress_bar()
 
 
-def add_rollout_engine_flags(parser: argparse.ArgumentParser) -> None:
-    """``--rollout-engine`` and ``--vllm-kv-cache-gib`` as ``lmgym train`` has them: the
-    choices, defaults and help of ``TrainConfig``'s fields (``lmgym eval``, ``lmgym bench``)."""
-    from typing import get_args
-
-    from lmgym.agents.config import field_help
-    from lmgym.cli.flags import add_typed_flag
-    from lmgym.training.run import TrainConfig
-
-    helps = field_help(TrainConfig)  # type: ignore[arg-type]
-    defaults = TrainConfig()
-    engines = get_args(TrainConfig.__dataclass_fields__["rollout_engine"].type)
+def add_env_flag(parser: argparse.ArgumentParser, note: str) -> None:
+    """``--env KEY=VALUE`` (repeatable) into ``env_kwargs``: ``TrainConfig.env_kwargs``
+    given one argument at a time; ``note`` is the command's own word on it."""
     parser.add_argument(
-        "--rollout-engine",
-        "--rollout_engine",
-        choices=engines or ("lmgym", "vllm"),
-        default=defaults.rollout_engine,
-        help=f"{helps['rollout_engine']} (default: {defaults.rollout_engine})",
+        "--env",
+        dest="env_kwargs",
+        action="append",
+        type=parse_env_kwarg,
+        default=None,
+        metavar="KEY=VALUE",
+        help="an argument of the task's env factory, e.g. --env reward_mode=per_token (VALUE "
+        "converted to the parameter's type: booleans from true/false/yes/no/1/0 only); "
+        f"repeatable; {note}",
     )
-    add_typed_flag(
-        parser,
-        "--vllm_kv_cache_gib",
-        "--vllm-kv-cache-gib",
-        kind=float,
-        default=defaults.vllm_kv_cache_gib,
-        help=f"{helps['vllm_kv_cache_gib']} (default: {defaults.vllm_kv_cache_gib})",
-    )
+
+
+def file_given_as_count(argv: Sequence[str], flag: str, meaning: str, instead: str) -> str | None:
+    """The error for a file given to the count flag ``flag`` (``--eval-prompts
+    sums.jsonl``), naming the flag that takes the file, or ``None``.
+
+    Args:
+        argv: the command line.
+        flag: the count flag (its ``--a-b`` spelling; ``--a_b`` is found too).
+        meaning: what the count is (``"the number of prompts drawn"``).
+        instead: the flag to use, ``{}`` standing for the value (``"--prompts {}"``).
+    """
+    names = (flag, flag[:2] + flag[2:].replace("-", "_"))
+    for i, arg in enumerate(argv):
+        name, sep, value = arg.partition("=")
+        if name not in names:
+            continue
+        if not sep:
+            value = argv[i + 1] if i + 1 < len(argv) else ""
+        try:
+            int(value)
+        except ValueError:
+            if value.endswith(".jsonl") or os.path.isfile(value):
+                return f"{flag} {value}: {flag} is {meaning}; {instead.format(value)}"
+    return None

@@ -23,32 +23,60 @@ import dataclasses
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from lmgym.agents.config import config_from_dict
-from lmgym.cli.common import (
-    add_rollout_engine_flags,
-    error,
-    parse_env_kwarg,
-    quiet_transformers,
-)
-from lmgym.cli.flags import add_typed_flag
+from lmgym.cli.common import add_env_flag, error, file_given_as_count, quiet_transformers
+from lmgym.cli.flags import flag_dataclass, make_parser
 from lmgym.training.holdout import TooFewRows
 from lmgym.training.run import DEFAULT_TASK, TrainConfig
 from lmgym.training.sample_text import sample_line
 from lmgym.training.threads import auto_threads
 
 
-def _prompt_count(text: str) -> int:
-    """``--num-prompts``' type: a count; a file name gets an error naming ``--prompts``."""
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a number of prompts, got {text!r}; a prompt file is --prompts {text} "
-            "--reward module:function"
-        ) from None
+@dataclass
+class EvalArgs:
+    """``lmgym eval``'s own flags; the ones it shares with ``lmgym train`` are
+    ``TrainConfig``'s fields (``_RUN_FIELDS``)."""
+
+    run: str | None = field(default=None, metadata={"metavar": "RUN"})
+    """Run directory (its latest checkpoint) or a checkpoint; or --model."""
+    model: str | None = field(default=None, metadata={"metavar": "MODEL"})
+    """Model directory, hub or packaged name, Agent.save directory or a checkpoint; or --run."""
+    num_prompts: int = field(default=64, metadata={"metavar": "N"})
+    """Prompts drawn."""
+    k: int = field(default=8, metadata={"aliases": ["-k"], "metavar": "K"})
+    """Completions per prompt, the k of pass@k."""
+    split: Literal["eval", "train", "all"] = "eval"
+    """Which prompts, where the task has a split."""
+    seed: int = 0
+    """Seed of the prompt order and the sampler."""
+    correct_threshold: float | None = None
+    """Reward counted as correct for pass@k (None: the task's maximum on verified tasks)."""
+    json: str | None = field(default=None, metadata={"metavar": "FILE"})
+    """Also write the result as JSON to this file."""
+
+
+# TrainConfig's fields that mean the same in lmgym eval, and eval's own defaults of some.
+_RUN_FIELDS = (
+    "task",
+    "prompts",
+    "reward",
+    "prompt_field",
+    "temperature",
+    "samples",
+    "device",
+    "threads",
+    "rollout_engine",
+    "vllm_kv_cache_gib",
+)
+_RUN_DEFAULTS = {"task": None, "temperature": None}
+_RUN_NOTES = {
+    "task": "Default: the run's; --model needs it, or --prompts and --reward.",
+    "temperature": "0 is greedy decoding. Default: the run's, or 1.",
+}
 
 
 def moved_count_error(prompts: str | None) -> str | None:
@@ -66,95 +94,33 @@ def moved_count_error(prompts: str | None) -> str | None:
 
 
 def eval_parser() -> argparse.ArgumentParser:
-    """The ``lmgym eval`` argument parser."""
-    parser = argparse.ArgumentParser(
+    """The ``lmgym eval`` argument parser: ``EvalArgs`` and ``TrainConfig``'s ``_RUN_FIELDS``."""
+    parser = make_parser(
+        [
+            flag_dataclass(EvalArgs, group="what to evaluate, and how"),
+            flag_dataclass(
+                TrainConfig,
+                only=_RUN_FIELDS,
+                defaults=_RUN_DEFAULTS,
+                notes=_RUN_NOTES,
+                group="the task and the sampler (as lmgym train)",
+            ),
+        ],
         prog="lmgym eval",
         description="Evaluate a run's checkpoint (or any causal LM) on a task, or on your prompt "
         "file and reward: mean reward, pass@k where the task has a verifier, mean length.",
     )
-    what = parser.add_mutually_exclusive_group(required=True)
-    what.add_argument("--run", help="run directory (its latest checkpoint) or a checkpoint")
-    what.add_argument("--model", help="model directory, hub or packaged name, or a checkpoint")
-    parser.add_argument(
-        "--task",
-        default=None,
-        help="task id, or 'your_module:YourTask-v0' (default: the run's; --model needs it, or "
-        "--prompts and --reward)",
-    )
-    parser.add_argument(
-        "--prompts",
-        default=None,
-        metavar="FILE.jsonl",
-        help="JSON Lines prompt file, with --reward: the task, as in lmgym train",
-    )
-    parser.add_argument(
-        "--reward", default=None, metavar="MODULE:NAME", help="reward of --prompts, as in train"
-    )
-    parser.add_argument(
-        "--prompt-field",
-        default="prompt",
-        help="field of each --prompts line that holds the prompt (default: prompt)",
-    )
-    parser.add_argument(
-        "--num-prompts",
-        type=_prompt_count,
-        default=64,
-        metavar="N",
-        help="prompts drawn (default: 64)",
-    )
-    add_typed_flag(
-        parser,
-        "-k",
-        "--k",
-        kind=int,
-        default=8,
-        help="completions per prompt, the k of pass@k (default: 8)",
-    )
-    parser.add_argument(
-        "--split",
-        choices=["eval", "train", "all"],
-        default="eval",
-        help="which prompts, where the task has a split (default: eval)",
-    )
-    add_typed_flag(parser, "--seed", kind=int, default=0, help="seed of prompt order and sampler")
-    add_typed_flag(
-        parser,
-        "--temperature",
-        kind=float,
-        default=None,
-        help="sampling temperature; 0 is greedy decoding (default: the run's, or 1)",
-    )
-    add_typed_flag(
-        parser,
-        "--correct-threshold",
-        kind=float,
-        default=None,
-        help="reward counted as correct for pass@k (default: the task's maximum on verified tasks)",
-    )
-    parser.add_argument(
-        "--env",
-        action="append",
-        type=parse_env_kwarg,
-        default=None,
-        metavar="KEY=VALUE",
-        help="an argument of the task's env factory (default: the run's); repeatable",
-    )
-    add_typed_flag(
-        parser, "--samples", kind=int, default=4, help="completions printed (default: 4)"
-    )
-    parser.add_argument(
-        "--json", default=None, metavar="FILE", help="also write the result as JSON"
-    )
-    parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
-    add_rollout_engine_flags(parser)
-    add_typed_flag(
-        parser,
-        "--threads",
-        kind=int,
-        default=1,
-        help="torch CPU threads; 0 chooses from the cores and the load (default: 1)",
-    )
+    add_env_flag(parser, "default: the run's")
     return parser
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    """``lmgym eval``'s flags, read; exits 2 with argparse's usage for a bad command line."""
+    parser = eval_parser()
+    args = parser.parse_args(argv)
+    if (args.run is None) == (args.model is None):
+        parser.error("pass one of --run RUN and --model MODEL")
+    return args
 
 
 def _check_args(args: argparse.Namespace) -> str | None:
@@ -245,7 +211,15 @@ def run_eval(argv: Sequence[str]) -> int:
     from lmgym.training.run import check_device
     from lmgym.training.user_code import check_task_factory
 
-    args = eval_parser().parse_args(list(argv))
+    moved = file_given_as_count(
+        argv,
+        "--num-prompts",
+        "the number of prompts drawn",
+        "a prompt file is --prompts {} --reward module:function",
+    )
+    if moved is not None:
+        return error("eval", moved)
+    args = _parse(list(argv))
     problem = _check_args(args)
     if problem is not None:
         return error("eval", problem)
@@ -268,7 +242,8 @@ def run_eval(argv: Sequence[str]) -> int:
         run_config = saved["run"] if saved is not None else {}
         check_task_factory(env_id, task)
         env_kwargs = check_env_kwargs(
-            env_id, dict(args.env) if args.env else dict(run_config.get("env_kwargs", {}))
+            env_id,
+            dict(args.env_kwargs) if args.env_kwargs else dict(run_config.get("env_kwargs", {})),
         )
         # `is None`, not `or`: --temperature 0 means greedy, not "the run's temperature".
         temperature = (

@@ -99,50 +99,88 @@ def _shape(name: str, annotation: Any) -> tuple[Any, dict[str, Any]]:
     return FlagType(name, annotation), metadata
 
 
+class CommaListType(FlagType):
+    """The argparse ``type`` of a list flag given as one comma-separated value
+    (``--agents grpo,rloo``): the items, ``parse_value``'d as the field's list type."""
+
+    def __call__(self, text: str) -> Any:
+        items = [item.strip() for item in text.split(",") if item.strip()]
+        values = [super(CommaListType, self).__call__(item) for item in items]
+        return tuple(values) if typing.get_origin(self.annotation) is tuple else values
+
+
 def flag_dataclass(
     config_class: type,
     *,
+    only: Sequence[str] | None = None,
     skip: Sequence[str] = (),
     choices: dict[str, Sequence[str]] | None = None,
+    defaults: dict[str, Any] | None = None,
+    notes: dict[str, str] | None = None,
+    comma: Sequence[str] = (),
+    group: str | None = None,
 ) -> type:
     """A copy of ``config_class`` for ``HfArgumentParser``: help from the field docstrings.
 
+    A command that takes some fields of another command's config (``lmgym eval`` takes
+    ``TrainConfig``'s ``task``, ``temperature``, ...) names them in ``only``, so each
+    flag's type, default and help are written once, on the field.
+
     Args:
         config_class: a config dataclass (field docstrings as help).
+        only: the fields that get a flag, in this order (default: every field).
         skip: fields that get no flag.
         choices: valid values of some ``str`` fields (typed ``Literal`` of them).
+        defaults: this command's own default of some fields (``None``: decided later,
+            e.g. ``lmgym eval --temperature``: the run's); the help says what it means
+            (``notes``).
+        notes: text added to some fields' help, for this command.
+        comma: list fields given as one comma-separated value (``--seeds 0,1,2``).
+        group: the argument group's title (default ``<Name> fields``).
 
     Returns:
         A dataclass with the same field names and defaults, named like
-        ``config_class``, whose flags form the group ``<Name> fields``.
+        ``config_class``. A field's own ``metadata`` is passed to argparse
+        (``{"aliases": ["-k"]}``, ``{"metavar": "FILE"}``).
     """
     helps = field_help(config_class)
     hints = typing.get_type_hints(config_class)
+    by_name = {field.name: field for field in dataclasses.fields(config_class)}
+    names = [name for name in (only if only is not None else by_name) if name not in skip]
+    defaults = defaults or {}
     specs = []
-    for field in dataclasses.fields(config_class):
-        if field.name in skip:
-            continue
-        annotation = hints[field.name]
-        if choices and field.name in choices:
-            annotation = Literal[tuple(choices[field.name])]
-        annotation, metadata = _shape(field.name, annotation)
-        if annotation is bool and field.default is True:
-            metadata.pop("metavar", None)  # the parser's --no-flag complement takes no metavar
-        metadata["help"] = helps.get(field.name, "")
+    for name in names:
+        field = by_name[name]
+        annotation = hints[name]
+        if choices and name in choices:
+            annotation = Literal[tuple(choices[name])]
+        if name in comma:
+            annotation, metadata = CommaListType(name, annotation), {"metavar": "A,B,..."}
+        else:
+            annotation, metadata = _shape(name, annotation)
+        metadata.update(field.metadata)
         default: dict[str, Any] = (
-            {"default": field.default}
+            {"default": defaults[name]}
+            if name in defaults
+            else {"default": field.default}
             if field.default is not dataclasses.MISSING
             else {"default_factory": field.default_factory}
         )
-        specs.append((field.name, annotation, dataclasses.field(metadata=metadata, **default)))
+        if annotation is bool and default.get("default") is True:
+            metadata.pop("metavar", None)  # the parser's --no-flag complement takes no metavar
+        help_text = helps.get(name, "")
+        if notes and name in notes:
+            help_text = f"{help_text} {notes[name]}".strip()
+        metadata["help"] = help_text
+        specs.append((name, annotation, dataclasses.field(metadata=metadata, **default)))
     return dataclasses.make_dataclass(
         config_class.__name__,
         specs,
-        namespace={"_argument_group_name": f"{config_class.__name__} fields"},
+        namespace={"_argument_group_name": group or f"{config_class.__name__} fields"},
     )
 
 
-def make_parser(config_classes: Sequence[type], *, prog: str, description: str) -> HfArgumentParser:
+def make_parser(config_classes: Sequence[Any], *, prog: str, description: str) -> HfArgumentParser:
     """An ``HfArgumentParser`` over ``flag_dataclass`` copies (one argument group each),
     every value converted by ``parse_value`` (a boolean flag's too)."""
     parser = HfArgumentParser(list(config_classes), prog=prog, description=description)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lmgym.cli.common import parse_env_kwarg, quiet_transformers
+from lmgym.cli.common import add_env_flag, file_given_as_count, quiet_transformers
 from lmgym.cli.launch import (
     LAUNCH_FLAGS,
     add_launch_flags,
@@ -156,17 +156,7 @@ def _train_parser(algo: str) -> tuple[argparse.ArgumentParser, list[str], list[s
         action="store_true",
         help="replace the run directory if it exists (only an lmgym run directory)",
     )
-    parser.add_argument(
-        "--env",
-        dest="env_kwargs",
-        action="append",
-        type=parse_env_kwarg,
-        default=None,
-        metavar="KEY=VALUE",
-        help="an argument of the task's env factory, e.g. --env reward_mode=per_token "
-        "(VALUE converted to the parameter's type: booleans from true/false/yes/no/1/0 only); "
-        "repeatable",
-    )
+    add_env_flag(parser, "adds to the config file's")
     parser.add_argument(
         "--callback",
         dest="callbacks",
@@ -266,26 +256,6 @@ def _known(argv: list[str]) -> argparse.Namespace:
     return pre.parse_known_args(argv)[0]
 
 
-def eval_file_given_as_count(argv: Sequence[str]) -> str | None:
-    """The error for a file given to ``--eval-prompts`` (the count of prompts per
-    evaluation; the held-out file is ``--eval-prompts-file``), or ``None``."""
-    for i, arg in enumerate(argv):
-        name, sep, value = arg.partition("=")
-        if name not in ("--eval-prompts", "--eval_prompts"):
-            continue
-        if not sep:
-            value = argv[i + 1] if i + 1 < len(argv) else ""
-        try:
-            int(value)
-        except ValueError:
-            if value.endswith(".jsonl") or os.path.isfile(value):
-                return (
-                    f"--eval-prompts {value}: --eval-prompts is the number of prompts per "
-                    f"evaluation; a file of held-out prompts is --eval-prompts-file {value}"
-                )
-    return None
-
-
 def _show_pretrained_defaults(
     parser: argparse.ArgumentParser, known: argparse.Namespace, values: dict[str, Any]
 ) -> None:
@@ -362,7 +332,12 @@ def parse_train(argv: Sequence[str]) -> TrainRequest:
             )
         if nproc < 1:
             raise UsageError(f"--nproc-per-node {nproc}: must be >= 1")
-    moved = eval_file_given_as_count(argv)
+    moved = file_given_as_count(
+        argv,
+        "--eval-prompts",
+        "the number of prompts per evaluation",
+        "a file of held-out prompts is --eval-prompts-file {}",
+    )
     if moved is not None:
         raise UsageError(moved)
     known = _known(argv)

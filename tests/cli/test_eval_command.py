@@ -87,11 +87,10 @@ def test_a_count_given_to_prompts_names_num_prompts(tiny_model, capsys):
         "lmgym eval: error: --prompts 128: --prompts is a JSON Lines prompt file (as in lmgym "
         "train); the number of prompts drawn is --num-prompts 128"
     )
-    assert main([*args, "--num-prompts", "sums.jsonl"]) == 2  # argparse: usage, then the error
-    assert capsys.readouterr().err.splitlines()[-1] == (
-        "lmgym eval: error: "
-        "argument --num-prompts: expected a number of prompts, got 'sums.jsonl'; a prompt file "
-        "is --prompts sums.jsonl --reward module:function"
+    assert main([*args, "--num-prompts", "sums.jsonl"]) == 2
+    assert one_line(capsys) == (
+        "lmgym eval: error: --num-prompts sums.jsonl: --num-prompts is the number of prompts "
+        "drawn; a prompt file is --prompts sums.jsonl --reward module:function"
     )
 
 
