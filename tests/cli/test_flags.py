@@ -214,3 +214,57 @@ def test_eval_bench_and_launch_flags_use_the_one_converter(capsys, argv, message
     NaN is refused, and a boolean is a bool word, not "anything else is false"."""
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def _action(parser: argparse.ArgumentParser, dest: str) -> argparse.Action:
+    return next(action for action in parser._actions if action.dest == dest)
+
+
+@pytest.mark.parametrize("command", ["eval", "bench"])
+def test_eval_and_bench_take_train_configs_flags_for_the_fields_they_share(command):
+    """A run-config field's flag in lmgym eval / bench has TrainConfig's type, help and
+    default (unless the command names its own default), written once on the field."""
+    from lmgym.cli import bench, eval
+
+    module = eval if command == "eval" else bench
+    parser = eval.eval_parser() if command == "eval" else bench._bench_parser()
+    own_defaults = getattr(module, "_RUN_DEFAULTS", {})
+    train = _train_parser("grpo")[0]
+    helps = field_help(TrainConfig)
+    for name in module._RUN_FIELDS:
+        action, train_action = _action(parser, name), _action(train, name)
+        assert action.help.startswith(helps[name]), name
+        assert action.option_strings[:2] == train_action.option_strings[:2], name
+        assert action.type.annotation == train_action.type.annotation, name
+        assert action.default == own_defaults.get(name, train_action.default), name
+
+
+def test_bench_list_flags_are_comma_lists_and_only_given_flags_change_the_spec():
+    from lmgym.bench.spec import BenchSpec
+    from lmgym.cli.bench import _bench_parser, _spec_changes
+    from lmgym.cli.flags import given_fields
+
+    parser = _bench_parser()
+    argv = ["--quick", "--seeds", "3,4", "--agents", "all", "--tasks", "lmgym/Reverse-v0"]
+    args = parser.parse_args(argv)
+    spec = BenchSpec.quick().replace(**_spec_changes(args, given_fields(parser, argv)))
+    assert spec.seeds == (3, 4) and spec.tasks == ("lmgym/Reverse-v0",)
+    assert spec.agents == tuple(sorted(ALGORITHMS))
+    # what the command line leaves alone stays the --quick spec's, not BenchSpec()'s
+    assert spec.workers == 0 and spec.iterations == 6 and spec.evaluate is False
+
+
+def test_flag_dataclass_takes_some_fields_with_a_commands_own_defaults_and_notes():
+    flags = flag_dataclass(
+        TrainConfig,
+        only=("temperature", "task"),
+        defaults={"temperature": None},
+        notes={"task": "Here: yours."},
+        group="borrowed",
+    )
+    assert [field.name for field in dataclasses.fields(flags)] == ["temperature", "task"]
+    parser = make_parser([flags], prog="t", description="")
+    assert parser.parse_args([]).temperature is None
+    assert parser.parse_args(["--temperature", "0.5"]).temperature == 0.5
+    assert _action(parser, "task").help.endswith(" Here: yours.")
+    assert any(group.title == "borrowed" for group in parser._action_groups)
