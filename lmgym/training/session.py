@@ -50,8 +50,7 @@ from lmgym.training.progress import RunProgressBar
 from lmgym.training.ranks import Ranks
 from lmgym.training.resume import fixed_fields
 from lmgym.training.run import RunDirectory, TrainConfig
-from lmgym.training.signal_watch import NoSignalWarning
-from lmgym.training.suspect import RunKnobs, SuspectWatch
+from lmgym.training.suspect import NoSignalWarning, RunKnobs, SuspectWatch
 from lmgym.training.wall_clock import WallClockLimit, parse_duration
 
 

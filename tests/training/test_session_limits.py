@@ -11,7 +11,7 @@ import pytest
 
 from lmgym.cli import main
 from lmgym.training.progress import postfix
-from lmgym.training.signal_watch import NO_SIGNAL_PATIENCE, NoSignalWarning
+from lmgym.training.suspect import NO_SIGNAL_PATIENCE, NoSignalWarning
 from lmgym.training.wall_clock import WallClockLimit, parse_duration
 
 QUIET = ["--no-progress", "--log-interval", "0", "--eval-prompts", "2", "--eval-samples", "2"]
