@@ -56,6 +56,7 @@ from lmgym.policy.weight_sync import engine_weights, save_for_engine, weights_ke
 
 if TYPE_CHECKING:
     from lmgym.policy.causal_lm import CausalLMPolicy
+    from lmgym.special_tokens import TokenRules
 
 __all__ = ["INSTALL_HINT", "TurnState", "VLLMEngine", "VLLMSettings", "require_vllm"]
 
@@ -206,6 +207,7 @@ class VLLMEngine:
         self.reload_seconds = 0.0
         self._served: tuple[tuple[int, int], ...] | None = None
         self._allowed: list[int] | None = None
+        self._allowed_for: TokenRules | None = None  # the rules `_allowed` was made from
         #: where a child-process engine reads reloaded weights (``None``: in-process)
         self._weights_dir: Path | None = None
 
@@ -315,7 +317,6 @@ class VLLMEngine:
             # Shared memory outlives a process that never calls close: remove it at exit.
             weakref.finalize(self, shutil.rmtree, str(directory), True)
         self._served = weights_key(self.policy)
-        self._allowed = self._allowed_ids()
 
     def close(self) -> None:
         """End the vLLM engine (its memory is freed); the next ``act`` starts it again."""
@@ -335,19 +336,22 @@ class VLLMEngine:
         every weight loaded now: one vLLM start shared by several policies (an
         evaluation copy, a test session)."""
         self.policy = policy
-        self._allowed = None
         self._served = None
         if self.llm is not None:
-            self._allowed = self._allowed_ids()
             self.sync_weights(force=True)
 
     def _allowed_ids(self) -> list[int] | None:
-        """The ids vLLM may sample: all but the policy's refused ones (``None``: all)."""
-        vocab = self.policy.vocab_size
-        refused = set(self.policy.masked_token_ids)
-        if not refused and self.policy.model.config.vocab_size <= vocab:
-            return None
-        return [i for i in range(vocab) if i not in refused]
+        """The ids vLLM may sample: all but those the policy's token rules refuse
+        (``None``: all). Made again when the rules change (the policy met an env with
+        other rules, or another policy is served)."""
+        rules = self.policy.token_rules
+        if rules != self._allowed_for:
+            vocab = self.policy.vocab_size
+            refused = set(rules.refused_ids)
+            everything = not refused and self.policy.model.config.vocab_size <= vocab
+            self._allowed = None if everything else [i for i in range(vocab) if i not in refused]
+            self._allowed_for = rules
+        return self._allowed
 
     # ---------------------------------------------------------------- weights
     def sync_weights(self, force: bool = False) -> bool:
@@ -389,10 +393,10 @@ class VLLMEngine:
             seed=seed,
             logprobs=0,
             flat_logprobs=True,
-            stop_token_ids=list(self.policy.stop_token_ids),
-            ignore_eos=True,  # the policy's stop ids alone end a turn
+            stop_token_ids=list(self.policy.token_rules.stop_ids),
+            ignore_eos=True,  # the token rules' stop ids alone end a turn
             detokenize=False,
-            allowed_token_ids=self._allowed,
+            allowed_token_ids=self._allowed_ids(),
         )
 
     def _generate(
