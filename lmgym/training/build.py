@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import json
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from lmgym.training.callbacks import check_callback
 from lmgym.training.evaluation import make_eval_env
 from lmgym.training.model_source import resolve_model
 from lmgym.training.run import TrainConfig
-from lmgym.training.user_code import import_object, resolve_task
+from lmgym.training.user_code import import_object
 
 TINY_POSITIONS = 256
 """The built-in tiny GPT-2's context (``make_tiny_model``'s default) for a task that
@@ -40,15 +41,6 @@ def check_algo(algo: str, given: str = "algo") -> None:
 
     if algo not in ALGORITHMS:
         raise ValueError(f"unknown {given} {algo!r}; valid: {', '.join(sorted(ALGORITHMS))}")
-
-
-def check_task(task: str) -> str:
-    """The Gymnasium id of ``task`` (``"module:Id"`` imports ``module`` first).
-
-    Raises:
-        ValueError: unknown, listing the registered tasks (``user_code.resolve_task``).
-    """
-    return resolve_task(task)
 
 
 def load_policy(
@@ -234,7 +226,7 @@ def build_agent(
     shard: tuple[int, int] = (0, 1),
     process_group: Any = None,
     model: str | None = None,
-) -> Agent:
+) -> tuple[Agent, dict[str, Any]]:
     """A fresh run's agent: its policy, training env (this rank's ``shard``) and reference.
 
     The global torch RNG is seeded with the agent's seed before the policy (a LoRA
@@ -243,13 +235,17 @@ def build_agent(
     Args:
         process_group: the learners' group of an asynchronous run (``Role``).
         model: as ``policy_for``.
+
+    Returns:
+        ``(agent, env_kwargs)``: the env arguments its env was built with, which the run
+        records (``config.env_kwargs`` with a chat model's stop ids).
     """
     from lmgym.agents import ALGORITHMS
     from lmgym.training.env_args import with_policy_stop_ids
 
     torch.manual_seed(agent_config.seed)
     policy = policy_for(config, device, model)
-    config.env_kwargs = with_policy_stop_ids(env_id, config.env_kwargs, policy)
+    config = replace(config, env_kwargs=with_policy_stop_ids(env_id, config.env_kwargs, policy))
     env = make_train_env(config, policy.tokenizer, env_id, device=device, shard=shard)
     context = policy.context_length
     if config.model is None and model is None and context is not None and env.seq_len > context:
@@ -258,9 +254,10 @@ def build_agent(
         policy = policy_for(config, device, positions=tiny_positions(config, env_id, env))
     torch.manual_seed(agent_config.seed)
     reference = reference_for(config, agent_config.beta, policy=policy)
-    return ALGORITHMS[config.algo](
+    agent = ALGORITHMS[config.algo](
         policy, env, reference, config=agent_config, process_group=process_group
     )
+    return agent, config.env_kwargs
 
 
 def eval_env_for(

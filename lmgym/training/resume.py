@@ -254,7 +254,12 @@ def plan_resume(
         ValueError: the prompt file changed, or an env argument is wrong.
     """
     from lmgym.training.env_args import check_env_kwargs
-    from lmgym.training.user_code import check_prompt_file, prepare_task, user_code_specs
+    from lmgym.training.user_code import (
+        absolute_path,
+        check_prompt_file,
+        prepare_task,
+        user_code_specs,
+    )
 
     path = Path(path)
     run, saved = saved_values(path)
@@ -276,7 +281,7 @@ def plan_resume(
     changes = dict(changes or {})
     changes.pop("run_dir", None)
     if changes.get("prompts") is not None:
-        changes["prompts"] = str(Path(changes["prompts"]).expanduser().resolve())
+        changes["prompts"] = absolute_path(changes["prompts"])
     if "env_kwargs" in changes:
         env_id = prepare_task(config_from_dict(TrainConfig, saved["run"]))
         changes["env_kwargs"] = check_env_kwargs(env_id, changes["env_kwargs"])

@@ -65,9 +65,15 @@ built-in tiny GPT-2 names its projections otherwise (``c_attn``, ``c_proj``): wi
 default targets it gets ``all-linear`` (``TrainConfig.peft_config``)."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainConfig:
-    """Settings of one training run (everything that is not the agent's own config)."""
+    """Settings of one training run (everything that is not the agent's own config).
+
+    Frozen: what the user asked for is never rewritten. The values a run derives from
+    it (the task's id, absolute prompt paths, typed env arguments, chosen threads, the
+    run directory) are a new config in the run's ``ResolvedRun``
+    (``lmgym.training.resolved``), which ``config.json`` saves.
+    """
 
     algo: str = "grpo"
     """Algorithm: a name in the registry lmgym.agents.ALGORITHMS (the flag's choices list them)."""

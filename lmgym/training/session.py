@@ -48,30 +48,11 @@ from lmgym.training.logger import make_logger, make_stdout_logger
 from lmgym.training.pace import pace_of
 from lmgym.training.progress import RunProgressBar
 from lmgym.training.ranks import Ranks
+from lmgym.training.resolved import ResolvedRun
 from lmgym.training.resume import fixed_fields
 from lmgym.training.run import RunDirectory, TrainConfig
 from lmgym.training.suspect import NoSignalWarning, RunKnobs, SuspectWatch
 from lmgym.training.wall_clock import WallClockLimit, parse_duration
-
-
-def stop_threshold(config: TrainConfig, env_id: str) -> float | None:
-    """The early-stop threshold: ``stop_threshold``, else the task's solved threshold.
-
-    Raises:
-        ValueError: ``early_stop`` on a task with no solved threshold and none given.
-    """
-    if not config.early_stop:
-        return None
-    if config.stop_threshold is not None:
-        return config.stop_threshold
-    from lmgym.envs.registration import TASKS
-
-    info = TASKS.get(env_id)
-    if info is None or info.solved_threshold is None:
-        raise ValueError(
-            f"early_stop: task {config.task!r} states no solved threshold; set stop_threshold"
-        )
-    return info.solved_threshold
 
 
 @dataclass
@@ -100,8 +81,7 @@ class Session:
 
 
 def main_callbacks(
-    config: TrainConfig,
-    env_id: str,
+    record: ResolvedRun,
     eval_env: TokenVectorEnv,
     split: str,
     run: RunDirectory,
@@ -118,8 +98,7 @@ def main_callbacks(
     """Rank 0's callbacks for a session (see the module docstring for the order).
 
     Args:
-        config: the run's settings.
-        env_id: the task's registered id.
+        record: the resolved run (its settings, task id and early-stop threshold).
         eval_env, split: the evaluation env and which prompts it holds.
         run: the run directory (logs, samples, evaluations).
         seed: the agent's seed (evaluations and samples derive theirs).
@@ -131,11 +110,12 @@ def main_callbacks(
         extra: the user's callbacks, after the built-in ones.
         out: where lines go.
     """
+    config = record.config
     session = Session()
     add = session.callbacks.append
     from lmgym.envs.registration import TASKS
 
-    info = TASKS.get(env_id)
+    info = TASKS.get(record.env_id)
     best = info.reward_range[1] if info is not None else None
     knobs = RunKnobs(learning_rate, config.temperature, config.group_size, beta)
     session.watch = watch = SuspectWatch(knobs, best, out=out)
@@ -149,9 +129,8 @@ def main_callbacks(
     if eval_pace.active:
         held_out = HeldOut(eval_env, config.eval_prompts, seed, correct_threshold, split)
         add(PeriodicEval(held_out, eval_pace, run, out, on_result=watch.check_eval))
-    threshold = stop_threshold(config, env_id)
-    if threshold is not None:
-        session.early = EarlyStopAtThreshold(threshold, config.stop_window, out=out)
+    if record.stop_threshold is not None:
+        session.early = EarlyStopAtThreshold(record.stop_threshold, config.stop_window, out=out)
         add(session.early)
     logger = make_logger(run.path, resume_at=resumed_at)
     table_pace = pace_of(config.log_interval, config.report_time, "report_time")

@@ -34,48 +34,39 @@ import torch
 from transformers import AutoTokenizer
 
 from lmgym.agents.base import Agent, Callback
-from lmgym.agents.config import AgentConfig, check_common
+from lmgym.agents.config import AgentConfig
 from lmgym.distributed import DEFAULT_TIMEOUT_S
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.persistence.atomic import atomic_directory
 from lmgym.persistence.manifest import CheckpointError
 from lmgym.training.boundary_eval import BoundaryEval
-from lmgym.training.build import (  # noqa: F401 (re-exported: their home before build.py)
+from lmgym.training.build import (
     build_agent,
-    check_algo,
-    check_task,
     eval_env_for,
     load_callback,
-    load_policy,
     make_train_env,
-    policy_for,
     reference_for,
     tiny_positions,
 )
 from lmgym.training.callbacks import Printer, check_callback, tqdm_print
 from lmgym.training.checkpoint import CheckpointManager
-from lmgym.training.env_args import check_env_kwargs
 from lmgym.training.evaluation import HeldOut, correct_threshold_for
 from lmgym.training.opening import opening_lines
 from lmgym.training.ranks import Ranks, launched_ranks, local_device
+from lmgym.training.resolved import ResolvedRun, resolve
 from lmgym.training.result import TrainResult
-from lmgym.training.resume import (  # noqa: F401 (FixedOnResumeError, check_schedule_length: re-exported)
-    FixedOnResumeError,
+from lmgym.training.resume import (
     ResumePlan,
     check_checkpoint_agrees,
     check_schedule_length,
     checkpoint_error,
     choose_checkpoint,
-    find_checkpoint,
-    find_run,
     plan_resume,
     rewind_history,
 )
 from lmgym.training.run import RunDirectory, TrainConfig, default_run_dir
-from lmgym.training.session import Session, assemble, main_callbacks, stop_threshold
+from lmgym.training.session import Session, assemble, main_callbacks
 from lmgym.training.termination import sigterm_raises
-from lmgym.training.threads import auto_threads
-from lmgym.training.user_code import check_task_factory, prepare_task, run_imports
 
 
 def _silent(text: str) -> None:
@@ -85,8 +76,12 @@ def _silent(text: str) -> None:
 class Trainer:
     """Build and run one training run with a run directory.
 
+    The configs are checked and the run's derived values computed once, into the
+    record ``resolved`` (``lmgym.training.resolved``) that the trainer, a resume and
+    ``config.json`` read; ``config`` and ``agent_config`` are its settings.
+
     Args:
-        config: the run's settings.
+        config: the run's settings (not changed: a ``TrainConfig`` is frozen).
         agent_config: the algorithm's config (default: its documented defaults);
             its class must be ``ALGORITHMS[config.algo].config_class``.
         callbacks: extra ``callback(agent, metrics)`` called each iteration, after
@@ -111,56 +106,47 @@ class Trainer:
         out: Printer = tqdm_print,
         async_config: Any = None,
     ) -> None:
-        from lmgym.agents import ALGORITHMS
-
-        check_algo(config.algo)
-        config.check()
-        self.env_id = prepare_task(config)
-        check_task_factory(self.env_id, config.task)
-        config.env_kwargs = check_env_kwargs(self.env_id, config.env_kwargs)
-        stop_threshold(config, self.env_id)  # early_stop needs one: refused before anything
+        self.resolved: ResolvedRun = resolve(config, agent_config)
         for callback in callbacks:
             check_callback(callback, "callbacks")
-        agent_class = ALGORITHMS[config.algo]
-        if agent_config is None:
-            agent_config = agent_class.config_class()
-        if type(agent_config) is not agent_class.config_class:
-            raise TypeError(
-                f"agent_config: {config.algo} takes {agent_class.config_class.__name__}, "
-                f"got {type(agent_config).__name__}"
-            )
-        # Before any process group: a value one rank alone refuses then ends every rank
-        # in one line (lmgym.training.launch.agree_to_start), not inside a collective.
-        check_common(agent_config)
         if async_config is not None:
             async_config.check()
-        self.config = config
-        self.agent_config = agent_config
         self.async_config = async_config
         self.user_callbacks = list(callbacks)
         self.overwrite = overwrite
         self.out = out
-        if config.threads == 0:  # chosen once, then recorded in config.json like a number
-            config.threads, why = auto_threads(processes=launched_ranks())
-            if os.environ.get("RANK", "0") == "0":  # before the process group: torchrun's rank
-                out(f"threads: {config.threads} ({why}; --threads 0 chose)")
+        if os.environ.get("RANK", "0") == "0":  # before the process group: torchrun's rank
+            for line in self.resolved.notes:
+                out(line)
         self.plan: ResumePlan | None = None
         self.resume_from: Path | None = None
         self.ranks = Ranks()  # joined in run() (torchrun's process group, if any)
-        self.device = config.device
+        self.device = self.config.device
         self._model: str | None = None  # a directory to load instead of config.model
         self._tiny: tempfile.TemporaryDirectory | None = None
-        if config.model is None and launched_ranks() > 1:
+        if self.config.model is None and launched_ranks() > 1:
             # Before the process group: transformers' save_pretrained then writes on
             # every rank (afterwards only on rank 0).
             from lmgym.policy import make_tiny_lm, save_tiny
 
-            tiny = make_tiny_lm(n_positions=tiny_positions(config, self.env_id))
+            tiny = make_tiny_lm(n_positions=tiny_positions(self.config, self.env_id))
             self._tiny = tempfile.TemporaryDirectory()
             self._model = str(save_tiny(f"{self._tiny.name}/tiny-gpt2", tiny))
 
-    find_run = staticmethod(find_run)
-    find_checkpoint = staticmethod(find_checkpoint)
+    @property
+    def config(self) -> TrainConfig:
+        """The run's settings as resolved (``config.json`` saves them)."""
+        return self.resolved.config
+
+    @property
+    def agent_config(self) -> AgentConfig:
+        """The algorithm's config."""
+        return self.resolved.agent_config
+
+    @property
+    def env_id(self) -> str:
+        """The task's registered Gymnasium id."""
+        return self.resolved.env_id
 
     @classmethod
     def resume(
@@ -286,11 +272,13 @@ class Trainer:
     def _build_fresh(
         self, device: str, shard: tuple[int, int] = (0, 1), process_group: Any = None
     ) -> Agent:
-        """A new agent (``build_agent``); nothing is written yet."""
-        cfg = self.config
-        return build_agent(
-            cfg, self.agent_config, self.env_id, device, shard, process_group, self._model
+        """A new agent (``build_agent``), the record completed with the env arguments
+        it was built with; nothing is written yet."""
+        agent, env_kwargs = build_agent(
+            self.config, self.agent_config, self.env_id, device, shard, process_group, self._model
         )
+        self.resolved = self.resolved.with_values(env_kwargs=env_kwargs)
+        return agent
 
     def _lock_and_choose(self, run: RunDirectory) -> str:
         """Rank 0: take the run's lock and choose the checkpoint (released on failure)."""
@@ -339,9 +327,8 @@ class Trainer:
 
     def _rewind(self, run: RunDirectory, checkpoint: Path, iteration: int) -> None:
         """Set the history after ``iteration`` aside and rewrite ``config.json`` (rank 0)."""
-        cfg = self.config
         rewind_history(run, checkpoint, iteration, self.out)
-        run.write_config(cfg, self.agent_config, run_imports(cfg), self._launch_record())
+        self.resolved.save(run, self._launch_record())
 
     def _launch_record(self) -> dict[str, Any] | None:
         """What ``config.json`` records of the launch: the world size of a data-parallel
@@ -362,7 +349,8 @@ class Trainer:
         return [load_callback(spec) for spec in self.config.callbacks]
 
     def _create_run(self, launch: dict[str, Any] | None) -> RunDirectory:
-        """Rank 0 creates, locks and describes the run directory; every rank gets it."""
+        """Rank 0 creates, locks and describes the run directory; every rank gets it
+        (and records it: ``config.run_dir``)."""
         cfg = self.config
         created: list[RunDirectory] = []
 
@@ -372,16 +360,16 @@ class Trainer:
             else:
                 run = RunDirectory.create(cfg.run_dir, overwrite=self.overwrite)
             try:
-                cfg.run_dir = str(run.path)
-                run.write_config(cfg, self.agent_config, run_imports(cfg), launch)
+                self.resolved.with_values(run_dir=str(run.path)).save(run, launch)
             except BaseException:
                 run.release_lock()
                 raise
             created.append(run)
             return str(run.path)
 
-        cfg.run_dir = self.ranks.on_main(create)
-        return created[0] if created else RunDirectory(cfg.run_dir)
+        path = self.ranks.on_main(create)
+        self.resolved = self.resolved.with_values(run_dir=path)
+        return created[0] if created else RunDirectory(path)
 
     # --------------------------------------------------------------- train
     def _announce(self, agent: Agent, run: RunDirectory) -> None:
@@ -416,7 +404,7 @@ class Trainer:
         if ranks.is_main:
             assert eval_env is not None
             session = main_callbacks(
-                cfg, self.env_id, eval_env, split, run,
+                self.resolved, eval_env, split, run,
                 seed=seed, beta=self.agent_config.beta,
                 learning_rate=self.agent_config.learning_rate, correct_threshold=threshold,
                 resumed_at=agent.iteration if self.plan is not None else None,

@@ -229,12 +229,18 @@ def register_prompt_task(
     )
 
 
-def prepare_task(config: TrainConfig) -> str:
-    """Import or register the run's task and return its Gymnasium id.
+def absolute_path(path: str) -> str:
+    """``path`` with ``~`` expanded, made absolute: how a run records a file it reads,
+    so that a resume from another directory finds it."""
+    return str(Path(path).expanduser().resolve())
 
-    With ``config.prompts``, the prompt file's path is made absolute (so a resume
-    from another directory finds it) and ``config.task`` is set to the prompt task's
-    id; ``task`` may then only be left at its default or name that same id.
+
+def prepare_task(config: TrainConfig) -> str:
+    """Import or register the run's task and return its Gymnasium id (``config`` is
+    not changed: ``recorded_task`` gives the task fields the run then records).
+
+    With ``config.prompts`` the task is the prompt file's (``prompt_task_id`` of its
+    absolute path); ``task`` may then only be left at its default or name that same id.
 
     Raises:
         ValueError: ``prompts`` without ``reward`` or the reverse, ``task`` and
@@ -255,23 +261,35 @@ def prepare_task(config: TrainConfig) -> str:
             f"{given}={getattr(config, given)!r} needs {missing} too: a prompt-file task is "
             "--prompts FILE.jsonl --reward module:function"
         )
-    config.prompts = str(Path(config.prompts).expanduser().resolve())
-    env_id = prompt_task_id(config.prompts)
+    prompts = absolute_path(config.prompts)
+    env_id = prompt_task_id(prompts)
     if config.task not in (DEFAULT_TASK, env_id):
         raise ValueError(
-            f"task={config.task!r} and prompts={config.prompts!r} both name the run's task; "
+            f"task={config.task!r} and prompts={prompts!r} both name the run's task; "
             "pass one (--prompts builds the task from the file and --reward)"
         )
-    if config.eval_prompts_file is not None:
-        config.eval_prompts_file = str(Path(config.eval_prompts_file).expanduser().resolve())
-    config.task = register_prompt_task(
-        config.prompts,
+    eval_file = config.eval_prompts_file
+    return register_prompt_task(
+        prompts,
         config.reward,
         config.prompt_field,
         holdout=config.holdout,
-        eval_file=config.eval_prompts_file,
+        eval_file=absolute_path(eval_file) if eval_file is not None else None,
     )
-    return config.task
+
+
+def recorded_task(config: TrainConfig, env_id: str) -> dict[str, Any]:
+    """The task fields a run records once ``prepare_task`` returned ``env_id``: a
+    prompt-file run's ``task`` is its prompt task's id and its files' paths are absolute
+    (``absolute_path``); any other run's fields stay as given (``{}``)."""
+    if config.prompts is None:
+        return {}
+    eval_file = config.eval_prompts_file
+    return {
+        "task": env_id,
+        "prompts": absolute_path(config.prompts),
+        "eval_prompts_file": absolute_path(eval_file) if eval_file is not None else None,
+    }
 
 
 def file_sha256(path: str | Path) -> str:
