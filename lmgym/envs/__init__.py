@@ -36,7 +36,7 @@ from lmgym.envs.rewards import (
     reward_component_means,
 )
 from lmgym.envs.single import TokenEnv, single_env_factory
-from lmgym.envs.task_factory import build_env, task_factory
+from lmgym.envs.task_factory import TaskParams, build_env, factory_arguments, task_factory
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.envs.turns import EpisodeStart, Responder, ResponderError, TurnInput, TurnOutput
 from lmgym.special_tokens import stop_ids_for
@@ -59,6 +59,7 @@ __all__ = [
     "RewardError",
     "SequenceClassifierReward",
     "TaskInfo",
+    "TaskParams",
     "TokenActionSpace",
     "TokenActionsSpace",
     "TokenEnv",
@@ -70,6 +71,7 @@ __all__ = [
     "available_tasks",
     "build_env",
     "env_option_names",
+    "factory_arguments",
     "format_task_table",
     "make_reward_env_vector",
     "register_responder_env",

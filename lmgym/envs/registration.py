@@ -26,9 +26,12 @@ import gymnasium as gym
 from lmgym.envs.options import EnvOptions
 from lmgym.envs.single import single_env_factory
 from lmgym.envs.task_factory import (
+    TaskFactory,
+    TaskParams,
     VectorFactory,
     build_env,
     check_option_defaults,
+    factory_arguments,
     task_factory,
 )
 from lmgym.envs.token_env import TokenVectorEnv
@@ -387,13 +390,24 @@ def format_task_table(tasks: dict[str, TaskInfo] | None = None) -> str:
 
 
 # ----------------------------------------------------------------- custom envs
-@task_factory(max_new_tokens=16)
-def make_reward_env_vector(
-    options: EnvOptions, reward: RewardModel, prompts: PromptSource
-) -> TokenVectorEnv:
+@dataclass(frozen=True, kw_only=True)
+class RewardEnvParams(TaskParams):
+    """``make_reward_env_vector``'s parameters.
+
+    Attributes:
+        reward: the reward model.
+        prompts: the prompt source.
+    """
+
+    reward: RewardModel
+    prompts: PromptSource
+
+
+@task_factory(RewardEnvParams, max_new_tokens=16)
+def make_reward_env_vector(options: EnvOptions, params: RewardEnvParams) -> TokenVectorEnv:
     """A ``TokenVectorEnv`` over any reward and prompt source: ``num_envs`` rows,
     ``num_envs / group_size`` prompts per batch, budget 16 tokens by default."""
-    return build_env(options, prompts, reward)
+    return build_env(options, params.prompts, params.reward)
 
 
 def _check_reward_model(reward: object) -> None:
@@ -434,11 +448,11 @@ def _custom_factory(
     source = prompts
     # A closure, not kwargs in the spec: Gymnasium deep-copies spec kwargs on every make.
 
-    def body(options: EnvOptions) -> TokenVectorEnv:
+    def body(options: EnvOptions, params: TaskParams) -> TokenVectorEnv:
         return build_env(options, source, reward, responder=responder)
 
     body.__name__ = body.__qualname__ = name
-    return task_factory(**defaults)(body)
+    return TaskFactory(body, TaskParams, defaults)
 
 
 def reward_env_factory(
@@ -674,14 +688,13 @@ def vector_entry_point(task: str) -> VectorFactory:
 
 
 def env_option_names(task: str) -> tuple[str, ...]:
-    """The keyword arguments ``gymnasium.make_vec(task, ...)`` takes, in signature order:
-    ``num_envs``, ``group_size``, the task's own parameters and every ``EnvOptions``
-    field (for a task made with ``task_factory``; a user factory's named parameters
-    otherwise, its ``**kwargs`` not included).
+    """The keyword arguments ``gymnasium.make_vec(task, ...)`` takes, in order:
+    ``num_envs``, ``group_size``, the task's own parameters (its ``TaskParams``
+    fields) and every other ``EnvOptions`` field (for a task made with
+    ``task_factory``; a user factory's named parameters otherwise, its ``**kwargs``
+    not included).
 
     Args:
         task: a registered id, or ``"module:Id-v0"``.
     """
-    params = inspect.signature(vector_entry_point(task)).parameters.values()
-    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
-    return tuple(p.name for p in params if p.kind not in variadic)
+    return tuple(factory_arguments(vector_entry_point(task))[0])

@@ -10,7 +10,6 @@ autoreset, as the vector env's).
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +18,7 @@ import numpy as np
 import torch
 from gymnasium.wrappers import Autoreset
 
+from lmgym.envs.task_factory import factory_arguments
 from lmgym.envs.token_env import TokenVectorEnv
 
 
@@ -119,14 +119,14 @@ def single_env_factory(vector_factory: Callable[..., TokenVectorEnv]) -> Callabl
     """The single-env face of a task (``gymnasium.make``'s ``entry_point``).
 
     Returns a factory with the vector factory's arguments except ``num_envs`` and
-    ``group_size`` (its signature says so), which builds one row with no group and
-    wraps it in a ``TokenEnv``; ``autoreset=True`` wraps that in Gymnasium's
-    ``Autoreset`` (next-step autoreset).
+    ``group_size`` (its ``arguments()`` lists them, as ``factory_arguments`` does
+    the vector factory's), which builds one row with no group and wraps it in a
+    ``TokenEnv``; ``autoreset=True`` wraps that in Gymnasium's ``Autoreset``
+    (next-step autoreset).
     """
-    signature = inspect.signature(vector_factory)
-    parameters = [p for name, p in signature.parameters.items() if name not in _SINGLE_FIXED]
-    accepted = {p.name for p in parameters}
-    takes_any = any(p.kind is p.VAR_KEYWORD for p in parameters)
+    named, takes_any = factory_arguments(vector_factory)
+    arguments = {name: a for name, a in named.items() if name not in _SINGLE_FIXED}
+    accepted = set(arguments)
 
     def make(**kwargs: Any) -> gym.Env:
         fixed = sorted(set(kwargs) & set(_SINGLE_FIXED))
@@ -154,6 +154,6 @@ def single_env_factory(vector_factory: Callable[..., TokenVectorEnv]) -> Callabl
         f"``{vector_factory.__name__}`` as a single env (``gymnasium.make``): one row, "
         "numpy observations; other arguments as the vector factory."
     )
-    make.__signature__ = signature.replace(parameters=parameters, return_annotation=gym.Env)  # type: ignore[attr-defined]
+    make.arguments = lambda: dict(arguments)  # type: ignore[attr-defined]
     make.metadata = TokenEnv.metadata  # type: ignore[attr-defined]  # gymnasium.make reads render_modes here
     return make

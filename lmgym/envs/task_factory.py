@@ -1,27 +1,27 @@
-"""A task's body becomes its Gymnasium vector factory, taking every env option.
+"""A task's parameters as a dataclass; its body becomes its Gymnasium vector factory.
 
-A task body ``body(options: EnvOptions, **task_params) -> TokenVectorEnv`` makes
-its prompts and reward and returns ``build_env(options, prompts, reward,
-max_new_tokens=<its default budget>)``.
-
-``task_factory`` turns a task's body ``body(options, **task_params) ->
-TokenVectorEnv`` into its ``vector_entry_point``: one function that takes the
-task's own parameters and every ``EnvOptions`` field as keyword arguments, with a
-real signature (``inspect.signature`` lists them all with their annotations, for
-``help()`` and ``env_option_names``). Built-in tasks, ``register_reward_env`` and
-``reward_env_factory`` all go through it, so ``gymnasium.make_vec(id,
-tokenizer=..., per_token_form="dense", shard=(1, 2))`` works the same for every
-task; ``single_env_factory`` (``lmgym.envs.single``) gives the ``gymnasium.make``
-face with the same options.
+A task declares its own parameters as a frozen, keyword-only dataclass deriving
+from ``TaskParams`` (a task that holds data out derives from
+``lmgym.envs.tasks._common.DataSplit``, itself a ``TaskParams``), and a body
+``body(options: EnvOptions, params: TheParams) -> TokenVectorEnv`` that makes its
+prompts and reward and returns ``build_env(options, prompts, reward,
+max_new_tokens=<its default budget>)``. ``task_factory(TheParams)`` turns the body
+into a ``TaskFactory``: the task's ``vector_entry_point``, which takes the
+parameters' fields and every ``EnvOptions`` field as keyword arguments (or a
+ready ``params=TheParams(...)``), so ``gymnasium.make_vec(id, tokenizer=...,
+per_token_form="dense", shard=(1, 2), split="eval")`` works the same for every
+task. ``factory_arguments`` lists what a factory takes, with types and defaults:
+``--env KEY=VALUE`` (``lmgym.training.env_args``), ``env_option_names`` and the
+single-env face (``lmgym.envs.single``) read it.
 """
 
 from __future__ import annotations
 
 import inspect
 import typing
-from collections.abc import Callable
-from dataclasses import fields, replace
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, dataclass, field, fields, make_dataclass, replace
+from typing import Any, Generic, TypeVar
 
 from lmgym.char_tokenizer import make_char_tokenizer
 from lmgym.envs.options import ENV_OPTION_NAMES, OPTION_TYPES, EnvOptions
@@ -31,16 +31,46 @@ from lmgym.types import PromptSource, RewardModel
 
 VectorFactory = Callable[..., TokenVectorEnv]
 
+#: The factory arguments that fix the batch, positional or keyword, in this order.
+BATCHING = ("num_envs", "group_size")
 
+
+@dataclass(frozen=True, kw_only=True)
 class TaskParams:
-    """Base of a frozen dataclass of task parameters that a task body takes as one
-    argument (e.g. ``lmgym.envs.tasks._common.DataSplit``).
+    """Base of a task's parameters: a frozen, keyword-only dataclass whose fields are
+    the task's own keyword arguments (a field without a default is required). A
+    task without parameters of its own takes ``TaskParams()``."""
 
-    A body parameter whose default is such a record (``data: DataSplit =
-    DataSplit()``) stands, in the factory's signature, as the record's fields: one
-    keyword argument each, in field order, with the default's values; the factory
-    builds the record from them and passes it to the body.
+
+P = TypeVar("P", bound=TaskParams)
+
+
+def params_with_defaults(params: type[P], name: str, **defaults: Any) -> type[P]:
+    """A subclass of ``params`` called ``name`` whose fields in ``defaults`` default
+    to the values given: one task of a family (each game its own seed count)."""
+    hints = typing.get_type_hints(params)
+    unknown = sorted(set(defaults) - set(hints))
+    if unknown:
+        raise TypeError(f"{params.__name__} has no field(s) {unknown}")
+    changed = [(key, hints[key], field(default=value)) for key, value in defaults.items()]
+    made = make_dataclass(name, changed, bases=(params,), frozen=True, kw_only=True)
+    made.__module__ = params.__module__
+    return made
+
+
+@dataclass(frozen=True)
+class Argument:
+    """One keyword argument of a vector factory.
+
+    Attributes:
+        name: the keyword.
+        type: its annotation (``Any`` where unknown): what ``--env`` converts to.
+        default: its default; ``MISSING``: required.
     """
+
+    name: str
+    type: Any
+    default: Any = MISSING
 
 
 def build_env(
@@ -71,7 +101,7 @@ def build_env(
     )
 
 
-def check_option_defaults(defaults: dict[str, Any], where: str) -> None:
+def check_option_defaults(defaults: Mapping[str, Any], where: str) -> None:
     """Raise ``TypeError`` naming any key of ``defaults`` that is not an ``EnvOptions`` field."""
     unknown = sorted(set(defaults) - set(ENV_OPTION_NAMES))
     if unknown:
@@ -81,119 +111,190 @@ def check_option_defaults(defaults: dict[str, Any], where: str) -> None:
         )
 
 
-def task_factory(**defaults: Any) -> Callable[[Callable[..., TokenVectorEnv]], VectorFactory]:
-    """Decorator: a task body ``body(options: EnvOptions, **task_params)`` becomes the
-    task's vector factory, taking its parameters and every ``EnvOptions`` field.
+def param_arguments(params: type[TaskParams]) -> dict[str, Argument]:
+    """The fields of a ``TaskParams`` class as arguments, in field order (a type that
+    does not resolve is ``Any``)."""
+    try:
+        hints = typing.get_type_hints(params)
+    except Exception:  # an annotation only a type checker can resolve: left unchecked
+        hints = {}
+    out = {}
+    for f in fields(params):
+        default = f.default if f.default_factory is MISSING else f.default_factory()
+        out[f.name] = Argument(f.name, hints.get(f.name, Any), default)
+    return out
 
-    The factory's signature is: the body's required parameters, ``num_envs``,
-    ``group_size``, then (keyword-only) the body's optional parameters and the other
-    ``EnvOptions`` fields, each annotated. The factory fills a ``None`` tokenizer with
-    the character tokenizer before calling the body, so ``options.tokenizer`` is set.
+
+class TaskFactory(Generic[P]):
+    """A task's vector factory: ``factory(num_envs, group_size, *, params=None,
+    **arguments)`` builds the ``EnvOptions`` and the task's parameters from its
+    keyword arguments and calls the body with both.
 
     Args:
+        body: ``body(options, params) -> TokenVectorEnv``; its name and docstring
+            become the factory's.
+        params: the task's ``TaskParams`` class.
+        defaults: the task's defaults for ``EnvOptions`` fields.
+
+    Raises:
+        TypeError: a default that is not an ``EnvOptions`` field, or a parameter
+            named like one.
+    """
+
+    def __init__(
+        self,
+        body: Callable[[EnvOptions, P], TokenVectorEnv],
+        params: type[P],
+        defaults: Mapping[str, Any],
+    ) -> None:
+        check_option_defaults(defaults, "task_factory")
+        clash = sorted({f.name for f in fields(params)} & {*ENV_OPTION_NAMES, "params"})
+        if clash:
+            raise TypeError(
+                f"{params.__name__}: parameters {clash} are EnvOptions fields; rename them"
+            )
+        self.body, self.params, self.option_defaults = body, params, dict(defaults)
+        self.__name__ = self.__qualname__ = body.__name__
+        self.__module__ = body.__module__
+        self.__doc__ = (inspect.getdoc(body) or "").rstrip() + (
+            f"\n\nParameters: the fields of ``{params.__name__}`` and every ``EnvOptions`` "
+            "field (``lmgym.envs.EnvOptions``), as keyword arguments; ``factory_arguments`` "
+            "lists them with this task's defaults."
+        )
+
+    def arguments(self) -> dict[str, Argument]:
+        """What the factory takes, in order: ``num_envs``, ``group_size``, the task's
+        parameters, the other ``EnvOptions`` fields (with this task's defaults)."""
+
+        def option(name: str) -> Argument:
+            default = self.option_defaults.get(name, EnvOptions.__dataclass_fields__[name].default)
+            return Argument(name, OPTION_TYPES[name], default)
+
+        rest = [name for name in ENV_OPTION_NAMES if name not in BATCHING]
+        return {
+            **{name: option(name) for name in BATCHING},
+            **param_arguments(self.params),
+            **{name: option(name) for name in rest},
+        }
+
+    def __call__(
+        self,
+        num_envs: int | None = None,
+        group_size: int | None = None,
+        *,
+        params: P | None = None,
+        **arguments: Any,
+    ) -> TokenVectorEnv:
+        """The task's env; ``params`` (an instance of the task's ``TaskParams`` class)
+        gives its parameters at once, a keyword naming a field overrides it.
+
+        Raises:
+            TypeError: an argument the factory does not take (listing those it does),
+                a required parameter missing, or ``params`` of another class.
+        """
+        names = {f.name for f in fields(self.params)}
+        unknown = sorted(set(arguments) - names - set(ENV_OPTION_NAMES))
+        if unknown:
+            raise TypeError(
+                f"{self.__name__}() got an unexpected keyword argument {unknown[0]!r}; "
+                f"valid: {', '.join(self.arguments())}"
+            )
+        task = {k: v for k, v in arguments.items() if k in names}
+        chosen = {k: v for k, v in arguments.items() if k not in names}
+        for name, value in zip(BATCHING, (num_envs, group_size), strict=True):
+            if value is not None:
+                chosen[name] = value
+        if params is not None and not isinstance(params, self.params):
+            raise TypeError(
+                f"{self.__name__}(): params is a {type(params).__name__}; "
+                f"pass a {self.params.__name__}"
+            )
+        try:
+            made = self.params(**task) if params is None else replace(params, **task)
+        except TypeError as err:  # a required field missing
+            raise TypeError(f"{self.__name__}(): {err}") from None
+        options = EnvOptions(**{**self.option_defaults, **chosen})
+        if options.tokenizer is None:
+            options = replace(options, tokenizer=make_char_tokenizer())
+        return self.body(options, made)
+
+    def __repr__(self) -> str:
+        return f"<task factory {self.__module__}.{self.__name__}>"
+
+
+def task_factory(
+    params: type[P] = TaskParams,  # type: ignore[assignment]
+    **defaults: Any,
+) -> Callable[[Callable[[EnvOptions, P], TokenVectorEnv]], TaskFactory[P]]:
+    """Decorator: a task body ``body(options: EnvOptions, params: P)`` becomes the
+    task's vector factory (a ``TaskFactory``), taking the fields of ``params`` and
+    every ``EnvOptions`` field. The factory fills a ``None`` tokenizer with the
+    character tokenizer before calling the body, so ``options.tokenizer`` is set.
+
+    Args:
+        params: the task's ``TaskParams`` class (default: no parameters).
         defaults: Task defaults for ``EnvOptions`` fields (e.g. ``reward_mode="per_token"``).
 
     Raises:
-        TypeError: a default that is not an ``EnvOptions`` field, or a body parameter
+        TypeError: a default that is not an ``EnvOptions`` field, or a parameter
             named like one.
 
     Example::
 
-        @task_factory(max_new_tokens=8)
-        def make_echo_vector(options: EnvOptions, word: str = "hi") -> TokenVectorEnv:
-            return build_env(options, [f"say {word}:"], EchoReward(word))
+        @dataclass(frozen=True, kw_only=True)
+        class EchoParams(TaskParams):
+            word: str = "hi"
+
+        @task_factory(EchoParams, max_new_tokens=8)
+        def make_echo_vector(options: EnvOptions, params: EchoParams) -> TokenVectorEnv:
+            return build_env(options, [f"say {params.word}:"], EchoReward(params.word))
     """
     check_option_defaults(defaults, "task_factory")
 
-    def decorate(body: Callable[..., TokenVectorEnv]) -> VectorFactory:
-        return _make_factory(body, defaults)
+    def decorate(body: Callable[[EnvOptions, P], TokenVectorEnv]) -> TaskFactory[P]:
+        return TaskFactory(body, params, defaults)
 
     return decorate
 
 
 def named_task_factory(
-    body: Callable[..., TokenVectorEnv], name: str, doc: str, **defaults: Any
-) -> VectorFactory:
-    """``task_factory(**defaults)(body)`` for a body that a function makes, one per task
-    of a family: the factory is called ``name`` (its module's attribute of that name)
-    and its docstring is ``doc``."""
+    body: Callable[[EnvOptions, P], TokenVectorEnv],
+    params: type[P],
+    name: str,
+    doc: str,
+    **defaults: Any,
+) -> TaskFactory[P]:
+    """``task_factory(params, **defaults)(body)`` for a body that a function makes, one
+    per task of a family: the factory is called ``name`` (its module's attribute of
+    that name) and its docstring is ``doc``."""
     body.__name__ = body.__qualname__ = name
     body.__doc__ = doc
-    return task_factory(**defaults)(body)
+    return TaskFactory(body, params, defaults)
 
 
-def _expand_records(
-    params: list[inspect.Parameter], hints: dict[str, Any]
-) -> tuple[list[inspect.Parameter], dict[str, tuple[type, list[str]]]]:
-    """The body's parameters with each ``TaskParams`` one replaced by its fields (see
-    ``TaskParams``), and ``{record parameter: (its class, its field names)}``."""
-    flat: list[inspect.Parameter] = []
-    records: dict[str, tuple[type, list[str]]] = {}
-    for p in params:
-        if not isinstance(p.default, TaskParams):
-            flat.append(p)
-            continue
-        cls = type(p.default)
-        field_hints = typing.get_type_hints(cls)
-        names = [f.name for f in fields(cls)]  # type: ignore[arg-type]
-        records[p.name] = (cls, names)
-        for name in names:
-            default = getattr(p.default, name)
-            flat.append(inspect.Parameter(name, p.kind, default=default))
-            hints[name] = field_hints[name]
-    return flat, records
+def factory_arguments(factory: Callable[..., Any]) -> tuple[dict[str, Argument], bool]:
+    """What a vector factory takes: ``({name: Argument}, takes_any)``.
 
-
-def _make_factory(body: Callable[..., TokenVectorEnv], defaults: dict[str, Any]) -> VectorFactory:
-    body_hints = typing.get_type_hints(body)
-    body_params, records = _expand_records(
-        list(inspect.signature(body).parameters.values())[1:],
-        body_hints,  # after ``options``
-    )
-    clash = sorted({p.name for p in body_params} & set(ENV_OPTION_NAMES))
-    if clash:
-        raise TypeError(f"{body.__name__}: parameters {clash} are EnvOptions fields; rename them")
-    POK, KW = inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY
-
-    def option(name: str, kind: inspect._ParameterKind) -> inspect.Parameter:
-        default = defaults.get(name, EnvOptions.__dataclass_fields__[name].default)
-        return inspect.Parameter(name, kind, default=default, annotation=OPTION_TYPES[name])
-
-    def task_param(p: inspect.Parameter, kind: inspect._ParameterKind) -> inspect.Parameter:
-        return p.replace(kind=kind, annotation=body_hints.get(p.name, p.annotation))
-
-    required = [task_param(p, POK) for p in body_params if p.default is p.empty]
-    optional = [task_param(p, KW) for p in body_params if p.default is not p.empty]
-    batching = [option("num_envs", POK), option("group_size", POK)]
-    rest = [option(n, KW) for n in ENV_OPTION_NAMES if n not in ("num_envs", "group_size")]
-    signature = inspect.Signature(
-        [*required, *batching, *optional, *rest], return_annotation=TokenVectorEnv
-    )
-    names = list(signature.parameters)
-
-    def factory(*args: Any, **kwargs: Any) -> TokenVectorEnv:
-        try:
-            bound = signature.bind(*args, **kwargs)
-        except TypeError as err:
-            raise TypeError(f"{factory.__name__}(): {err}; valid: {', '.join(names)}") from None
-        bound.apply_defaults()
-        values = dict(bound.arguments)
-        options = EnvOptions(**{name: values.pop(name) for name in ENV_OPTION_NAMES})
-        if options.tokenizer is None:
-            options = replace(options, tokenizer=make_char_tokenizer())
-        for name, (cls, record_fields) in records.items():
-            values[name] = cls(**{field: values.pop(field) for field in record_fields})
-        return body(options, **values)
-
-    factory.__name__ = factory.__qualname__ = body.__name__
-    factory.__module__ = body.__module__
-    factory.__doc__ = (inspect.getdoc(body) or "").rstrip() + (
-        "\n\nEnv options: every ``EnvOptions`` field (``lmgym.envs.EnvOptions``) as a keyword "
-        "argument; the signature shows this task's defaults."
-    )
-    factory.__signature__ = signature  # type: ignore[attr-defined]
-    factory.__annotations__ = {
-        **{p.name: p.annotation for p in signature.parameters.values()},
-        "return": TokenVectorEnv,
+    A ``TaskFactory`` lists its ``arguments()``; a user's plain function its named
+    parameters (typed by their annotations where they resolve), ``takes_any`` when
+    it has ``**kwargs``.
+    """
+    if isinstance(factory, TaskFactory):
+        return factory.arguments(), False
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: takes nothing we can name
+        return {}, False
+    try:
+        hints = typing.get_type_hints(factory)
+    except Exception:  # a user factory's annotation that does not resolve: unchecked
+        hints = {}
+    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    named = {
+        p.name: Argument(
+            p.name, hints.get(p.name, Any), MISSING if p.default is p.empty else p.default
+        )
+        for p in params
+        if p.kind not in variadic
     }
-    return factory
+    return named, any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)

@@ -5,22 +5,23 @@
 its value to the argument's type with the one converter,
 ``lmgym.typed_values.parse_value`` (its rules: booleans from true/false/yes/no/1/0
 only, an integer not from ``2.5``, ``none``/``null`` where ``None`` is allowed, a
-single value where a list is expected as a list of one). An env option's type is
-its ``EnvOptions`` field's (``lmgym.envs.options.OPTION_TYPES``), a task's own
-parameter's the factory's annotation. An error names the argument:
+single value where a list is expected as a list of one). The arguments and their
+types are the factory's fields (``lmgym.envs.task_factory.factory_arguments``):
+a task's ``TaskParams`` fields and the ``EnvOptions`` fields
+(``lmgym.envs.options.OPTION_TYPES``). An error names the argument:
 ``env argument autoreset='maybe': expected true or false``. The arguments the run
 sets itself (``num_envs``, ``group_size``, ``tokenizer``, ``device``, ...) are
-refused. A factory taking ``**kwargs`` accepts any name (an env option's value
-still typed).
+refused. A user factory taking ``**kwargs`` accepts any name (an env option's
+value still typed).
 """
 
 from __future__ import annotations
 
-import inspect
-import typing
+import difflib
 from typing import Any
 
 from lmgym.envs.options import OPTION_TYPES
+from lmgym.envs.task_factory import factory_arguments
 from lmgym.training.evaluation import vector_factory
 from lmgym.typed_values import parse_value
 
@@ -46,39 +47,30 @@ def check_env_kwargs(task: str, kwargs: dict[str, Any]) -> dict[str, Any]:
 
     Raises:
         ValueError: an argument the run sets itself, one the factory does not take
-            (listing those it does), or a value of the wrong type; each names the key.
+            (listing those it does, and the closest name), or a value of the wrong
+            type; each names the key.
     """
-    factory = vector_factory(task)
-    params = inspect.signature(factory).parameters
-    types_ = _argument_types(factory)
-    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
-    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    valid = sorted(n for n, p in params.items() if p.kind not in variadic and n not in RESERVED)
+    arguments, takes_any = factory_arguments(vector_factory(task))
+    valid = sorted(name for name in arguments if name not in RESERVED)
     out = {}
     for key, value in kwargs.items():
         if key in RESERVED:
             raise ValueError(
                 f"env argument {key}: set by the run ({RESERVED[key]}), not an env argument"
             )
-        if key not in params or params[key].kind in variadic:
-            if takes_any:
-                out[key] = parse_value(f"env argument {key}", value, OPTION_TYPES.get(key, Any))
-                continue
+        if key in arguments:
+            expected = arguments[key].type
+        elif takes_any:
+            expected = OPTION_TYPES.get(key, Any)
+        else:
+            close = difflib.get_close_matches(key, valid, n=1)
+            hint = f"did you mean {close[0]}? " if close else ""
             raise ValueError(
-                f"env argument {key}: task {task} takes no such argument; valid: {', '.join(valid)}"
+                f"env argument {key}: task {task} takes no such argument; "
+                f"{hint}valid: {', '.join(valid)}"
             )
-        out[key] = parse_value(f"env argument {key}", value, types_.get(key, Any))
+        out[key] = parse_value(f"env argument {key}", value, expected)
     return out
-
-
-def _argument_types(factory: Any) -> dict[str, Any]:
-    """The type of each argument ``factory`` takes: an env option's is its ``EnvOptions``
-    field's, a task parameter's the factory's annotation (none where unresolvable)."""
-    try:
-        annotations = typing.get_type_hints(factory)
-    except Exception:  # a user factory's annotation that does not resolve: unchecked
-        annotations = {}
-    return {**annotations, **OPTION_TYPES}
 
 
 def with_policy_stop_ids(task: str, kwargs: dict[str, Any], policy: Any) -> dict[str, Any]:

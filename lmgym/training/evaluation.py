@@ -21,7 +21,6 @@ answer is exactly right. Other tasks report no pass@k unless a
 
 from __future__ import annotations
 
-import inspect
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -31,6 +30,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from lmgym.envs.registration import vector_entry_point
+from lmgym.envs.task_factory import factory_arguments
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.policy.causal_lm import CausalLMPolicy
 from lmgym.rollout import collect
@@ -63,12 +63,10 @@ vector_factory = vector_entry_point
 
 
 def factory_accepts(task: str, name: str) -> bool:
-    """Whether the task's vector factory takes the keyword ``name``."""
-    try:
-        params = inspect.signature(vector_factory(task)).parameters
-    except (TypeError, ValueError):
-        return False
-    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+    """Whether the task's vector factory takes the keyword ``name``
+    (``lmgym.envs.task_factory.factory_arguments``)."""
+    arguments, takes_any = factory_arguments(vector_factory(task))
+    return name in arguments or takes_any
 
 
 def correct_threshold_for(task: str) -> float | None:

@@ -24,12 +24,13 @@ picks ``"eval"``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from lmgym.envs.options import EnvOptions
 from lmgym.envs.prompts import JsonlPrompts, PromptSubset, split_prompts
-from lmgym.envs.task_factory import VectorFactory, build_env, task_factory
+from lmgym.envs.task_factory import TaskParams, VectorFactory, build_env, task_factory
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.types import PromptSource, RewardModel
 
@@ -41,6 +42,13 @@ HOLDOUT_SEED = 0
 """Seed of the permutation that picks the held-out rows (fixed: the same rows in every run)."""
 
 Split = Literal["train", "eval", "all"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PromptFileParams(TaskParams):
+    """A prompt file task's one parameter: ``split``, the rows its env serves."""
+
+    split: Split = "train"
 
 
 class TooFewRows(ValueError):
@@ -115,11 +123,11 @@ def split_factory(reward: RewardModel, parts: dict[str, PromptSource]) -> Vector
     ``register_reward_env``'s) and ``split`` (default ``"train"``).
     """
 
-    @task_factory(max_new_tokens=16)
-    def make_prompt_file_vector(options: EnvOptions, split: Split = "train") -> TokenVectorEnv:
-        if split not in parts:
-            raise ValueError(f"split={split!r} is not one of {sorted(parts)}")
-        return build_env(options, parts[split], reward)
+    @task_factory(PromptFileParams, max_new_tokens=16)
+    def make_prompt_file_vector(options: EnvOptions, params: PromptFileParams) -> TokenVectorEnv:
+        if params.split not in parts:
+            raise ValueError(f"split={params.split!r} is not one of {sorted(parts)}")
+        return build_env(options, parts[params.split], reward)
 
     return make_prompt_file_vector
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-import inspect
+from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
@@ -18,10 +18,12 @@ from lmgym.envs import (
     TASKS,
     EnvOptions,
     FunctionReward,
+    TaskParams,
     TokenEnv,
     TokenVectorEnv,
     build_env,
     env_option_names,
+    factory_arguments,
     register_reward_env,
     reward_env_factory,
     single_env_factory,
@@ -47,16 +49,14 @@ def test_every_builtin_task_lists_every_option():
 def test_option_names_are_the_signature_in_order():
     names = env_option_names("lmgym/TargetString-v0")
     assert names == ("num_envs", "group_size", "target", "prompt", *ENV_OPTION_NAMES[2:])
-    params = inspect.signature(vector_entry_point("lmgym/TargetString-v0")).parameters
+    params = factory_arguments(vector_entry_point("lmgym/TargetString-v0"))[0]
     assert params["reward_mode"].default == "bandit"
-    # A task's own default shows in its signature.
+    # A task's own default shows in its arguments.
     from lmgym.envs.tasks.arithmetic import make_arithmetic_process_vector
     from lmgym.envs.tasks.length_control import make_length_control_vector
 
-    assert inspect.signature(make_arithmetic_process_vector).parameters["reward_mode"].default == (
-        "per_token"
-    )
-    params = inspect.signature(make_length_control_vector).parameters
+    assert make_arithmetic_process_vector.arguments()["reward_mode"].default == "per_token"
+    params = make_length_control_vector.arguments()
     assert (params["unfinished"].default, params["unfinished_penalty"].default) == ("penalty", 0.0)
 
 
@@ -205,18 +205,19 @@ def test_a_user_registers_a_reward_env_factory_with_gymnasium():
 
 
 def test_task_factory_builds_a_task_from_a_body():
-    @task_factory(max_new_tokens=2, reward_mode="per_token")
-    def make_echo_vector(options: EnvOptions, word: str = "hi") -> TokenVectorEnv:
+    @dataclass(frozen=True, kw_only=True)
+    class EchoParams(TaskParams):
+        word: str = "hi"
+
+    @task_factory(EchoParams, max_new_tokens=2, reward_mode="per_token")
+    def make_echo_vector(options: EnvOptions, params: EchoParams) -> TokenVectorEnv:
         """Echo ``word``."""
+        word = params.word
         ids = torch.tensor([options.tokenizer.convert_tokens_to_ids(c) for c in word])
         reward = PositionMatchReward(ids[None], torch.tensor([len(word)]), "echo")
         return build_env(options, [f"say {word}:"], reward, max_new_tokens=99)
 
-    assert list(inspect.signature(make_echo_vector).parameters)[:3] == [
-        "num_envs",
-        "group_size",
-        "word",
-    ]
+    assert list(make_echo_vector.arguments())[:3] == ["num_envs", "group_size", "word"]
     assert "Echo ``word``." in make_echo_vector.__doc__
     env = make_echo_vector(2, 2, word="ok")  # num_envs and group_size may be positional
     assert (env.num_envs, env.max_new_tokens, env.reward_mode) == (2, 2, "per_token")
@@ -224,10 +225,15 @@ def test_task_factory_builds_a_task_from_a_body():
     assert make_echo_vector(max_new_tokens=None).max_new_tokens == 99  # the body's default
     with pytest.raises(TypeError, match=r"unknown env option\(s\) \['colour'\]"):
         task_factory(colour="red")
+    assert make_echo_vector(params=EchoParams(word="no")).prompt_table.texts == ["say no:"]
     with pytest.raises(TypeError, match=r"parameters \['device'\] are EnvOptions fields"):
 
-        @task_factory()
-        def make_bad_vector(options: EnvOptions, device: str = "cpu") -> TokenVectorEnv:
+        @dataclass(frozen=True, kw_only=True)
+        class BadParams(TaskParams):
+            device: str = "cpu"
+
+        @task_factory(BadParams)
+        def make_bad_vector(options: EnvOptions, params: BadParams) -> TokenVectorEnv:
             raise AssertionError
 
 

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 
-import gymnasium as gym
 import numpy as np
 import pytest
 
 from lmgym.char_tokenizer import make_char_tokenizer
-from lmgym.envs import TokenVectorEnv
+from lmgym.envs import TokenVectorEnv, env_option_names
 from lmgym.envs.tasks.target_string import make_target_string_vector
 
 #: The SB3 toy task: vocabulary 8 (<pad>, <eos>, <unk>, a..e), a 6-token target,
@@ -27,9 +25,7 @@ def toy_vector_env(num_envs: int, autoreset: bool = True, **overrides) -> TokenV
 
 def vector_accepts(env_id: str, name: str) -> bool:
     """Whether the task's vector entry point takes keyword ``name``."""
-    entry = gym.spec(env_id).vector_entry_point
-    factory = gym.envs.registration.load_env_creator(entry) if isinstance(entry, str) else entry
-    return name in inspect.signature(factory).parameters
+    return name in env_option_names(env_id)
 
 
 def random_actions(

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 from transformers import PreTrainedTokenizerBase
 
+from lmgym.envs.tasks._common import DataSplit
 from lmgym.types import Prompt
 
 Item = TypeVar("Item", bound=Hashable)
@@ -31,6 +33,22 @@ def wants_chat(chat: bool | None, tokenizer: PreTrainedTokenizerBase) -> bool:
     if chat is None:
         return getattr(tokenizer, "chat_template", None) is not None
     return bool(chat)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChatSplit(DataSplit):
+    """The parameters every chat task takes: ``DataSplit``'s and ``chat``.
+
+    Attributes:
+        chat: chat prompts (the tokenizer needs a chat template); ``False``: plain
+            text; ``None``: chat iff the tokenizer has a chat template (``wants_chat``).
+    """
+
+    chat: bool | None = None
+
+    def wants_chat(self, tokenizer: PreTrainedTokenizerBase) -> bool:
+        """``wants_chat(self.chat, tokenizer)``."""
+        return wants_chat(self.chat, tokenizer)
 
 
 def chat_prompt(

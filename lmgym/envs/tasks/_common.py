@@ -19,11 +19,11 @@ from lmgym.types import PromptSource, RewardInput
 Split = Literal["train", "eval", "all"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DataSplit(TaskParams):
-    """Which part of a task's data its env serves: every task that holds data out
-    takes one, and its factory takes the fields as keyword arguments
-    (``gymnasium.make_vec(id, split="eval", eval_fraction=0.2, data_seed=1)``).
+    """Which part of a task's data its env serves: the parameters of every task that
+    holds data out derive from it, so its factory takes the fields as keyword
+    arguments (``gymnasium.make_vec(id, split="eval", eval_fraction=0.2, data_seed=1)``).
 
     Attributes:
         split: ``"train"``, ``"eval"`` (the held-out part) or ``"all"``.
@@ -60,11 +60,6 @@ class DataSplit(TaskParams):
         """The ``split`` part of ``(prompt, answer)`` pairs, in their order."""
         subset = self._subset([prompt for prompt, _ in items])
         return list(items) if subset is None else [items[i] for i in subset.indices]
-
-
-DEFAULT_SPLIT = DataSplit()
-"""The ``DataSplit`` defaults (``split="train"``, ``eval_fraction=0.25``,
-``data_seed=0``): the default of a task body's ``data`` parameter."""
 
 
 def encode(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
@@ -174,7 +169,7 @@ def select_split(
     items: Sequence[tuple[str, str]], split: Split, eval_fraction: float, data_seed: int
 ) -> list[tuple[str, str]]:
     """The ``split`` part of ``(prompt, answer)`` pairs: ``DataSplit(...).select(items)``."""
-    return DataSplit(split, eval_fraction, data_seed).select(items)
+    return DataSplit(split=split, eval_fraction=eval_fraction, data_seed=data_seed).select(items)
 
 
 def random_policy_return(env: TokenVectorEnv, num_batches: int = 4, seed: int = 0) -> float:

@@ -25,13 +25,13 @@ problems (under ``data_seed``) to test generalisation.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from lmgym.envs.options import EnvOptions
 from lmgym.envs.single import single_env_factory
 from lmgym.envs.task_factory import VectorFactory, build_env, named_task_factory
 from lmgym.envs.tasks._common import (
-    DEFAULT_SPLIT,
     DataSplit,
     ExactMatchReward,
     PositionMatchReward,
@@ -64,18 +64,27 @@ def arithmetic_items(max_operand: int = 9, operations: str = "+") -> list[tuple[
     ]
 
 
+@dataclass(frozen=True, kw_only=True)
+class ArithmeticParams(DataSplit):
+    """Arithmetic's parameters (and ``DataSplit``'s: which problems the env serves).
+
+    Attributes:
+        max_operand: operands range over ``[0, max_operand]``.
+        operations: operators drawn from ``"+-*"``.
+    """
+
+    max_operand: int = 9
+    operations: str = "+"
+
+
 def _arithmetic_vector(
-    process: bool,
-    options: EnvOptions,
-    max_operand: int,
-    operations: str,
-    data: DataSplit,
+    process: bool, options: EnvOptions, params: ArithmeticParams
 ) -> TokenVectorEnv:
     tokenizer = options.tokenizer
     if tokenizer.eos_token_id is None:
         raise ValueError("tokenizer: arithmetic answers end with EOS; use a tokenizer with one")
-    every = arithmetic_items(max_operand, operations)
-    items = data.select(every)
+    every = arithmetic_items(params.max_operand, params.operations)
+    items = params.select(every)
     targets = [encode(tokenizer, answer) + [tokenizer.eos_token_id] for _, answer in items]
     ids, lengths = target_table(targets, tokenizer.pad_token_id or 0)
     # The default budget fits the longest answer of *all* problems, so the train and
@@ -94,15 +103,10 @@ def _arithmetic_factory(
 ) -> VectorFactory:
     """The vector factory of the arithmetic task: per-digit reward iff ``process``."""
 
-    def body(
-        options: EnvOptions,
-        max_operand: int = 9,
-        operations: str = "+",
-        data: DataSplit = DEFAULT_SPLIT,
-    ) -> TokenVectorEnv:
-        return _arithmetic_vector(process, options, max_operand, operations, data)
+    def body(options: EnvOptions, params: ArithmeticParams) -> TokenVectorEnv:
+        return _arithmetic_vector(process, options, params)
 
-    return named_task_factory(body, factory_name, doc, **defaults)
+    return named_task_factory(body, ArithmeticParams, factory_name, doc, **defaults)
 
 
 make_arithmetic_vector = _arithmetic_factory(
@@ -110,13 +114,8 @@ make_arithmetic_vector = _arithmetic_factory(
     "make_arithmetic_vector",
     """``lmgym/Arithmetic-v0`` as a native vector env (exact-match outcome reward).
 
-    Args:
-        max_operand: operands range over ``[0, max_operand]``.
-        operations: operators drawn from ``"+-*"``.
-        split: ``"train"``, ``"eval"`` (held-out problems) or ``"all"``.
-        eval_fraction: share of problems held out for ``"eval"``.
-        data_seed: seeds the split.
-        max_new_tokens: token budget (default: the longest answer plus EOS).
+    Parameters: ``ArithmeticParams``; token budget by default the longest answer
+    plus EOS.
     """,
 )
 make_arithmetic = single_env_factory(make_arithmetic_vector)

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 from lmgym.envs.options import EnvOptions
@@ -52,8 +53,7 @@ from lmgym.envs.prompts import RecordPrompts, shuffle_prompts
 from lmgym.envs.rewards import FunctionReward
 from lmgym.envs.single import single_env_factory
 from lmgym.envs.task_factory import build_env, task_factory
-from lmgym.envs.tasks._chat import chat_prompt, wants_chat
-from lmgym.envs.tasks._common import DEFAULT_SPLIT, DataSplit
+from lmgym.envs.tasks._chat import ChatSplit, chat_prompt
 from lmgym.envs.token_env import TokenVectorEnv
 
 SOLVED_THRESHOLD = 0.9
@@ -167,19 +167,12 @@ REWARDS = {
 }
 
 
-@task_factory()
-def make_chat_arithmetic_vector(
-    options: EnvOptions,
-    answer: AnswerRule = "last_number",
-    digits: int = 1,
-    operations: str = OPERATORS,
-    dataset_size: int | None = None,
-    data: DataSplit = DEFAULT_SPLIT,
-    chat: bool | None = None,
-) -> TokenVectorEnv:
-    """``lmgym/ChatArithmetic-v0`` as a native vector env.
+@dataclass(frozen=True, kw_only=True)
+class ChatArithmeticParams(ChatSplit):
+    """ChatArithmetic's parameters (and ``ChatSplit``'s; ``data_seed`` also seeds the
+    subset).
 
-    Args:
+    Attributes:
         answer: ``"last_number"`` (lenient: the reply's last integer),
             ``"first_number"`` (its first integer) or ``"exact"`` (the reply is the
             number and nothing else).
@@ -188,18 +181,28 @@ def make_chat_arithmetic_vector(
         operations: operators drawn from ``"+-*"``.
         dataset_size: keep this many problems (a seeded subset); ``None``: all of
             them, at most ``DEFAULT_DATASET_SIZE`` (1000).
-        split: ``"train"``, ``"eval"`` (held-out problems) or ``"all"``.
-        eval_fraction: share of problems held out for ``"eval"``.
-        data_seed: seeds the subset and the split.
-        chat: chat prompts (the tokenizer needs a chat template); ``False``: the
-            question as plain text; ``None``: chat iff the tokenizer has a template.
-        max_new_tokens: token budget (default 12).
     """
+
+    answer: AnswerRule = "last_number"
+    digits: int = 1
+    operations: str = OPERATORS
+    dataset_size: int | None = None
+
+
+@task_factory(ChatArithmeticParams)
+def make_chat_arithmetic_vector(
+    options: EnvOptions, params: ChatArithmeticParams
+) -> TokenVectorEnv:
+    """``lmgym/ChatArithmetic-v0`` as a native vector env (parameters:
+    ``ChatArithmeticParams``); token budget 12 by default."""
+    answer = params.answer
     if answer not in REWARDS:
         raise ValueError(f"answer={answer!r}: must be one of {sorted(REWARDS)}")
-    chat = wants_chat(chat, options.tokenizer)
-    every = chat_arithmetic_items(digits, operations, dataset_size, data.data_seed, chat=chat)
-    items = data.select(every)
+    chat = params.wants_chat(options.tokenizer)
+    every = chat_arithmetic_items(
+        params.digits, params.operations, params.dataset_size, params.data_seed, chat=chat
+    )
+    items = params.select(every)
     source = RecordPrompts([{"prompt": prompt, "answer": a} for prompt, a in items])
     reward = FunctionReward(REWARDS[answer], name=f"{answer}_match")
     return build_env(options, source, reward, max_new_tokens=DEFAULT_MAX_NEW_TOKENS)

@@ -57,6 +57,7 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from torch import Tensor
 
@@ -65,8 +66,7 @@ from lmgym.envs.prompts import RecordPrompts
 from lmgym.envs.rewards import CombinedReward, FunctionReward
 from lmgym.envs.single import single_env_factory
 from lmgym.envs.task_factory import build_env, task_factory
-from lmgym.envs.tasks._chat import chat_prompt, distinct_draws, wants_chat
-from lmgym.envs.tasks._common import DEFAULT_SPLIT, DataSplit
+from lmgym.envs.tasks._chat import ChatSplit, chat_prompt, distinct_draws
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.types import Prompt, RewardInput
 
@@ -287,42 +287,45 @@ def instruction_records(
     ]
 
 
-@task_factory()
-def make_instructions_vector(
-    options: EnvOptions,
-    constraints: str = ",".join(CONSTRAINTS),
-    strict: bool = False,
-    examples: int = 1,
-    min_words: int = 3,
-    max_words: int = 8,
-    dataset_size: int = 400,
-    data: DataSplit = DEFAULT_SPLIT,
-    chat: bool | None = None,
-) -> TokenVectorEnv:
-    """``lmgym/Instructions-v0`` as a native vector env.
+@dataclass(frozen=True, kw_only=True)
+class InstructionsParams(ChatSplit):
+    """Instructions' parameters (and ``ChatSplit``'s; ``data_seed`` also seeds the
+    prompts).
 
-    Args:
+    Attributes:
         constraints: comma-separated names from ``CONSTRAINTS`` (default: all five).
         strict: reward 1 only when every constraint holds (default: their mean).
         examples: worked examples (a request and a reply meeting every rule) before
             the question, 0 to 2; 0 is the harder level.
         min_words, max_words: the range of the ``word_count`` constraint's ``n``.
         dataset_size: distinct prompts drawn (before the split).
-        split: ``"train"``, ``"eval"`` (held-out prompts) or ``"all"``.
-        eval_fraction: share of prompts held out for ``"eval"``.
-        data_seed: seeds the prompts and the split.
-        chat: chat prompts (the tokenizer needs a chat template); ``False``: plain text;
-            ``None``: chat iff the tokenizer has a chat template.
-        max_new_tokens: token budget (default 48).
     """
-    names = parse_constraints(constraints)
-    chat = wants_chat(chat, options.tokenizer)
+
+    constraints: str = ",".join(CONSTRAINTS)
+    strict: bool = False
+    examples: int = 1
+    min_words: int = 3
+    max_words: int = 8
+    dataset_size: int = 400
+
+
+@task_factory(InstructionsParams)
+def make_instructions_vector(options: EnvOptions, params: InstructionsParams) -> TokenVectorEnv:
+    """``lmgym/Instructions-v0`` as a native vector env (parameters:
+    ``InstructionsParams``); token budget 48 by default."""
+    names = parse_constraints(params.constraints)
     records = instruction_records(
-        names, dataset_size, min_words, max_words, data.data_seed, examples=examples, chat=chat
+        names,
+        params.dataset_size,
+        params.min_words,
+        params.max_words,
+        params.data_seed,
+        examples=params.examples,
+        chat=params.wants_chat(options.tokenizer),
     )
     pairs = [(record["prompt"], str(i)) for i, record in enumerate(records)]
-    kept = [records[int(i)] for _, i in data.select(pairs)]
-    reward = instruction_reward(names, strict)
+    kept = [records[int(i)] for _, i in params.select(pairs)]
+    reward = instruction_reward(names, params.strict)
     return build_env(options, RecordPrompts(kept), reward, max_new_tokens=DEFAULT_MAX_NEW_TOKENS)
 
 

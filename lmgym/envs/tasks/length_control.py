@@ -27,12 +27,14 @@ random policy rarely emits EOS). Solved: ``R >= 0.9``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
 from lmgym.envs.options import EnvOptions
 from lmgym.envs.single import single_env_factory
-from lmgym.envs.task_factory import build_env, task_factory
+from lmgym.envs.task_factory import TaskParams, build_env, task_factory
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.types import RewardInput
 
@@ -71,16 +73,27 @@ class LengthReward:
         return (1.0 - error / self.tolerance).clamp(min=0.0)
 
 
-@task_factory(unfinished="penalty", unfinished_penalty=0.0)
-def make_length_control_vector(
-    options: EnvOptions, min_length: int = 1, max_length: int = 8, tolerance: float = 4.0
-) -> TokenVectorEnv:
-    """``lmgym/LengthControl-v0`` as a native vector env.
+@dataclass(frozen=True, kw_only=True)
+class LengthControlParams(TaskParams):
+    """LengthControl's parameters.
 
-    Args:
+    Attributes:
         min_length: shortest target length ``n`` (tokens, >= 0).
         max_length: longest target length; one prompt per ``n`` in between.
         tolerance: tokens off at which the reward reaches 0.
+    """
+
+    min_length: int = 1
+    max_length: int = 8
+    tolerance: float = 4.0
+
+
+@task_factory(LengthControlParams, unfinished="penalty", unfinished_penalty=0.0)
+def make_length_control_vector(options: EnvOptions, params: LengthControlParams) -> TokenVectorEnv:
+    """``lmgym/LengthControl-v0`` as a native vector env (parameters:
+    ``LengthControlParams``).
+
+    Env options it sets a default for or reads:
         max_new_tokens: token budget (default ``max_length + 2``; must exceed
             ``max_length`` so every target is reachable with its stop id).
         unfinished: the env's unfinished-completion policy (default ``"penalty"``).
@@ -88,6 +101,7 @@ def make_length_control_vector(
         stop_token_ids: the ids that end a completion (not counted in its length);
             default the tokenizer's EOS.
     """
+    min_length, max_length = params.min_length, params.max_length
     if not 0 <= min_length <= max_length:
         raise ValueError(
             f"min_length={min_length}, max_length={max_length}: need 0 <= min_length <= max_length"
@@ -101,7 +115,7 @@ def make_length_control_vector(
     if options.stop_token_ids is None and options.tokenizer.eos_token_id is None:
         raise ValueError("tokenizer: LengthControl ends completions with EOS; it has none")
     lengths = torch.arange(min_length, max_length + 1)
-    reward = LengthReward(lengths, torch.tensor(options.stop_ids()), tolerance)
+    reward = LengthReward(lengths, torch.tensor(options.stop_ids()), params.tolerance)
     return build_env(
         options, [f"len={n}:" for n in lengths.tolist()], reward, max_new_tokens=max_new_tokens
     )

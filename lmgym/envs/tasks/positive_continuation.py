@@ -34,14 +34,14 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from lmgym.envs.options import EnvOptions
 from lmgym.envs.rewards import FunctionReward
 from lmgym.envs.single import single_env_factory
 from lmgym.envs.task_factory import build_env, task_factory
-from lmgym.envs.tasks._chat import chat_prompt, distinct_draws, wants_chat
-from lmgym.envs.tasks._common import DEFAULT_SPLIT, DataSplit
+from lmgym.envs.tasks._chat import ChatSplit, chat_prompt, distinct_draws
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.types import Prompt
 
@@ -135,36 +135,37 @@ def review_openings(
     return distinct_draws(draw, dataset_size, distinct, data_seed, "dataset_size")
 
 
-@task_factory()
-def make_positive_continuation_vector(
-    options: EnvOptions,
-    openings: Openings = "mixed",
-    dataset_size: int = 300,
-    data: DataSplit = DEFAULT_SPLIT,
-    chat: bool | None = None,
-) -> TokenVectorEnv:
-    """``lmgym/PositiveContinuation-v0`` as a native vector env (VADER compound reward).
+@dataclass(frozen=True, kw_only=True)
+class PositiveContinuationParams(ChatSplit):
+    """PositiveContinuation's parameters (and ``ChatSplit``'s: ``chat`` asks to
+    continue the review in a chat prompt, ``False`` gives the opening itself;
+    ``data_seed`` also seeds the openings).
 
-    Args:
+    Attributes:
         openings: ``"mixed"``, ``"neutral"`` or ``"negative"`` (harder) templates.
         dataset_size: distinct openings drawn (before the split).
-        split: ``"train"``, ``"eval"`` (held-out openings) or ``"all"``.
-        eval_fraction: share of openings held out for ``"eval"``.
-        data_seed: seeds the openings and the split.
-        chat: ask to continue the review in a chat prompt (the tokenizer needs a chat
-            template); ``False``: the opening itself, as plain text; ``None``: chat
-            iff the tokenizer has a chat template.
-        max_new_tokens: token budget (default 48).
+    """
+
+    openings: Openings = "mixed"
+    dataset_size: int = 300
+
+
+@task_factory(PositiveContinuationParams)
+def make_positive_continuation_vector(
+    options: EnvOptions, params: PositiveContinuationParams
+) -> TokenVectorEnv:
+    """``lmgym/PositiveContinuation-v0`` as a native vector env (VADER compound reward;
+    parameters: ``PositiveContinuationParams``); token budget 48 by default.
 
     Raises:
         ImportError: ``vaderSentiment`` is not installed.
     """
     reward = FunctionReward(VaderSentiment(), name="vader_compound")  # fails first if missing
-    texts = review_openings(openings, dataset_size, data.data_seed)
-    chat = wants_chat(chat, options.tokenizer)
+    texts = review_openings(params.openings, params.dataset_size, params.data_seed)
+    chat = params.wants_chat(options.tokenizer)
     prompts = [chat_prompt(QUESTION.format(opening=t)) if chat else t for t in texts]
     pairs = [(prompt, text) for prompt, text in zip(prompts, texts, strict=True)]
-    kept = [prompt for prompt, _ in data.select(pairs)]
+    kept = [prompt for prompt, _ in params.select(pairs)]
     return build_env(options, kept, reward, max_new_tokens=DEFAULT_MAX_NEW_TOKENS)
 
 

@@ -59,7 +59,7 @@ from lmgym.char_tokenizer import DEFAULT_CHARS, make_char_tokenizer
 from lmgym.envs.options import EnvOptions
 from lmgym.envs.rewards import SequenceClassifierReward
 from lmgym.envs.single import single_env_factory
-from lmgym.envs.task_factory import build_env, task_factory
+from lmgym.envs.task_factory import TaskParams, build_env, task_factory
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.types import RewardInput
 
@@ -364,33 +364,42 @@ def make_preference_reward(
     return WinRateReward(scorer, references)
 
 
-@task_factory(max_new_tokens=8)
-def make_preference_vector(
-    options: EnvOptions,
-    prompts: Sequence[str] = DEFAULT_PROMPTS,
-    reward_model_path: str | Path | None = None,
-    score: Score = "win_rate",
-) -> TokenVectorEnv:
-    """``lmgym/Preference-v0`` as a native vector env.
+@dataclass(frozen=True, kw_only=True)
+class PreferenceParams(TaskParams):
+    """Preference's parameters.
 
-    Args:
+    Attributes:
         prompts: the prompts (also those the reward model is trained on).
         reward_model_path: a directory saved by ``train_preference_reward_model``; if it
             does not exist the model is trained into it; default the settings' cache dir.
         score: ``"win_rate"`` (in ``[0, 1]``) or ``"logit"`` (raw score).
+    """
+
+    prompts: Sequence[str] = DEFAULT_PROMPTS
+    reward_model_path: str | Path | None = None
+    score: Score = "win_rate"
+
+
+@task_factory(PreferenceParams, max_new_tokens=8)
+def make_preference_vector(options: EnvOptions, params: PreferenceParams) -> TokenVectorEnv:
+    """``lmgym/Preference-v0`` as a native vector env (parameters: ``PreferenceParams``).
+
+    Env options:
         max_new_tokens: token budget (also the reward model's longest training
             completion); default 8.
         tokenizer: the policy's tokenizer (default the built-in character tokenizer);
             the reward model re-tokenises text with its own.
         device: where the env's tensors and the reward model live.
     """
-    prompts = tuple(prompts)
+    prompts = tuple(params.prompts)
     max_new_tokens = options.max_new_tokens or 8
-    path = Path(reward_model_path) if reward_model_path is not None else None
+    path = Path(params.reward_model_path) if params.reward_model_path is not None else None
     if path is None or not path.exists():
         config = PreferenceRMConfig(prompts=prompts, max_completion_length=max_new_tokens)
         path = train_preference_reward_model(path, config)
-    reward = make_preference_reward(path, prompts, max_new_tokens, score, device=options.device)
+    reward = make_preference_reward(
+        path, prompts, max_new_tokens, params.score, device=options.device
+    )
     return build_env(options, prompts, reward, max_new_tokens=max_new_tokens)
 
 

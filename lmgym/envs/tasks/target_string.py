@@ -11,12 +11,14 @@ Random-policy baseline: ``1 / V`` per position (``V`` = vocabulary size; about
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
 from lmgym.envs.options import EnvOptions
 from lmgym.envs.single import single_env_factory
-from lmgym.envs.task_factory import build_env, task_factory
+from lmgym.envs.task_factory import TaskParams, build_env, task_factory
 from lmgym.envs.tasks._common import PositionMatchReward, encode
 from lmgym.envs.token_env import TokenVectorEnv
 
@@ -38,20 +40,26 @@ class TargetMatchReward(PositionMatchReward):
         )
 
 
-@task_factory()
-def make_target_string_vector(
-    options: EnvOptions, target: str = "hello", prompt: str = "say hello:"
-) -> TokenVectorEnv:
-    """The native vector env (``gymnasium.make_vec("lmgym/TargetString-v0", num_envs=...)``).
+@dataclass(frozen=True, kw_only=True)
+class TargetStringParams(TaskParams):
+    """TargetString's parameters.
 
-    Args:
+    Attributes:
         target: the string to reproduce.
         prompt: the single prompt.
-        max_new_tokens: token budget (default ``len(target)`` tokens).
     """
-    target_ids = torch.tensor(encode(options.tokenizer, target), dtype=torch.long)
+
+    target: str = "hello"
+    prompt: str = "say hello:"
+
+
+@task_factory(TargetStringParams)
+def make_target_string_vector(options: EnvOptions, params: TargetStringParams) -> TokenVectorEnv:
+    """The native vector env (``gymnasium.make_vec("lmgym/TargetString-v0", num_envs=...)``);
+    token budget ``len(target)`` tokens by default."""
+    target_ids = torch.tensor(encode(options.tokenizer, params.target), dtype=torch.long)
     return build_env(
-        options, [prompt], TargetMatchReward(target_ids), max_new_tokens=len(target_ids)
+        options, [params.prompt], TargetMatchReward(target_ids), max_new_tokens=len(target_ids)
     )
 
 

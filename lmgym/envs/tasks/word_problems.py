@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from lmgym.envs.options import EnvOptions
 from lmgym.envs.prompts import RecordPrompts
 from lmgym.envs.rewards import FunctionReward
 from lmgym.envs.single import single_env_factory
 from lmgym.envs.task_factory import build_env, task_factory
-from lmgym.envs.tasks._common import DEFAULT_SPLIT, DataSplit, encode
+from lmgym.envs.tasks._common import DataSplit, encode
 from lmgym.envs.token_env import TokenVectorEnv
 
 SOLVED_THRESHOLD = 0.9
@@ -85,26 +86,26 @@ def exact_match(
     return [float(c == a) for c, a in zip(completions, answer, strict=True)]
 
 
-@task_factory()
-def make_word_problem_vector(
-    options: EnvOptions,
-    dataset_size: int = 200,
-    max_operand: int = 9,
-    data: DataSplit = DEFAULT_SPLIT,
-) -> TokenVectorEnv:
-    """``lmgym/WordProblem-v0`` as a native vector env (exact match against the
-    ``answer`` column).
+@dataclass(frozen=True, kw_only=True)
+class WordProblemParams(DataSplit):
+    """WordProblem's parameters (and ``DataSplit``'s; ``data_seed`` also seeds the
+    problems).
 
-    Args:
+    Attributes:
         dataset_size: distinct problems drawn (before the split).
         max_operand: operands range over ``[0, max_operand]``.
-        split: ``"train"``, ``"eval"`` (held-out problems) or ``"all"``.
-        eval_fraction: share of problems held out for ``"eval"``.
-        data_seed: seeds the problems and the split.
-        max_new_tokens: token budget (default: the longest answer plus one token).
     """
-    every = word_problem_items(dataset_size, max_operand, data.data_seed)
-    items = data.select(every)
+
+    dataset_size: int = 200
+    max_operand: int = 9
+
+
+@task_factory(WordProblemParams)
+def make_word_problem_vector(options: EnvOptions, params: WordProblemParams) -> TokenVectorEnv:
+    """``lmgym/WordProblem-v0`` as a native vector env (exact match against the
+    ``answer`` column); token budget by default the longest answer plus one token."""
+    every = word_problem_items(params.dataset_size, params.max_operand, params.data_seed)
+    items = params.select(every)
     source = RecordPrompts([{"prompt": prompt, "answer": answer} for prompt, answer in items])
     # The budget fits the longest answer of *all* problems: train and eval envs match.
     longest = max(len(encode(options.tokenizer, answer)) for _, answer in every)

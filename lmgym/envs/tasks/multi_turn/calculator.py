@@ -47,8 +47,7 @@ from typing import Any, Literal
 from lmgym.envs.options import EnvOptions
 from lmgym.envs.single import single_env_factory
 from lmgym.envs.task_factory import build_env, task_factory
-from lmgym.envs.tasks._chat import chat_prompt, distinct_draws, wants_chat
-from lmgym.envs.tasks._common import DEFAULT_SPLIT, DataSplit
+from lmgym.envs.tasks._chat import ChatSplit, chat_prompt, distinct_draws
 from lmgym.envs.tasks.multi_turn._common import Reply, column, split_records, turn_output
 from lmgym.envs.tasks.multi_turn.safe_arith import evaluate, format_number
 from lmgym.envs.tasks.multi_turn.tools import Tool, ToolRunner, parse_call, tool_messages
@@ -225,22 +224,13 @@ def question(expression: str, *, chat: bool, tool_call: bool = False) -> str:
     return f"what is {expression}? calc: expression, answer: number."
 
 
-@task_factory(max_new_tokens=DEFAULT_MAX_NEW_TOKENS, max_turns=DEFAULT_MAX_TURNS)
-def make_calculator_vector(
-    options: EnvOptions,
-    digits: int = 2,
-    operations: str = OPERATORS,
-    dataset_size: int = 1000,
-    call_cost: float = 0.0,
-    time_limit: float = DEFAULT_TIME_LIMIT,
-    memory_limit_mb: int = DEFAULT_MEMORY_LIMIT_MB,
-    declare_tools: bool = False,
-    data: DataSplit = DEFAULT_SPLIT,
-    chat: bool | None = None,
-) -> TokenVectorEnv:
-    """``lmgym/Calculator-v0`` as a native vector env.
+@dataclass(frozen=True, kw_only=True)
+class CalculatorParams(ChatSplit):
+    """Calculator's parameters (and ``ChatSplit``'s: ``chat`` gives chat prompts with
+    tags, ``False`` plain text with line prefixes; ``data_seed`` also seeds the
+    problems).
 
-    Args:
+    Attributes:
         digits: operand digits (2: ``[10, 99]``).
         operations: operators drawn from ``"+-*"``.
         dataset_size: distinct problems before the split.
@@ -249,26 +239,39 @@ def make_calculator_vector(
         memory_limit_mb: memory a call may add, MiB (default 256; 0: none).
         declare_tools: a chat prompt declares ``calc`` in the model's tool format
             and asks for a tool call (default: the ``<calc>`` tags, as before).
-        split: ``"train"``, ``"eval"`` (held-out problems) or ``"all"``.
-        eval_fraction: share of problems held out for ``"eval"``.
-        data_seed: seeds the problems and the split.
-        chat: chat prompts with tags (the tokenizer needs a chat template);
-            ``False``: plain text with line prefixes; ``None``: chat iff the
-            tokenizer has a template.
+    """
+
+    digits: int = 2
+    operations: str = OPERATORS
+    dataset_size: int = 1000
+    call_cost: float = 0.0
+    time_limit: float = DEFAULT_TIME_LIMIT
+    memory_limit_mb: int = DEFAULT_MEMORY_LIMIT_MB
+    declare_tools: bool = False
+
+
+@task_factory(CalculatorParams, max_new_tokens=DEFAULT_MAX_NEW_TOKENS, max_turns=DEFAULT_MAX_TURNS)
+def make_calculator_vector(options: EnvOptions, params: CalculatorParams) -> TokenVectorEnv:
+    """``lmgym/Calculator-v0`` as a native vector env (parameters: ``CalculatorParams``).
+
+    Env options:
         max_turns: policy turns per episode (default 3: call, answer, one spare).
         max_new_tokens: token budget for the policy's turns and the tool's answers
             (default 96).
     """
-    chat = wants_chat(chat, options.tokenizer)
-    tool_call = chat and declare_tools
+    chat = params.wants_chat(options.tokenizer)
+    tool_call = chat and params.declare_tools
     records = []
-    for expression, value in calculator_problems(dataset_size, digits, operations, data.data_seed):
+    problems = calculator_problems(
+        params.dataset_size, params.digits, params.operations, params.data_seed
+    )
+    for expression, value in problems:
         prompt = chat_prompt(question(expression, chat=chat, tool_call=tool_call), chat=chat)
         if tool_call:
             prompt = tool_messages(prompt, [CALC_TOOL], options.tokenizer)
         records.append({"prompt": prompt, "answer": value})
-    source = split_records(records, data)
-    responder = Calculator("answer", call_cost, time_limit, memory_limit_mb)
+    source = split_records(records, params)
+    responder = Calculator("answer", params.call_cost, params.time_limit, params.memory_limit_mb)
     return build_env(
         options, source, None, responder=responder, max_new_tokens=DEFAULT_MAX_NEW_TOKENS
     )

@@ -51,8 +51,7 @@ from typing import Literal
 from lmgym.envs.options import EnvOptions
 from lmgym.envs.single import single_env_factory
 from lmgym.envs.task_factory import build_env, task_factory
-from lmgym.envs.tasks._chat import chat_prompt, wants_chat
-from lmgym.envs.tasks._common import DEFAULT_SPLIT, DataSplit
+from lmgym.envs.tasks._chat import ChatSplit, chat_prompt
 from lmgym.envs.tasks.multi_turn._common import Reply, check_num_games, column, split_records
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.envs.turns import EpisodeStart, TurnInput, TurnOutput
@@ -178,40 +177,40 @@ def echo_records(
     return [{"prompt": prompt, "letter": letters[i % len(letters)]} for i in range(num_games)]
 
 
-@task_factory(max_new_tokens=DEFAULT_MAX_NEW_TOKENS, max_turns=DEFAULT_MAX_TURNS)
-def make_echo_turn_vector(
-    options: EnvOptions,
-    letters: str = DEFAULT_LETTERS,
-    num_games: int = 64,
-    data: DataSplit = DEFAULT_SPLIT,
-    spread: bool = True,
-    chat: bool | None = None,
-) -> TokenVectorEnv:
-    """``lmgym/EchoTurn-v0`` as a native vector env.
+@dataclass(frozen=True, kw_only=True)
+class EchoTurnParams(ChatSplit):
+    """EchoTurn's parameters (and ``ChatSplit``'s).
 
-    Args:
+    Attributes:
         letters: the secret letters (at least two, distinct).
         num_games: records (games) in the prompt source, before the split; record
             ``i`` holds ``letters[i % len(letters)]``.
-        split: ``"train"``, ``"eval"`` (held-out games) or ``"all"``.
-        eval_fraction: share of games held out for ``"eval"``.
-        data_seed: seeds the split.
         spread: the rows of a group hear different letters (see the module
             docstring); ``False``: one letter per game.
-        chat: chat prompts (the tokenizer needs a chat template); ``False``: plain
-            text; ``None``: chat iff the tokenizer has a template.
+    """
+
+    letters: str = DEFAULT_LETTERS
+    num_games: int = 64
+    spread: bool = True
+
+
+@task_factory(EchoTurnParams, max_new_tokens=DEFAULT_MAX_NEW_TOKENS, max_turns=DEFAULT_MAX_TURNS)
+def make_echo_turn_vector(options: EnvOptions, params: EchoTurnParams) -> TokenVectorEnv:
+    """``lmgym/EchoTurn-v0`` as a native vector env (parameters: ``EchoTurnParams``).
+
+    Env options:
         max_turns: policy turns per episode (default 2; the responder ends the
             episode after the second).
         max_new_tokens: token budget for both turns and the letter (default 16).
     """
-    chat = wants_chat(chat, options.tokenizer)
-    records = echo_records(letters, num_games, chat=chat)
-    source = split_records(records, data)
+    letters = params.letters
+    records = echo_records(letters, params.num_games, chat=params.wants_chat(options.tokenizer))
+    source = split_records(records, params)
     return build_env(
         options,
         source,
         None,
-        responder=EchoTurn(letters, column="letter", spread=spread),
+        responder=EchoTurn(letters, column="letter", spread=params.spread),
         max_new_tokens=DEFAULT_MAX_NEW_TOKENS,
     )
 

@@ -47,9 +47,8 @@ from typing import Any
 
 from lmgym.envs.options import EnvOptions
 from lmgym.envs.single import single_env_factory
-from lmgym.envs.task_factory import VectorFactory, named_task_factory
-from lmgym.envs.tasks._common import DEFAULT_SPLIT, DataSplit
-from lmgym.envs.tasks.multi_turn.gym_bridge import TextGame, build_game_env
+from lmgym.envs.task_factory import VectorFactory, named_task_factory, params_with_defaults
+from lmgym.envs.tasks.multi_turn.gym_bridge import GameParams, TextGame, build_game_env
 from lmgym.envs.token_env import TokenVectorEnv
 
 
@@ -200,28 +199,21 @@ INVALID_PENALTY: dict[str, float] = {
 def _game_factory(name: str, bridged: str, factory_name: str, num_games: int) -> VectorFactory:
     """The vector factory of bridged game ``name`` (``lmgym/<name>-v0``)."""
 
-    def body(
-        options: EnvOptions,
-        num_games: int = num_games,
-        invalid_penalty: float = INVALID_PENALTY[name],
-        data: DataSplit = DEFAULT_SPLIT,
-        chat: bool | None = None,
-    ) -> TokenVectorEnv:
+    params = params_with_defaults(
+        GameParams, f"{name}Params", num_games=num_games, invalid_penalty=INVALID_PENALTY[name]
+    )
+
+    def body(options: EnvOptions, params: GameParams) -> TokenVectorEnv:
         return build_game_env(
-            options,
-            GAMES[name],
-            num_games=num_games,
-            invalid_penalty=invalid_penalty,
-            data=data,
-            chat=chat,
-            max_new_tokens=OPTIONS[name]["max_new_tokens"],
+            options, GAMES[name], params, max_new_tokens=OPTIONS[name]["max_new_tokens"]
         )
 
     return named_task_factory(
         body,
+        params,
         factory_name,
         f"``lmgym/{name}-v0``, ``{bridged}`` bridged, as a native vector env (the\n"
-        f"parameters: ``build_game_env``; the defaults: ``OPTIONS['{name}']``).",
+        f"parameters: ``GameParams``; the defaults: ``OPTIONS['{name}']``).",
         **OPTIONS[name],
     )
 

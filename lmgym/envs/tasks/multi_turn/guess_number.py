@@ -38,8 +38,7 @@ from typing import Literal
 from lmgym.envs.options import EnvOptions
 from lmgym.envs.single import single_env_factory
 from lmgym.envs.task_factory import build_env, task_factory
-from lmgym.envs.tasks._chat import chat_prompt, wants_chat
-from lmgym.envs.tasks._common import DEFAULT_SPLIT, DataSplit
+from lmgym.envs.tasks._chat import ChatSplit, chat_prompt
 from lmgym.envs.tasks.multi_turn._common import (
     Reply,
     check_num_games,
@@ -186,35 +185,37 @@ def guess_number_records(
     return [{"prompt": prompt, "secret": rng.randint(low, high)} for _ in range(num_games)]
 
 
-@task_factory(max_new_tokens=DEFAULT_MAX_NEW_TOKENS, max_turns=DEFAULT_MAX_TURNS)
-def make_guess_number_vector(
-    options: EnvOptions,
-    low: int = 1,
-    high: int = 8,
-    num_games: int = 64,
-    data: DataSplit = DEFAULT_SPLIT,
-    chat: bool | None = None,
-) -> TokenVectorEnv:
-    """``lmgym/GuessNumber-v0`` as a native vector env.
+@dataclass(frozen=True, kw_only=True)
+class GuessNumberParams(ChatSplit):
+    """GuessNumber's parameters (and ``ChatSplit``'s; ``data_seed`` also seeds the
+    secrets).
 
-    Args:
+    Attributes:
         low: smallest secret.
         high: largest secret.
         num_games: records (games) in the prompt source, before the split.
-        split: ``"train"``, ``"eval"`` (held-out games) or ``"all"``.
-        eval_fraction: share of games held out for ``"eval"``.
-        data_seed: seeds the secrets and the split.
-        chat: chat prompts (the tokenizer needs a chat template); ``False``: plain
-            text; ``None``: chat iff the tokenizer has a template.
+    """
+
+    low: int = 1
+    high: int = 8
+    num_games: int = 64
+
+
+@task_factory(GuessNumberParams, max_new_tokens=DEFAULT_MAX_NEW_TOKENS, max_turns=DEFAULT_MAX_TURNS)
+def make_guess_number_vector(options: EnvOptions, params: GuessNumberParams) -> TokenVectorEnv:
+    """``lmgym/GuessNumber-v0`` as a native vector env (parameters: ``GuessNumberParams``).
+
+    Env options:
         max_turns: policy turns per episode (default 6; the reward counts against it).
         max_new_tokens: token budget for the policy's turns and the answers (default 64).
     """
+    low, high = params.low, params.high
     responder = GuessNumber(
         low, high, max_turns=options.max_turns or max(1, high - low + 1), column="secret"
     )
-    chat = wants_chat(chat, options.tokenizer)
-    records = guess_number_records(low, high, num_games, data.data_seed, chat=chat)
-    source = split_records(records, data)
+    chat = params.wants_chat(options.tokenizer)
+    records = guess_number_records(low, high, params.num_games, params.data_seed, chat=chat)
+    source = split_records(records, params)
     return build_env(
         options, source, None, responder=responder, max_new_tokens=DEFAULT_MAX_NEW_TOKENS
     )

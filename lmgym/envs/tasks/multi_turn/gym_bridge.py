@@ -53,8 +53,7 @@ import gymnasium as gym
 
 from lmgym.envs.options import EnvOptions
 from lmgym.envs.task_factory import build_env
-from lmgym.envs.tasks._chat import chat_prompt, wants_chat
-from lmgym.envs.tasks._common import DataSplit
+from lmgym.envs.tasks._chat import ChatSplit, chat_prompt
 from lmgym.envs.tasks.multi_turn._common import (
     Reply,
     check_num_games,
@@ -363,32 +362,33 @@ def game_records(
     return records
 
 
+@dataclass(frozen=True, kw_only=True)
+class GameParams(ChatSplit):
+    """A bridged game's parameters (and ``ChatSplit``'s: which seeds the env serves,
+    ``eval`` the held-out ones); each game task gives its own defaults
+    (``lmgym.envs.tasks.multi_turn.games``).
+
+    Attributes:
+        num_games: game seeds ``0 .. num_games - 1``, one prompt each, before the split.
+        invalid_penalty: reward of a turn that names no valid move.
+    """
+
+    num_games: int = 16
+    invalid_penalty: float = 0.0
+
+
 def build_game_env(
-    options: EnvOptions,
-    game: TextGame,
-    *,
-    num_games: int,
-    invalid_penalty: float,
-    data: DataSplit,
-    chat: bool | None,
-    max_new_tokens: int,
+    options: EnvOptions, game: TextGame, params: GameParams, *, max_new_tokens: int
 ) -> TokenVectorEnv:
     """The multi-turn env of a bridged game: what a game task's body returns.
 
     Args:
         options: the options the task body was given.
         game: the game.
-        num_games: game seeds ``0 .. num_games - 1``, one prompt each, before the split.
-        invalid_penalty: reward of a turn that names no valid move.
-        data: which seeds the env serves (``DataSplit``: ``split`` ``"train"``,
-            ``"eval"`` (held-out seeds) or ``"all"``, ``eval_fraction`` of the seeds
-            held out, ``data_seed`` seeding the split).
-        chat: chat prompts; ``False``: plain text; ``None``: chat iff the tokenizer
-            has a chat template.
+        params: the task's parameters.
         max_new_tokens: the task's default budget (the options' value wins if set).
     """
-    responder = GymResponder(game, invalid_penalty=invalid_penalty)
-    chat = wants_chat(chat, options.tokenizer)
-    records = game_records(responder, num_games, chat=chat)
-    source = split_records(records, data)
+    responder = GymResponder(game, invalid_penalty=params.invalid_penalty)
+    records = game_records(responder, params.num_games, chat=params.wants_chat(options.tokenizer))
+    source = split_records(records, params)
     return build_env(options, source, None, responder=responder, max_new_tokens=max_new_tokens)

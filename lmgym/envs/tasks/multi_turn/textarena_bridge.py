@@ -45,8 +45,7 @@ from typing import Any, Literal
 
 from lmgym.envs.options import EnvOptions
 from lmgym.envs.task_factory import build_env
-from lmgym.envs.tasks._chat import chat_prompt, wants_chat
-from lmgym.envs.tasks._common import DataSplit
+from lmgym.envs.tasks._chat import ChatSplit, chat_prompt
 from lmgym.envs.tasks.multi_turn._common import (
     Reply,
     check_num_games,
@@ -291,24 +290,31 @@ def textarena_records(
     ]
 
 
+@dataclass(frozen=True, kw_only=True)
+class TextArenaParams(ChatSplit):
+    """A TextArena game's parameters (and ``ChatSplit``'s).
+
+    Attributes:
+        num_games: game seeds ``0 .. num_games - 1``, one prompt each, before the split.
+    """
+
+    num_games: int = 16
+
+
 def build_textarena_env(
-    options: EnvOptions,
-    game: TextArenaGame,
-    num_games: int,
-    data: DataSplit,
-    chat: bool | None,
-    max_new_tokens: int,
+    options: EnvOptions, game: TextArenaGame, params: TextArenaParams, *, max_new_tokens: int
 ) -> TokenVectorEnv:
-    """The multi-turn env of a bridged TextArena game. The arguments are those of
-    ``lmgym.envs.tasks.multi_turn.gym_bridge.build_game_env`` but ``invalid_penalty``.
+    """The multi-turn env of a bridged TextArena game (arguments as
+    ``lmgym.envs.tasks.multi_turn.gym_bridge.build_game_env``'s).
 
     Raises:
         ImportError: textarena is not installed (``pip install 'lmgym[textarena]'``).
     """
     responder = TextArenaResponder(game)
-    chat = wants_chat(chat, options.tokenizer)
-    records = textarena_records(responder, num_games, chat=chat)
-    source = split_records(records, data)
+    records = textarena_records(
+        responder, params.num_games, chat=params.wants_chat(options.tokenizer)
+    )
+    source = split_records(records, params)
     return build_env(options, source, None, responder=responder, max_new_tokens=max_new_tokens)
 
 

@@ -32,10 +32,10 @@ from typing import Any
 
 from lmgym.envs.options import EnvOptions
 from lmgym.envs.single import single_env_factory
-from lmgym.envs.task_factory import VectorFactory, named_task_factory
-from lmgym.envs.tasks._common import DEFAULT_SPLIT, DataSplit
+from lmgym.envs.task_factory import VectorFactory, named_task_factory, params_with_defaults
 from lmgym.envs.tasks.multi_turn.textarena_bridge import (
     TextArenaGame,
+    TextArenaParams,
     build_textarena_env,
     render_messages,
 )
@@ -70,19 +70,17 @@ def _game_factory(name: str, factory_name: str, num_games: int) -> VectorFactory
 
     budget = OPTIONS[name]["max_new_tokens"]
 
-    def body(
-        options: EnvOptions,
-        num_games: int = num_games,
-        data: DataSplit = DEFAULT_SPLIT,
-        chat: bool | None = None,
-    ) -> TokenVectorEnv:
-        return build_textarena_env(options, GAMES[name], num_games, data, chat, budget)
+    params = params_with_defaults(TextArenaParams, f"{name}Params", num_games=num_games)
+
+    def body(options: EnvOptions, params: TextArenaParams) -> TokenVectorEnv:
+        return build_textarena_env(options, GAMES[name], params, max_new_tokens=budget)
 
     return named_task_factory(
         body,
+        params,
         factory_name,
         f"``lmgym/TextArena-{name}-v0`` as a native vector env (the parameters:\n"
-        "``build_textarena_env``).",
+        "``TextArenaParams``).",
         **OPTIONS[name],
     )
 

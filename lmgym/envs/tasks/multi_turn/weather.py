@@ -45,14 +45,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from lmgym.envs.options import EnvOptions
 from lmgym.envs.single import single_env_factory
 from lmgym.envs.task_factory import build_env, task_factory
-from lmgym.envs.tasks._chat import chat_prompt, wants_chat
-from lmgym.envs.tasks._common import DEFAULT_SPLIT, DataSplit
+from lmgym.envs.tasks._chat import ChatSplit, chat_prompt
 from lmgym.envs.tasks.multi_turn._common import (
     Reply,
     check_num_games,
@@ -146,19 +145,44 @@ def _check_words(name: str, words: Sequence[str], least: int) -> tuple[str, ...]
     return words
 
 
-@dataclass(frozen=True)
-class Weather:
-    """The responder: runs the weather tool, scores the final answer.
+@dataclass(frozen=True, kw_only=True)
+class WeatherWorld:
+    """What the Weather responder is configured with (the task takes each as a
+    parameter).
 
-    Args:
+    Attributes:
         cities, conditions: the world (distinct words of letters; at least one
             city and two conditions).
         tool_name: the name the policy calls the tool by.
         call_bonus: reward of the first call that returns, once an episode.
         error_cost: subtracted for each call that cannot run.
-        time_limit, memory_limit_mb: each call's bounds (``ToolRunner``).
+        time_limit, memory_limit_mb: each call's bounds (``ToolRunner``: seconds,
+            default 2; MiB it may add, default 256, 0: none).
         spread: the episodes of a record in one ``start`` call hear different
             weather (module docstring).
+    """
+
+    cities: Sequence[str] = DEFAULT_CITIES
+    conditions: Sequence[str] = DEFAULT_CONDITIONS
+    tool_name: str = "weather"
+    call_bonus: float = 0.0
+    error_cost: float = 0.0
+    time_limit: float = DEFAULT_TIME_LIMIT
+    memory_limit_mb: int = DEFAULT_MEMORY_LIMIT_MB
+    spread: bool = True
+
+    def world(self) -> dict[str, Any]:
+        """This record's ``WeatherWorld`` fields, e.g. to build a ``Weather`` from
+        a subclass's instance."""
+        return {f.name: getattr(self, f.name) for f in fields(WeatherWorld)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Weather(WeatherWorld):
+    """The responder: runs the weather tool, scores the final answer. Its settings
+    are ``WeatherWorld``'s and:
+
+    Args:
         city_column, condition_column: the prompt-source columns read at ``start``.
 
     Attributes:
@@ -166,14 +190,6 @@ class Weather:
         runner: runs its calls within ``time_limit`` and ``memory_limit_mb``.
     """
 
-    cities: tuple[str, ...] = DEFAULT_CITIES
-    conditions: tuple[str, ...] = DEFAULT_CONDITIONS
-    tool_name: str = "weather"
-    call_bonus: float = 0.0
-    error_cost: float = 0.0
-    time_limit: float = DEFAULT_TIME_LIMIT
-    memory_limit_mb: int = DEFAULT_MEMORY_LIMIT_MB
-    spread: bool = True
     city_column: str = "city"
     condition_column: str = "condition"
     role: Literal["tool"] = "tool"
@@ -274,56 +290,40 @@ def weather_records(
     return records
 
 
-@task_factory(max_new_tokens=DEFAULT_MAX_NEW_TOKENS, max_turns=DEFAULT_MAX_TURNS)
-def make_weather_vector(
-    options: EnvOptions,
-    cities: Sequence[str] = DEFAULT_CITIES,
-    conditions: Sequence[str] = DEFAULT_CONDITIONS,
-    num_games: int = 64,
-    tool_name: str = "weather",
-    call_bonus: float = 0.0,
-    error_cost: float = 0.0,
-    time_limit: float = DEFAULT_TIME_LIMIT,
-    memory_limit_mb: int = DEFAULT_MEMORY_LIMIT_MB,
-    spread: bool = True,
-    describe_tools: bool = True,
-    data: DataSplit = DEFAULT_SPLIT,
-    chat: bool | None = None,
-) -> TokenVectorEnv:
-    """``lmgym/Weather-v0`` as a native vector env.
+@dataclass(frozen=True, kw_only=True)
+class WeatherParams(ChatSplit, WeatherWorld):
+    """Weather's parameters: ``WeatherWorld``'s (the responder's), ``ChatSplit``'s
+    (``chat`` gives chat prompts that declare the tool in the model's format) and:
 
-    Args:
-        cities, conditions: the world (distinct words of letters; at least one
-            city and two conditions).
+    Attributes:
         num_games: records before the split.
-        tool_name: the tool's name as the policy calls it.
-        call_bonus: reward of an episode's first call that returns (default 0).
-        error_cost: reward subtracted per call that cannot run (default 0).
-        time_limit: seconds a call may run (default 2).
-        memory_limit_mb: memory a call may add, MiB (default 256; 0: none).
-        spread: the rows of a group hear different weather.
         describe_tools: a plain-text prompt declares the tool (``False``: the bare
             question, a shorter prompt for a model trained from scratch; a chat
             prompt always declares it).
-        split: ``"train"``, ``"eval"`` or ``"all"``.
-        eval_fraction: share of records held out for ``"eval"``.
-        data_seed: seeds the split.
-        chat: chat prompts declaring the tool in the model's format (the tokenizer
-            needs a chat template); ``False``: plain text; ``None``: chat iff the
-            tokenizer has a template.
+    """
+
+    num_games: int = 64
+    describe_tools: bool = True
+
+
+@task_factory(WeatherParams, max_new_tokens=DEFAULT_MAX_NEW_TOKENS, max_turns=DEFAULT_MAX_TURNS)
+def make_weather_vector(options: EnvOptions, params: WeatherParams) -> TokenVectorEnv:
+    """``lmgym/Weather-v0`` as a native vector env (parameters: ``WeatherParams``).
+
+    Env options:
         max_turns: policy turns per episode (default 3).
         max_new_tokens: token budget for the turns and the tool's answers (default
             64; raise it for a chat model's JSON calls).
     """
-    chat = wants_chat(chat, options.tokenizer)
-    responder = Weather(
-        tuple(cities), tuple(conditions), tool_name, call_bonus, error_cost, time_limit,
-        memory_limit_mb, spread,
-    )  # fmt: skip
+    responder = Weather(**params.world())
     records = weather_records(
-        responder, num_games, chat=chat, tokenizer=options.tokenizer, describe_tools=describe_tools
+        responder,
+        params.num_games,
+        chat=params.wants_chat(options.tokenizer),
+        tokenizer=options.tokenizer,
+        describe_tools=params.describe_tools,
     )
-    source = split_records(records, data)
+    source = split_records(records, params)
     return build_env(
         options, source, None, responder=responder, max_new_tokens=DEFAULT_MAX_NEW_TOKENS
     )
