@@ -35,13 +35,20 @@ from lmgym.agents.numerics import NonFiniteUpdateError
 from lmgym.agents.optim import optim_and_schedule, sync_check_step, trainable_parameters
 from lmgym.agents.prepare import prepare_batch
 from lmgym.agents.ratios import tis_weights
-from lmgym.agents.records import Counts, MicroBatchLoss, PolicyOutput, PreparedBatch, UpdateLog
+from lmgym.agents.records import (
+    Counts,
+    LossModules,
+    MicroBatchLoss,
+    PolicyOutput,
+    PreparedBatch,
+    UpdateLog,
+)
 from lmgym.agents.report import update_metrics
 from lmgym.agents.rollout_source import RolloutSource, collect_batch, seeded_generators
 from lmgym.distributed import DataParallelGroup
 from lmgym.envs.rewards import reward_component_means
 from lmgym.envs.token_env import TokenVectorEnv
-from lmgym.parallel import ShardedUpdate, build_update
+from lmgym.parallel import build_update
 from lmgym.persistence.agent import load_agent, save_agent
 from lmgym.policy.causal_lm import CausalLMPolicy
 from lmgym.policy.value import Critic
@@ -92,22 +99,19 @@ class Agent(Generic[ConfigT]):
         self.group = DataParallelGroup(process_group)
         self.group.check_same_on_every_rank(f"{self.name} config", dataclasses.asdict(self.config))
         # The update's trainable modules under DDP (gradients summed over ranks) or as
-        # FSDP2-sharded replicas; one process calls the loss directly. Looked up per
-        # call: a probe may shadow it.
+        # FSDP2-sharded replicas; one process calls the loss directly. The loss runs
+        # ``parallel.modules`` and the optimizer updates theirs (FSDP: the replicas'
+        # shards). Looked up per call: a probe may shadow it.
         self.parallel = build_update(
             self.config.data_parallel,
-            self.policy,
-            self.critic,
-            lambda data, counts: self.micro_batch_loss(data, counts),
+            LossModules(self.policy, self.critic),
+            lambda data, counts, modules: self.micro_batch_loss(data, counts, modules),
             self.group,
         )
-        params = (
-            self.parallel.parameters()  # FSDP: the optimizer over the sharded replicas
-            if isinstance(self.parallel, ShardedUpdate)
-            else trainable_parameters(self.policy, self.critic)
+        modules = self.parallel.modules
+        self.optimizer, self.lr_schedule = optim_and_schedule(
+            trainable_parameters(modules.policy, modules.critic), self.config
         )
-        self.optimizer, self.lr_schedule = optim_and_schedule(params, self.config)
-        self.parallel.adopt(self.optimizer)
         self.generator, self._shuffle = seeded_generators(
             self.config.seed, self.policy.device, self.group.rank
         )
@@ -245,15 +249,16 @@ class Agent(Generic[ConfigT]):
         """What the update reads and never changes (``lmgym.agents.prepare``)."""
         return prepare_batch(self, batch)
 
-    def micro_batch_loss(self, data: PreparedBatch, counts: Counts) -> MicroBatchLoss:
+    def micro_batch_loss(
+        self, data: PreparedBatch, counts: Counts, modules: LossModules
+    ) -> MicroBatchLoss:
         """The loss of one micro-batch (rows of ``data``), normalised by the minibatch's
-        ``counts``: ``agg(tis * (l_policy + beta*k) - c_H*H) + sum_k c_k * extra_k``."""
+        ``counts``: ``agg(tis * (l_policy + beta*k) - c_H*H) + sum_k c_k * extra_k``,
+        computed by ``modules`` (``parallel.modules``: the agent's own policy and
+        critic, or FSDP's views of them on the sharded replicas)."""
         cfg = self.config
-        hidden = self.policy.sequence_hidden(
-            data.ids, data.attn, data.max_new_tokens, data.group_ids
-        )
-        logprobs, entropy = self.policy.logprobs_from_hidden(hidden, data.ids)
-        out = PolicyOutput(logprobs, entropy, hidden)
+        out = forward_pass(modules, data)
+        logprobs, entropy = out.logprobs, out.entropy
         old = data.old_logprobs if data.old_logprobs is not None else logprobs.detach()
         loss_tokens, ratio = self.policy_loss(logprobs, old, data.advantages, data.mask)
         tis = None
@@ -342,7 +347,7 @@ class Agent(Generic[ConfigT]):
             "algorithm": self.name,
             "iteration": self.iteration,
             "tokens_generated": self.tokens_generated,
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": self.parallel.optimizer_state_dict(self.optimizer),
             "lr_scheduler": self.lr_schedule.state_dict(),
             "generator": self.generator.get_state(),
             "shuffle": self._shuffle.get_state(),
@@ -356,7 +361,7 @@ class Agent(Generic[ConfigT]):
         """Continue from what ``state_dict`` returned (on an agent built with the same
         config and weights); ``sampling`` is read by the loader, not here."""
         self.lr_schedule.restore_length(state.get("lr_scheduler"))
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.parallel.load_optimizer_state_dict(self.optimizer, state["optimizer"])
         self.lr_schedule.load_state_dict(state.get("lr_scheduler"))
         self.generator.set_state(state["generator"].cpu())
         self._shuffle.set_state(state["shuffle"].cpu())
@@ -385,3 +390,18 @@ class Agent(Generic[ConfigT]):
     ) -> Agent:
         """Rebuild an agent saved with ``save`` (``lmgym.persistence.agent.load_agent``)."""
         return load_agent(cls, path, env, ref_policy, device)
+
+
+def forward_pass(modules: LossModules, data: PreparedBatch) -> PolicyOutput:
+    """One micro-batch's forward pass through ``modules``: the policy's teacher-forced
+    log-probs and entropies of ``data``'s completions and, with a critic, its values
+    (from the policy's hidden states when the trunk is shared)."""
+    policy, critic = modules.policy, modules.critic
+    hidden = policy.sequence_hidden(data.ids, data.attn, data.max_new_tokens, data.group_ids)
+    logprobs, entropy = policy.logprobs_from_hidden(hidden, data.ids)
+    values = None
+    if critic is not None:
+        values = critic.values(
+            data.ids, data.attn, data.max_new_tokens, hidden=hidden, group_ids=data.group_ids
+        )
+    return PolicyOutput(logprobs, entropy, hidden, values)

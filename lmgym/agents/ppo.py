@@ -90,11 +90,10 @@ class PPO(TokenClip, Agent[PPOConfig]):
         self, data: PreparedBatch, out: PolicyOutput, counts: Counts
     ) -> dict[str, tuple[float, Tensor]]:
         """The critic's clipped value loss, token-mean over the minibatch, times ``vf_coef``."""
-        assert self.critic is not None and data.values is not None and data.returns is not None
-        values = self.critic.values(
-            data.ids, data.attn, data.max_new_tokens, hidden=out.hidden, group_ids=data.group_ids
+        assert out.values is not None and data.values is not None and data.returns is not None
+        value_tokens = clipped_value_loss(
+            out.values, data.values, data.returns, self.config.value_clip
         )
-        value_tokens = clipped_value_loss(values, data.values, data.returns, self.config.value_clip)
         value_loss = aggregate(
             value_tokens,
             data.mask,

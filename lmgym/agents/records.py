@@ -2,7 +2,8 @@
 
 ``RolloutBatch`` (lmgym.types) is what the env produced; ``PreparedBatch`` is
 what the update needs that does not change during it; ``Counts`` are the
-whole-minibatch normalisers; ``PolicyOutput`` is one micro-batch's forward pass;
+whole-minibatch normalisers; ``LossModules`` what a micro-batch's loss runs;
+``PolicyOutput`` is one micro-batch's forward pass;
 ``MicroBatchLoss`` is its loss by named term; ``UpdateLog`` is what an update's
 optimizer steps leave for its metrics. Masks are ``bool`` throughout.
 """
@@ -10,12 +11,16 @@ optimizer steps leave for its metrics. Masks are ``bool`` throughout.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from lmgym.distributed import DataParallelGroup
+
+if TYPE_CHECKING:
+    from lmgym.policy.causal_lm import CausalLMPolicy
+    from lmgym.policy.value import Critic
 
 
 @dataclass(frozen=True)
@@ -116,12 +121,32 @@ class PolicyOutput:
     Attributes:
         logprobs: ``[b, L] float32`` ``lp``, with gradient.
         entropy: ``[b, L] float32`` next-token entropy, with gradient.
-        hidden: ``[b, S, H]`` last hidden states (a shared critic reads them).
+        hidden: ``[b, L, H]`` last hidden states (a shared critic reads them).
+        values: ``[b, L] float32`` the critic's ``V(s_t)``, with gradient; ``None``
+            without a critic.
     """
 
     logprobs: Tensor
     entropy: Tensor
     hidden: Tensor
+    values: Tensor | None = None
+
+
+@dataclass(frozen=True)
+class LossModules:
+    """The modules one micro-batch's loss runs (``Agent.micro_batch_loss``).
+
+    One process and DDP: the agent's own policy and critic. Data-parallel FSDP: views
+    of them computing with the sharded replicas (``CausalLMPolicy.on_model``,
+    ``Critic.on_modules``), so the agent's own objects are never changed.
+
+    Attributes:
+        policy: runs the teacher-forced pass (its model trains).
+        critic: computes the values, or ``None`` without a critic.
+    """
+
+    policy: CausalLMPolicy
+    critic: Critic | None
 
 
 @dataclass(frozen=True)

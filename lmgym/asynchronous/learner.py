@@ -29,7 +29,7 @@ from torch import Tensor
 
 from lmgym.agents.base import Agent, Callback
 from lmgym.agents.callbacks import LearnCallbacks
-from lmgym.agents.records import Counts, MicroBatchLoss, PreparedBatch
+from lmgym.agents.records import Counts, LossModules, MicroBatchLoss, PreparedBatch
 from lmgym.asynchronous.channels import Inbox, Message, Outbox, PeerLostError, get_message
 from lmgym.asynchronous.control import Control, broadcast_control
 from lmgym.asynchronous.hooks import AsyncHooks
@@ -58,8 +58,8 @@ class SamplerRatioProbe:
         self._sum, self._count = 0.0, 0.0
         self._min, self._max = math.inf, -math.inf
 
-    def _probed(self, data: PreparedBatch, counts: Counts) -> MicroBatchLoss:
-        loss = self._original(data, counts)
+    def _probed(self, data: PreparedBatch, counts: Counts, modules: LossModules) -> MicroBatchLoss:
+        loss = self._original(data, counts, modules)
         log_ratio = (loss.old_logprobs.detach() - data.sampler_logprobs)[data.mask]
         if log_ratio.numel():
             ratio = log_ratio.double().clamp(-20.0, 20.0).exp()

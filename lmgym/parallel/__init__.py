@@ -12,21 +12,17 @@ from lmgym.parallel.ddp import DataParallelUpdate, LossFn, sum_hook, trainable_m
 from lmgym.parallel.fsdp import ShardedUpdate, full_value
 
 if TYPE_CHECKING:
-    from lmgym.policy.causal_lm import CausalLMPolicy
-    from lmgym.policy.value import Critic
+    from lmgym.agents.records import LossModules
 
 
 def build_update(
-    mode: str,
-    policy: CausalLMPolicy,
-    critic: Critic | None,
-    loss_fn: LossFn,
-    group: DataParallelGroup,
+    mode: str, modules: LossModules, loss_fn: LossFn, group: DataParallelGroup
 ) -> DataParallelUpdate | ShardedUpdate:
-    """The update's wrapper for ``data_parallel=mode``; one process: none (either mode)."""
+    """The update's wrapper for ``data_parallel=mode``, around the loss of the agent's
+    ``modules``; one process: none (either mode)."""
     if mode == "fsdp" and group.active:
-        return ShardedUpdate(policy, critic, loss_fn, group)
-    return DataParallelUpdate(trainable_modules(policy, critic), loss_fn, group)
+        return ShardedUpdate(modules, loss_fn, group)
+    return DataParallelUpdate(modules, loss_fn, group)
 
 
 __all__ = [

@@ -32,14 +32,14 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from lmgym.distributed import DataParallelGroup
-from lmgym.parallel.sharded_state import refuse_sharded_state
+from lmgym.parallel.sharded_state import MARKER, shard_refused
 
 if TYPE_CHECKING:
-    from lmgym.agents.records import Counts, MicroBatchLoss, PreparedBatch
+    from lmgym.agents.records import Counts, LossModules, MicroBatchLoss, PreparedBatch
     from lmgym.policy.causal_lm import CausalLMPolicy
     from lmgym.policy.value import Critic
 
-LossFn = Callable[["PreparedBatch", "Counts"], "MicroBatchLoss"]
+LossFn = Callable[["PreparedBatch", "Counts", "LossModules"], "MicroBatchLoss"]
 
 
 def sum_hook(group: Any, bucket: dist.GradBucket) -> torch.futures.Future[Tensor]:
@@ -71,34 +71,35 @@ def trainable_modules(policy: "CausalLMPolicy", critic: "Critic | None") -> dict
 class _UpdateModule(nn.Module):
     """The trainable modules as children; forward is one micro-batch's loss."""
 
-    def __init__(self, modules: dict[str, nn.Module], loss_fn: LossFn) -> None:
+    def __init__(self, modules: "LossModules", loss_fn: LossFn) -> None:
         super().__init__()
-        self.parts = nn.ModuleDict(modules)
+        self.parts = nn.ModuleDict(trainable_modules(modules.policy, modules.critic))
+        self.loss_modules = modules
         self.loss_fn = loss_fn
 
     def forward(self, data: "PreparedBatch", counts: "Counts") -> "MicroBatchLoss":
-        return self.loss_fn(data, counts)
+        return self.loss_fn(data, counts, self.loss_modules)
 
 
 class DataParallelUpdate:
     """One micro-batch's loss, through DDP when the group has more than one rank.
 
     Args:
-        modules: the trainable modules (``trainable_modules``).
-        loss_fn: ``(micro-batch, minibatch counts) -> MicroBatchLoss``; called on
-            every micro-batch (look the agent's method up at call time, so that an
+        modules: the agent's policy and critic; the loss runs them.
+        loss_fn: ``(micro-batch, minibatch counts, modules) -> MicroBatchLoss``; called
+            on every micro-batch (look the agent's method up at call time, so that an
             instance-level override is seen).
         group: the learners' ``DataParallelGroup``; inactive: no wrapper at all.
 
     Attributes:
+        modules: what the loss runs and the optimizer updates: ``modules`` as given.
         bucket_cap_mb: DDP's gradient bucket size (its default, 25 MiB); read when
             the wrapper is (re)built.
     """
 
-    def __init__(
-        self, modules: dict[str, nn.Module], loss_fn: LossFn, group: DataParallelGroup
-    ) -> None:
+    def __init__(self, modules: "LossModules", loss_fn: LossFn, group: DataParallelGroup) -> None:
         self.group = group
+        self.modules = modules
         self.loss_fn = loss_fn
         self.bucket_cap_mb = 25.0
         self.ddp: DistributedDataParallel | None = None
@@ -161,13 +162,21 @@ class DataParallelUpdate:
     def after_step(self) -> None:
         """Nothing: DDP's replicas are the modules themselves, equal on every rank."""
 
-    def adopt(self, optimizer: torch.optim.Optimizer) -> None:
-        """Refuse to load an fsdp checkpoint's optimizer state (one rank's shard) into
-        ``optimizer``, whose state is whole on every rank."""
-        refuse_sharded_state(optimizer)
+    def optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """What a checkpoint saves of ``optimizer``: its whole state, the same on every rank."""
+        return optimizer.state_dict()
+
+    def load_optimizer_state_dict(
+        self, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+    ) -> None:
+        """Load a whole state saved by ``optimizer_state_dict``; an fsdp checkpoint's
+        optimizer state (one rank's shard, marked ``MARKER``) is refused (``ValueError``)."""
+        if MARKER in state:
+            raise ValueError(shard_refused(state[MARKER]))
+        optimizer.load_state_dict(state)
 
     def __call__(self, data: "PreparedBatch", counts: "Counts") -> "MicroBatchLoss":
         """The micro-batch's loss (through DDP's forward when wrapped)."""
         if self.ddp is None:
-            return self.loss_fn(data, counts)
+            return self.loss_fn(data, counts, self.modules)
         return self.ddp(data, counts)

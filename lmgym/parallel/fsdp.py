@@ -8,12 +8,13 @@ outside it, as RL frameworks reshard between rollout and training.
   classes in the model's ``_no_split_modules``), then on one root holding all
   replicas. The optimizer is built over the replicas' sharded parameters, so the
   gradients and the optimizer state live as ``1/N`` shards.
-- One micro-batch's loss runs with the agent's policy and critic pointing at the
-  replicas (swapped in for its forward and backward), so ``Agent.micro_batch_loss``
-  is unchanged: FSDP all-gathers a block's weights for its forward and backward and
-  reduce-scatters its gradient, summed (``set_gradient_divide_factor(1.0)`` with
-  ``ReduceOp.SUM``: every
-  loss is already normalised by global counts, as with DDP's ``sum_hook``).
+- One micro-batch's loss is the root's forward: ``Agent.micro_batch_loss`` gets the
+  replicas as its ``LossModules`` (views of the agent's policy and critic computing
+  with them, ``CausalLMPolicy.on_model``, ``Critic.on_modules``); the agent's own
+  objects are never changed. FSDP all-gathers a block's weights for its forward and
+  backward and reduce-scatters its gradient, summed (``set_gradient_divide_factor(1.0)``
+  with ``ReduceOp.SUM``: every loss is already normalised by global counts, as with
+  DDP's ``sum_hook``).
 - After each optimizer step, ``after_step`` all-gathers the updated parameters into
   the original modules: the rollout, ``prepare``'s no-grad passes, rank 0's
   evaluation and checkpoints and the asynchronous weight transport read ordinary
@@ -24,8 +25,10 @@ Memory per rank for ``P`` trainable parameter elements: ``P`` full weights plus
 ``4P``; generation still needs the full model on every device.
 
 Checkpoints: the weights saved by rank 0 are complete; the optimizer state is
-sharded, so every rank's shard goes into the checkpoint's per-rank state
-(``rank_state``) and each rank loads its own on resume (same world size only).
+sharded, so every rank's shard (``torch.distributed.checkpoint``'s
+``get_optimizer_state_dict``, keyed by parameter name, as plain CPU tensors) goes
+into the checkpoint's per-rank state (``rank_state``) and each rank loads its own on
+resume (``set_optimizer_state_dict``; same world size only).
 """
 
 from __future__ import annotations
@@ -33,36 +36,43 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
+from torch.utils._pytree import tree_map_only
 
 from lmgym.distributed import DataParallelGroup
-from lmgym.parallel.ddp import trainable_modules
+from lmgym.parallel.ddp import LossFn, trainable_modules
 from lmgym.parallel.sharded_state import MARKER, wrong_shard
 
 if TYPE_CHECKING:
-    from lmgym.agents.records import Counts, MicroBatchLoss, PreparedBatch
-    from lmgym.policy.causal_lm import CausalLMPolicy
-    from lmgym.policy.value import Critic
-
-LossFn = Callable[["PreparedBatch", "Counts"], "MicroBatchLoss"]
+    from lmgym.agents.records import Counts, LossModules, MicroBatchLoss, PreparedBatch
 
 
-def _owners(policy: CausalLMPolicy, critic: Critic | None) -> dict[str, tuple[Any, str]]:
-    """Where each trainable module (``trainable_modules``'s names) is held: (object, attribute)."""
-    owners: dict[str, tuple[Any, str]] = {"policy": (policy, "model")}
-    if critic is not None:
-        owners["critic_head"] = (critic, "head")
-        if not critic.shared:
-            owners["critic_trunk"] = (critic.trunk_policy, "model")
-    return owners
+def _replicas(modules: LossModules) -> LossModules:
+    """``modules`` computing with deep copies of their trainable modules: the policy on a
+    copy of its model, the critic with a copy of its head on the policy's copy (shared
+    trunk) or on a copy of its own trunk."""
+    policy, critic = modules.policy, modules.critic
+    replica = policy.on_model(copy.deepcopy(policy.model))
+    if critic is None:
+        return dataclasses.replace(modules, policy=replica)
+    trunk = critic.trunk_policy
+    trunk = replica if critic.shared else trunk.on_model(copy.deepcopy(trunk.model))
+    return dataclasses.replace(
+        modules, policy=replica, critic=critic.on_modules(trunk, copy.deepcopy(critic.head))
+    )
 
 
 def _block_classes(module: nn.Module) -> set[str]:
@@ -73,19 +83,20 @@ def _block_classes(module: nn.Module) -> set[str]:
 
 
 class _ShardedRoot(nn.Module):
-    """The replicas as children; forward is one micro-batch's loss.
+    """The replicas as children; forward is one micro-batch's loss, run by ``modules``.
 
     It returns ``(total, loss)``: FSDP hooks the root's backward on the tensors it
     finds in the output, which a dataclass would hide.
     """
 
-    def __init__(self, replicas: dict[str, nn.Module], loss_fn: LossFn) -> None:
+    def __init__(self, modules: LossModules, loss_fn: LossFn) -> None:
         super().__init__()
-        self.parts = nn.ModuleDict(replicas)
+        self.parts = nn.ModuleDict(trainable_modules(modules.policy, modules.critic))
+        self.loss_modules = modules
         self.loss_fn = loss_fn
 
     def forward(self, data: PreparedBatch, counts: Counts) -> tuple[Tensor, MicroBatchLoss]:
-        loss = self.loss_fn(data, counts)
+        loss = self.loss_fn(data, counts, self.loss_modules)
         return loss.total, loss
 
 
@@ -93,56 +104,42 @@ class ShardedUpdate:
     """One micro-batch's loss through FSDP2 replicas of the trainable modules.
 
     Args:
-        policy: the agent's policy; ``policy.model`` keeps full weights.
-        critic: the agent's critic, or ``None``.
-        loss_fn: ``(micro-batch, minibatch counts) -> MicroBatchLoss``, reading the
-            policy and critic (which point at the replicas while it runs).
+        modules: the agent's policy and critic; their models keep full weights.
+        loss_fn: ``(micro-batch, minibatch counts, modules) -> MicroBatchLoss``, given
+            the replicas' ``modules``.
         group: the learners' ``DataParallelGroup``, active (more than one rank).
+
+    Attributes:
+        modules: what the loss runs and the optimizer updates: views of the policy and
+            critic on the sharded replicas.
     """
 
-    def __init__(
-        self,
-        policy: CausalLMPolicy,
-        critic: Critic | None,
-        loss_fn: LossFn,
-        group: DataParallelGroup,
-    ) -> None:
+    def __init__(self, modules: LossModules, loss_fn: LossFn, group: DataParallelGroup) -> None:
         if not group.active:
             raise ValueError("ShardedUpdate needs more than one rank (one process: no wrapper)")
         self.group = group
         self.ddp = None  # the DDP attribute of DataParallelUpdate: never set here
-        self.originals = trainable_modules(policy, critic)
-        self._owners = _owners(policy, critic)
-        replicas = {name: copy.deepcopy(module) for name, module in self.originals.items()}
+        self.originals = trainable_modules(modules.policy, modules.critic)
+        self.modules = _replicas(modules)
+        self.replicas = trainable_modules(self.modules.policy, self.modules.critic)
         mesh = DeviceMesh.from_group(
             group.group or dist.group.WORLD,  # type: ignore[arg-type]  # WORLD is set once initialised
-            device_type=policy.device.type,
+            device_type=modules.policy.device.type,
         )
         self._fsdp: list[FSDPModule] = []
-        for replica in replicas.values():
+        for replica in self.replicas.values():
             blocks = _block_classes(replica)
             for module in replica.modules():
                 if type(module).__name__ in blocks:
                     self._fsdp.append(fully_shard(module, mesh=mesh))  # type: ignore[arg-type]
         # Any: the stubs type fully_shard's result as an FSDPModule, not the module it still is.
-        self.root: Any = fully_shard(_ShardedRoot(replicas, loss_fn), mesh=mesh)
+        self.root: Any = fully_shard(_ShardedRoot(self.modules, loss_fn), mesh=mesh)
         self._fsdp.append(self.root)
         for sharded in self._fsdp:
             # A plain SUM, no division: every loss is normalised by global counts. Forced
             # to ReduceOp.SUM (else a factor of 1 is NCCL's PREMUL_SUM, which gloo lacks).
             sharded.set_gradient_divide_factor(1.0)
             sharded.set_force_sum_reduction_for_comms(True)
-        self.replicas = replicas
-
-    def parameters(self) -> list[nn.Parameter]:
-        """What the optimizer updates, sharded, in ``trainable_parameters``'s order: the
-        policy's trainable parameters, then the critic head's, then its trunk's."""
-        params = [p for p in self.replicas["policy"].parameters() if p.requires_grad]
-        if "critic_head" in self.replicas:
-            params += list(self.replicas["critic_head"].parameters())
-        if "critic_trunk" in self.replicas:
-            params += [p for p in self.replicas["critic_trunk"].parameters() if p.requires_grad]
-        return params
 
     def _pairs(self) -> Iterator[tuple[nn.Parameter, nn.Parameter]]:
         for name, original in self.originals.items():
@@ -155,19 +152,12 @@ class ShardedUpdate:
 
     @contextlib.contextmanager
     def micro_batch(self, last: bool) -> Iterator[None]:
-        """Around one micro-batch's forward *and* backward: the replicas stand in for the
-        trainable modules; gradients are reduce-scattered in the backward of the ``last``
-        one, accumulated unsharded before."""
+        """Around one micro-batch's forward *and* backward: gradients are reduce-scattered
+        in the backward of the ``last`` one, accumulated unsharded before."""
         for original, replica in self._pairs():  # a frozen block (VAPO's warmup) follows
             replica.requires_grad_(original.requires_grad)
         self.root.set_requires_gradient_sync(last)
-        for name, (owner, attribute) in self._owners.items():
-            setattr(owner, attribute, self.replicas[name])
-        try:
-            yield
-        finally:
-            for name, (owner, attribute) in self._owners.items():
-                setattr(owner, attribute, self.originals[name])
+        yield
 
     def __call__(self, data: PreparedBatch, counts: Counts) -> MicroBatchLoss:
         """The micro-batch's loss, through the sharded root's forward."""
@@ -185,46 +175,49 @@ class ShardedUpdate:
                 full = replica.full_tensor() if isinstance(replica, DTensor) else replica
                 original.copy_(full)
 
-    def adopt(self, optimizer: torch.optim.Optimizer) -> None:
-        """Make ``optimizer`` (over ``parameters()``) checkpoint-safe.
+    def _marker(self) -> dict[str, int]:
+        return {"rank": self.group.rank, "world_size": self.group.size}
 
-        Its ``state_dict`` holds this rank's shards as plain CPU tensors (a checkpoint
-        gathers every rank's, ``rank_state``), marked ``{"rank", "world_size"}``; its
-        ``load_state_dict`` takes only a state marked with this rank and world size and
-        turns each shard back into a ``DTensor`` laid out as its parameter.
+    def optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """What a checkpoint saves of ``optimizer`` (over ``modules``' parameters): this
+        rank's shard of its state, keyed by parameter name, as plain CPU tensors (a
+        checkpoint gathers every rank's, ``rank_state``), marked ``{"rank", "world_size"}``.
         """
-        rank, size = self.group.rank, self.group.size
-        state_dict, load = optimizer.state_dict, optimizer.load_state_dict
-        # Optimizer.state_dict numbers the parameters in param_groups' order.
-        params = [p for group in optimizer.param_groups for p in group["params"]]
+        if not optimizer.state:
+            # Before the first step there is nothing to shard, and get_optimizer_state_dict
+            # would create the state by a zero step, which counts as one in AdamW's bias
+            # correction.
+            state = optimizer.state_dict()
+        else:
+            state = tree_map_only(
+                DTensor,
+                lambda shard: shard.to_local().detach().to("cpu", copy=True),
+                get_optimizer_state_dict(self.root, optimizer),
+            )
+        return {**state, MARKER: self._marker()}
 
-        def local_state_dict() -> dict[str, Any]:
-            state = state_dict()  # its per-parameter dicts are the optimizer's own: copy
-            state["state"] = {
-                index: {
-                    key: value.to_local().detach().to("cpu", copy=True)
-                    if isinstance(value, DTensor)
-                    else value
-                    for key, value in per_param.items()
-                }
-                for index, per_param in state["state"].items()
-            }
-            state[MARKER] = {"rank": rank, "world_size": size}
-            return state
-
-        def load_shard(state: dict[str, Any]) -> None:
-            marker = state.get(MARKER)
-            if marker != {"rank": rank, "world_size": size}:
-                raise ValueError(wrong_shard(marker, rank, size))
-            state = {key: value for key, value in state.items() if key != MARKER}
-            state["state"] = {
-                index: {key: _as_shard(value, params[index]) for key, value in per_param.items()}
-                for index, per_param in state["state"].items()
-            }
-            load(state)
-
-        optimizer.state_dict = local_state_dict  # type: ignore[method-assign]
-        optimizer.load_state_dict = load_shard  # type: ignore[method-assign,assignment]
+    def load_optimizer_state_dict(
+        self, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+    ) -> None:
+        """Load this rank's shard saved by ``optimizer_state_dict``, each tensor back as a
+        ``DTensor`` laid out as its parameter. Any other state (another rank's shard, a
+        whole optimizer's) is refused (``ValueError``)."""
+        marker = state.get(MARKER)
+        if marker != self._marker():
+            raise ValueError(wrong_shard(marker, self.group.rank, self.group.size))
+        params = dict(self.root.named_parameters())
+        shards: dict[str, Any] = {
+            "state": {
+                name: {key: _as_shard(value, params[name]) for key, value in per_param.items()}
+                for name, per_param in state["state"].items()
+            },
+            "param_groups": state["param_groups"],
+        }
+        # strict=False: a parameter frozen when the state was saved (VAPO's value
+        # pretraining) has no state yet, and AdamW starts it afresh, as it would have.
+        set_optimizer_state_dict(
+            self.root, optimizer, shards, options=StateDictOptions(strict=False)
+        )
 
 
 def _as_shard(value: Any, param: Tensor) -> Any:

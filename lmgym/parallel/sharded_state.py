@@ -1,17 +1,15 @@
 """The optimizer state of a ``data_parallel="fsdp"`` run: one shard per rank.
 
-Under FSDP each rank's optimizer holds its own shard of the state. ``ShardedUpdate``
-gives it out marked ``"fsdp_shard": {"rank", "world_size"}``; a checkpoint stores
-every rank's shard (``lmgym.persistence.agent.rank_state``), and on resume each rank
-loads its own (``load_shard``). A whole optimizer (DDP, one process) refuses a marked
-state: a shard loaded as the whole state would train with the wrong moments.
+Under FSDP each rank's optimizer holds its own shard of the state.
+``ShardedUpdate.optimizer_state_dict`` gives it out marked
+``"fsdp_shard": {"rank", "world_size"}``; a checkpoint stores every rank's shard
+(``lmgym.persistence.agent.rank_state``), and on resume each rank loads its own
+(``ShardedUpdate.load_optimizer_state_dict``). A whole optimizer (DDP, one process:
+``DataParallelUpdate.load_optimizer_state_dict``) refuses a marked state: a shard
+loaded as the whole state would train with the wrong moments.
 """
 
 from __future__ import annotations
-
-from typing import Any
-
-import torch
 
 MARKER = "fsdp_shard"
 
@@ -40,16 +38,3 @@ def wrong_shard(marker: dict[str, int] | None, rank: int, size: int) -> str:
         f"only its own shard, but was given {got}; resume with the data_parallel mode and "
         "number of processes that wrote the checkpoint"
     )
-
-
-def refuse_sharded_state(optimizer: torch.optim.Optimizer) -> None:
-    """Make ``optimizer.load_state_dict`` (a whole optimizer's) raise ``ValueError``
-    (``shard_refused``) on a state marked as an FSDP shard."""
-    load = optimizer.load_state_dict
-
-    def checked_load(state: dict[str, Any]) -> None:
-        if MARKER in state:
-            raise ValueError(shard_refused(state[MARKER]))
-        load(state)
-
-    optimizer.load_state_dict = checked_load  # type: ignore[method-assign,assignment]

@@ -56,6 +56,7 @@ from lmgym.policy.logprobs import token_logprobs
 from lmgym.policy.packaged import local_model_path
 from lmgym.policy.sampling import SamplingSettings
 from lmgym.policy.trunk import ModelTrunk
+from lmgym.policy.views import live_view
 from lmgym.policy.weights import check_finite_weights
 from lmgym.profiling import LM_HEAD, LOGPROBS, TEACHER_FORCED, labelled
 from lmgym.special_tokens import AllowedSpecialTokens, TokenRules, stop_ids_for
@@ -282,7 +283,7 @@ class CausalLMPolicy(nn.Module):
         self.use_token_rules(
             TokenRules.build(tokenizer, self.stop_token_ids, allowed_special_tokens)
         )
-        self.trunk = ModelTrunk(self, self._trunk_pass_context, compile_decode)
+        self.trunk = ModelTrunk(model, self._trunk_pass_context, compile_decode)
         self.engine = RolloutEngine(self.trunk, self, sampling)
 
     # -------------------------------------------------------------- loading
@@ -550,6 +551,19 @@ class CausalLMPolicy(nn.Module):
             return torch.nn.functional.linear(hidden, weight, bias).float()
 
     # ------------------------------------------------------------- learner
+    def on_model(self, model: nn.Module) -> CausalLMPolicy:
+        """This policy's teacher-forced pass run by ``model`` (a replica of ``self.model``,
+        e.g. data-parallel FSDP's sharded one) instead of its own model.
+
+        A view (``lmgym.policy.views.live_view``): its ``model`` and trunk are
+        ``model``'s; its sampling record, token rules and tokenizer are this policy's,
+        read live. This policy is not changed. (Its ``act`` is this policy's: the view
+        is for the update's passes.)
+        """
+        view = live_view(self, model=model)
+        view.trunk = ModelTrunk(model, view._trunk_pass_context)
+        return view
+
     def logprobs(
         self,
         input_ids: Tensor,

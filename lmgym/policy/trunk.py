@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 from collections.abc import Callable
-from typing import Protocol
 
 import torch
 from torch import Tensor, nn
@@ -25,20 +24,11 @@ from lmgym.policy.compiled_decode import CompiledDecode, RowRuns, slot_attention
 from lmgym.profiling import TRUNK, labelled
 
 
-class HasModel(Protocol):
-    """What holds the model a ``ModelTrunk`` runs (``CausalLMPolicy``)."""
-
-    model: nn.Module
-
-
 class ModelTrunk:
     """A transformers model's trunk (``base_model``), its KV cache and its decode step.
 
     Args:
-        owner: what holds the causal LM as ``owner.model`` (a ``peft.PeftModel`` too:
-            its adapter layers run). Read at every pass, never kept: data-parallel
-            FSDP swaps a sharded replica in as ``policy.model`` for the update, and the
-            passes must run that replica.
+        model: the causal LM (a ``peft.PeftModel`` too: its adapter layers run).
         context: called around every pass; the manager to run it under.
         compile_decode: run one-token steps over KV slots through ``torch.compile``
             (``CompiledDecode``; it falls back to eager after a failure).
@@ -53,22 +43,17 @@ class ModelTrunk:
 
     def __init__(
         self,
-        owner: HasModel,
+        model: nn.Module,
         context: Callable[[], contextlib.AbstractContextManager[None]],
         compile_decode: bool = False,
     ) -> None:
-        self.owner = owner
+        self.model = model
         self.context = context
-        lm = transformer_of(owner.model)
+        lm = transformer_of(model)
         params = inspect.signature(lm.base_model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self.mask_always = getattr(lm.config, "pad_token_id", None) is not None
         self.compiled_decode = CompiledDecode(compile_decode)
-
-    @property
-    def model(self) -> nn.Module:
-        """The owner's causal LM as it is now."""
-        return self.owner.model
 
     @property
     def compiles(self) -> bool:

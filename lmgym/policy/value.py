@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from lmgym.policy.adapters import adapters_disabled
 from lmgym.policy.causal_lm import CausalLMPolicy
+from lmgym.policy.views import live_view
 
 ValueInit = Literal["zeros", "normal"]
 
@@ -59,6 +60,12 @@ class Critic(nn.Module):
         self.shared = shared
         self.trunk_policy = policy if shared else copy.deepcopy(policy)
         self.head = ValueHead(policy.model.config.hidden_size, init).to(policy.device)
+
+    def on_modules(self, trunk_policy: CausalLMPolicy, head: nn.Module) -> Critic:
+        """This critic with ``head`` on ``trunk_policy``'s pass (data-parallel FSDP's
+        sharded replicas: the policy's view for a shared trunk, else the separate
+        trunk's); a view (``lmgym.policy.views.live_view``), this critic unchanged."""
+        return live_view(self, trunk_policy=trunk_policy, head=head)
 
     def own_parameters(self) -> list[nn.Parameter]:
         """Trainable parameters the policy's optimizer does not already hold (a separate

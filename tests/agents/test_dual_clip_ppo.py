@@ -33,7 +33,7 @@ def env_for(policy: CausalLMPolicy):
 def policy_gradient(agent, data) -> tuple[torch.Tensor, dict[str, float]]:
     """The policy's gradient of one micro-batch loss (the critic is a separate model)."""
     agent.optimizer.zero_grad(set_to_none=True)
-    loss = agent.micro_batch_loss(data, Counts.of(data.mask))
+    loss = agent.micro_batch_loss(data, Counts.of(data.mask), agent.parallel.modules)
     loss.total.backward()
     grads = [
         torch.zeros_like(p).flatten() if p.grad is None else p.grad.flatten()

@@ -32,7 +32,7 @@ def env_for(policy: CausalLMPolicy, **kwargs):
 
 def gradient(agent, data) -> tuple[torch.Tensor, float]:
     agent.optimizer.zero_grad(set_to_none=True)
-    loss = agent.micro_batch_loss(data, Counts.of(data.mask))
+    loss = agent.micro_batch_loss(data, Counts.of(data.mask), agent.parallel.modules)
     loss.total.backward()
     grads = [p.grad.flatten() for p in agent.policy.model.parameters() if p.grad is not None]
     return torch.cat(grads), float(loss.terms["policy_loss"])

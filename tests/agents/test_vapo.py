@@ -74,7 +74,7 @@ def test_lm_loss_is_the_mean_nll_over_positive_tokens_with_one_minibatch(make_en
     positive = batch.scores >= 2.0
     assert 0 < int(positive.sum()) < batch.batch_size  # some positives, not all
     data = agent.prepare(batch)
-    loss = agent.micro_batch_loss(data, Counts.of(data.mask))
+    loss = agent.micro_batch_loss(data, Counts.of(data.mask), agent.parallel.modules)
     ids, attn = batch.input_ids()
     logprobs = eos_policy.logprobs(ids, attn, batch.max_new_tokens, with_entropy=False)[0]
     tokens = batch.completion_mask & positive[:, None]
@@ -88,9 +88,9 @@ def test_lm_loss_does_not_depend_on_the_micro_batch_size(make_env, eos_policy):
     agent = VAPO(eos_policy, env, value_warmup_iterations=0, positive_threshold=2.0)
     data = agent.prepare(collect(env, eos_policy, seed=0))
     counts = Counts.of(data.mask)
-    whole = agent.micro_batch_loss(data, counts).terms["nll_loss"]
+    whole = agent.micro_batch_loss(data, counts, agent.parallel.modules).terms["nll_loss"]
     parts = sum(
-        agent.micro_batch_loss(data.rows(rows), counts).terms["nll_loss"]
+        agent.micro_batch_loss(data.rows(rows), counts, agent.parallel.modules).terms["nll_loss"]
         for rows in torch.arange(8).split(3)
     )
     torch.testing.assert_close(parts, whole)

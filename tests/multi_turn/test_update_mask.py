@@ -241,9 +241,9 @@ def test_observation_tokens_get_exactly_zero_gradient(tokenizer, monkeypatch):
         masks: list[torch.Tensor] = []
         loss = agent.micro_batch_loss
 
-        def recorded(data, counts, loss=loss, masks=masks):
+        def recorded(data, counts, modules, loss=loss, masks=masks):
             masks.append(data.mask)
-            return loss(data, counts)
+            return loss(data, counts, modules)
 
         monkeypatch.setattr(agent, "micro_batch_loss", recorded)
         agent.train_on_batch(batch)

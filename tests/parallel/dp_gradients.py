@@ -42,7 +42,7 @@ def main(out: Path) -> None:
     # whole state.
     agent = make_agent(("grpo-fsdp-step", "token-mean"))
     agent.train_on_batch(full_batch(agent))
-    state = agent.optimizer.state_dict()
+    state = agent.state_dict()["optimizer"]
     moments = [v for per_param in state["state"].values() for v in per_param.values()]
     got = results["fsdp-optimizer-state"] = {
         "marker": state["fsdp_shard"],
@@ -50,10 +50,13 @@ def main(out: Path) -> None:
         "sizes": sum(v.numel() for v in moments if v.ndim > 0),
     }
     fresh = make_agent(("grpo-fsdp-step", "token-mean"))
-    fresh.optimizer.load_state_dict(state)
+    # Before its first step: nothing to save, and saving takes no step of its own.
+    unstepped = fresh.parallel.optimizer_state_dict(fresh.optimizer)
+    got["unstepped"] = (unstepped["state"], len(fresh.optimizer.state))
+    fresh.parallel.load_optimizer_state_dict(fresh.optimizer, state)
     inner = fresh.optimizer.state[fresh.optimizer.param_groups[0]["params"][0]]["exp_avg"]
     got["loaded_as"] = type(inner).__name__
-    reloaded = fresh.optimizer.state_dict()
+    reloaded = fresh.parallel.optimizer_state_dict(fresh.optimizer)
     got["round_trip"] = reloaded.keys() == state.keys() and all(
         torch.equal(value, reloaded["state"][index][key])
         for index, per_param in state["state"].items()
@@ -63,7 +66,7 @@ def main(out: Path) -> None:
     whole = {key: value for key, value in state.items() if key != "fsdp_shard"}
     for name, bad in (("other_rank", other), ("whole", whole)):
         try:
-            fresh.optimizer.load_state_dict(bad)
+            fresh.parallel.load_optimizer_state_dict(fresh.optimizer, bad)
         except ValueError as error:
             got[name] = str(error)
     # A trainable parameter the loss never reaches: refused, not left unreduced.

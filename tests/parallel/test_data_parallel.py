@@ -68,14 +68,16 @@ def test_fsdp_optimizer_state_is_this_rank_s_shard_and_loads_back_on_that_rank_o
     two_rank_results,
 ):
     """A checkpoint gets each rank's optimizer state as plain tensors (its shard of AdamW's
-    two moments), marked; a fresh sharded optimizer on that rank loads it back exactly (as
-    DTensors) and refuses the other rank's shard or a whole state, naming what it got."""
+    two moments, through torch.distributed.checkpoint), marked; a fresh sharded optimizer
+    on that rank loads it back exactly (as DTensors) and refuses the other rank's shard or
+    a whole state, naming what it got."""
     agent = make_agent(("grpo", "token-mean"))
     total = sum(p.numel() for p in agent.optimizer.param_groups[0]["params"])
     sizes = []
     for r, results in enumerate(two_rank_results):
         got = results["fsdp-optimizer-state"]
         assert got["marker"] == {"rank": r, "world_size": 2}
+        assert got["unstepped"] == ({}, 0)  # a state saved before any step: empty, untouched
         assert got["plain"]
         sizes.append(got["sizes"])
         assert got["loaded_as"] == "DTensor"
@@ -109,10 +111,11 @@ def test_an_fsdp_shard_of_optimizer_state_is_refused_by_a_whole_optimizer():
     """Rank 0's shard loaded as a whole state would train with wrong moments: refused,
     naming the world size to resume with."""
     agent = make_agent(("grpo", "token-mean"))
-    state = agent.optimizer.state_dict()
-    agent.optimizer.load_state_dict(state)  # a whole state loads
+    state = agent.state_dict()
+    agent.load_state_dict(state)  # a whole state loads
     with pytest.raises(ValueError) as error:
-        agent.optimizer.load_state_dict({**state, "fsdp_shard": {"rank": 0, "world_size": 2}})
+        shard = {**state["optimizer"], "fsdp_shard": {"rank": 0, "world_size": 2}}
+        agent.load_state_dict({**state, "optimizer": shard})
     assert str(error.value) == (
         "resume: this optimizer state is rank 0's shard of a data_parallel='fsdp' run of 2 "
         "processes, not a whole optimizer state; resume the run with the same number of "

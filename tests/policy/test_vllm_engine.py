@@ -252,9 +252,9 @@ def test_multi_turn_guess_number_goes_token_in_token_out(base, engine):
     masks: list[torch.Tensor] = []
     loss = agent.micro_batch_loss
 
-    def noted_loss(micro, counts):
+    def noted_loss(micro, counts, modules):
         masks.append(micro.mask)  # the micro-batch's rows, in its order
-        return loss(micro, counts)
+        return loss(micro, counts, modules)
 
     policy.logprobs_from_hidden = probed
     agent.micro_batch_loss = noted_loss
