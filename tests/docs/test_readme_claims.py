@@ -142,9 +142,9 @@ def cli_options(commands: list[str]) -> dict[str, set[str] | None]:
     """Each lmgym subcommand's option strings, from the parsers the CLI runs; for
     ``train``, the union over the ``--algo`` values the commands use (each algorithm
     has its own config fields)."""
+    from lmgym.cli import COMMANDS
     from lmgym.cli.bench import _bench_parser
     from lmgym.cli.eval import eval_parser
-    from lmgym.cli.main import COMMANDS
     from lmgym.cli.train_args import _train_parser
 
     algos = {"grpo"}
