@@ -224,15 +224,13 @@ class EnvOptions:
                 f"TokenVectorEnv() got unknown option(s) {unknown}; the options are "
                 f"num_prompts and the fields of EnvOptions: {', '.join(ENV_OPTION_NAMES)}"
             )
-        if "num_prompts" in changes:
-            if "num_envs" in changes:
-                raise TypeError("TokenVectorEnv(): pass num_prompts or num_envs, not both")
-            num_prompts = _check_positive("num_prompts", changes.pop("num_prompts"))
-        else:
-            num_prompts = self.num_prompts
+        if "num_prompts" in changes and "num_envs" in changes:
+            raise TypeError("TokenVectorEnv(): pass num_prompts or num_envs, not both")
         if "num_envs" not in changes:
-            group_size = _check_positive("group_size", changes.get("group_size", self.group_size))
-            changes["num_envs"] = num_prompts * group_size
+            changes["num_envs"] = rows_of(
+                changes.pop("num_prompts", self.num_prompts),
+                changes.get("group_size", self.group_size),
+            )
         if self.tokenizer is not None and self.tokenizer is not tokenizer:
             raise ValueError(
                 "tokenizer: the options carry a different tokenizer than the env's; pass "
@@ -268,6 +266,15 @@ def _check_positive(field: str, value: object) -> int:
     if not isinstance(value, int | np.integer) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{field}={value!r}: must be a positive integer")
     return int(value)
+
+
+def rows_of(num_prompts: object, group_size: object) -> int:
+    """``num_envs = num_prompts * group_size``, after checking both are positive integers.
+
+    Raises:
+        ValueError: either is not, naming it.
+    """
+    return _check_positive("num_prompts", num_prompts) * _check_positive("group_size", group_size)
 
 
 def num_prompts_of(num_envs: int, group_size: int) -> int:

@@ -687,6 +687,16 @@ def vector_entry_point(task: str) -> VectorFactory:
     return entry
 
 
+def batch_arguments(task: str, num_prompts: int, group_size: int) -> dict[str, Any]:
+    """The keywords that give ``gymnasium.make_vec(task, ...)`` a batch of
+    ``num_prompts`` prompts of ``group_size`` completions each: the pair itself where
+    the factory takes ``num_prompts`` (every lmgym task), else Gymnasium's ``num_envs
+    = num_prompts * group_size`` (a user's factory)."""
+    if "num_prompts" in env_option_names(task):
+        return {"num_prompts": num_prompts, "group_size": group_size}
+    return {"num_envs": num_prompts * group_size, "group_size": group_size}
+
+
 def env_option_names(task: str) -> tuple[str, ...]:
     """The keyword arguments ``gymnasium.make_vec(task, ...)`` takes, in order:
     ``num_envs``, ``group_size``, the task's own parameters (its ``TaskParams``

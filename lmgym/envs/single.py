@@ -112,7 +112,7 @@ class TokenEnv(gym.Env):
 
 
 #: Vector-factory arguments a single env fixes: one row, one completion per prompt.
-_SINGLE_FIXED = ("num_envs", "group_size")
+_SINGLE_FIXED = ("num_envs", "group_size", "num_prompts")
 
 
 def single_env_factory(vector_factory: Callable[..., TokenVectorEnv]) -> Callable[..., gym.Env]:

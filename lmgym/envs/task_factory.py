@@ -24,15 +24,17 @@ from dataclasses import MISSING, dataclass, field, fields, make_dataclass, repla
 from typing import Any, Generic, TypeVar
 
 from lmgym.char_tokenizer import make_char_tokenizer
-from lmgym.envs.options import ENV_OPTION_NAMES, OPTION_TYPES, EnvOptions
+from lmgym.envs.options import ENV_OPTION_NAMES, OPTION_TYPES, EnvOptions, rows_of
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.envs.turns import Responder
 from lmgym.types import PromptSource, RewardModel
 
 VectorFactory = Callable[..., TokenVectorEnv]
 
-#: The factory arguments that fix the batch, positional or keyword, in this order.
-BATCHING = ("num_envs", "group_size")
+#: The factory arguments that fix the batch, in this order: ``num_envs`` (Gymnasium's
+#: rows, positional or keyword), ``group_size`` (positional or keyword) and
+#: ``num_prompts`` (keyword; the run's pair is ``(num_prompts, group_size)``).
+BATCHING = ("num_envs", "group_size", "num_prompts")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -148,7 +150,7 @@ class TaskFactory(Generic[P]):
         defaults: Mapping[str, Any],
     ) -> None:
         check_option_defaults(defaults, "task_factory")
-        clash = sorted({f.name for f in fields(params)} & {*ENV_OPTION_NAMES, "params"})
+        clash = sorted({f.name for f in fields(params)} & {*ENV_OPTION_NAMES, *BATCHING, "params"})
         if clash:
             raise TypeError(
                 f"{params.__name__}: parameters {clash} are EnvOptions fields; rename them"
@@ -172,7 +174,9 @@ class TaskFactory(Generic[P]):
 
         rest = [name for name in ENV_OPTION_NAMES if name not in BATCHING]
         return {
-            **{name: option(name) for name in BATCHING},
+            "num_envs": option("num_envs"),
+            "group_size": option("group_size"),
+            "num_prompts": Argument("num_prompts", int | None, None),
             **param_arguments(self.params),
             **{name: option(name) for name in rest},
         }
@@ -182,15 +186,23 @@ class TaskFactory(Generic[P]):
         num_envs: int | None = None,
         group_size: int | None = None,
         *,
+        num_prompts: int | None = None,
         params: P | None = None,
         **arguments: Any,
     ) -> TokenVectorEnv:
         """The task's env; ``params`` (an instance of the task's ``TaskParams`` class)
         gives its parameters at once, a keyword naming a field overrides it.
 
+        The batch is ``num_envs`` rows of ``group_size`` completions per prompt, or
+        ``num_prompts`` prompts of ``group_size`` each (``num_envs = num_prompts *
+        group_size``): ``gymnasium.make_vec(id, num_prompts=2, group_size=4)``.
+        ``make_vec`` always passes ``num_envs`` (its default 1), so with
+        ``num_prompts`` a ``num_envs`` of 1 counts as not given.
+
         Raises:
             TypeError: an argument the factory does not take (listing those it does),
-                a required parameter missing, or ``params`` of another class.
+                a required parameter missing, ``params`` of another class, or
+                ``num_envs`` and ``num_prompts`` that disagree.
         """
         names = {f.name for f in fields(self.params)}
         unknown = sorted(set(arguments) - names - set(ENV_OPTION_NAMES))
@@ -201,9 +213,19 @@ class TaskFactory(Generic[P]):
             )
         task = {k: v for k, v in arguments.items() if k in names}
         chosen = {k: v for k, v in arguments.items() if k not in names}
-        for name, value in zip(BATCHING, (num_envs, group_size), strict=True):
-            if value is not None:
-                chosen[name] = value
+        if group_size is not None:
+            chosen["group_size"] = group_size
+        if num_prompts is not None:
+            size = chosen.get("group_size", self.option_defaults.get("group_size", 1))
+            rows = rows_of(num_prompts, size)
+            if num_envs not in (None, 1, rows):
+                raise TypeError(
+                    f"{self.__name__}(): num_envs={num_envs} but num_prompts={num_prompts} x "
+                    f"group_size={size} = {rows}; pass num_prompts or num_envs, not both"
+                )
+            num_envs = rows
+        if num_envs is not None:
+            chosen["num_envs"] = num_envs
         if params is not None and not isinstance(params, self.params):
             raise TypeError(
                 f"{self.__name__}(): params is a {type(params).__name__}; "

@@ -28,6 +28,7 @@ from lmgym.typed_values import parse_value
 RESERVED = {
     "num_envs": "--num-prompts x --group-size",
     "group_size": "--group-size",
+    "num_prompts": "--num-prompts",
     "tokenizer": "the policy's tokenizer",
     "device": "--device",
     "shard": "the data-parallel rank (torchrun)",

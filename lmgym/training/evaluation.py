@@ -29,7 +29,7 @@ import gymnasium as gym
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from lmgym.envs.registration import vector_entry_point
+from lmgym.envs.registration import batch_arguments, vector_entry_point
 from lmgym.envs.task_factory import factory_arguments
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.policy.causal_lm import CausalLMPolicy
@@ -116,8 +116,7 @@ def make_eval_env(
     batch = min(num_prompts, EVAL_BATCH_PROMPTS)
     env = gym.make_vec(
         task,
-        num_envs=batch * samples_per_prompt,
-        group_size=samples_per_prompt,
+        **batch_arguments(task, batch, samples_per_prompt),
         tokenizer=tokenizer,
         device=device,
         **kwargs,

@@ -30,6 +30,7 @@ from lmgym.envs import (
     task_factory,
     vector_entry_point,
 )
+from lmgym.envs.registration import batch_arguments
 from lmgym.envs.tasks._common import PositionMatchReward
 
 
@@ -43,12 +44,19 @@ def test_every_builtin_task_lists_every_option():
     for task in builtin:  # signatures only: nothing is built
         names = env_option_names(task)
         assert set(ENV_OPTION_NAMES) <= set(names), task
-        assert names[:2] == ("num_envs", "group_size"), task
+        assert names[:3] == ("num_envs", "group_size", "num_prompts"), task
 
 
 def test_option_names_are_the_signature_in_order():
     names = env_option_names("lmgym/TargetString-v0")
-    assert names == ("num_envs", "group_size", "target", "prompt", *ENV_OPTION_NAMES[2:])
+    assert names == (
+        "num_envs",
+        "group_size",
+        "num_prompts",
+        "target",
+        "prompt",
+        *ENV_OPTION_NAMES[2:],
+    )
     params = factory_arguments(vector_entry_point("lmgym/TargetString-v0"))[0]
     assert params["reward_mode"].default == "bandit"
     # A task's own default shows in its arguments.
@@ -217,7 +225,12 @@ def test_task_factory_builds_a_task_from_a_body():
         reward = PositionMatchReward(ids[None], torch.tensor([len(word)]), "echo")
         return build_env(options, [f"say {word}:"], reward, max_new_tokens=99)
 
-    assert list(make_echo_vector.arguments())[:3] == ["num_envs", "group_size", "word"]
+    assert list(make_echo_vector.arguments())[:4] == [
+        "num_envs",
+        "group_size",
+        "num_prompts",
+        "word",
+    ]
     assert "Echo ``word``." in make_echo_vector.__doc__
     env = make_echo_vector(2, 2, word="ok")  # num_envs and group_size may be positional
     assert (env.num_envs, env.max_new_tokens, env.reward_mode) == (2, 2, "per_token")
@@ -241,6 +254,33 @@ def test_env_options_check_the_batch_split():
     assert EnvOptions(num_envs=8, group_size=4).num_prompts == 2
     with pytest.raises(ValueError, match="num_envs=6 is not a multiple of group_size=4"):
         EnvOptions(num_envs=6, group_size=4).num_prompts  # noqa: B018
+
+
+@pytest.mark.parametrize("task", ["lmgym/Arithmetic-v0", "custom"])
+def test_the_run_s_pair_reaches_the_env_as_given(task):
+    if task == "custom":
+        task = register_reward_env("PairCount", FunctionReward(count_a), ["ab", "ba", "aa"])
+    env = gym.make_vec(task, num_prompts=3, group_size=4)
+    assert (env.num_prompts, env.group_size, env.num_envs) == (3, 4, 12)
+    assert gym.make_vec(task, num_envs=12, num_prompts=3, group_size=4).num_envs == 12
+    with pytest.raises(TypeError, match=r"num_envs=8 but num_prompts=3 x group_size=4 = 12; "):
+        gym.make_vec(task, num_envs=8, num_prompts=3, group_size=4)
+    with pytest.raises(ValueError, match=r"num_prompts=0: must be a positive integer"):
+        gym.make_vec(task, num_prompts=0, group_size=4)
+    with pytest.raises(TypeError, match=r"got \['num_prompts'\]: a single env"):
+        gym.make(task, num_prompts=2)
+    assert batch_arguments(task, 3, 4) == {"num_prompts": 3, "group_size": 4}
+
+
+def test_a_user_factory_without_num_prompts_gets_num_envs():
+    def make(num_envs: int = 1, group_size: int = 1, tokenizer=None, device="cpu"):
+        raise AssertionError("not built")
+
+    gym.register("pairtest/Plain-v0", vector_entry_point=make)
+    try:
+        assert batch_arguments("pairtest/Plain-v0", 3, 4) == {"num_envs": 12, "group_size": 4}
+    finally:
+        del gym.registry["pairtest/Plain-v0"]
 
 
 # ------------------------------------------------------------ the env's record

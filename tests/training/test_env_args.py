@@ -103,3 +103,27 @@ def test_a_task_parameter_is_typed_by_its_annotation():
     assert check_env_kwargs("lmgym/LengthControl-v0", {"max_length": "5"}) == {"max_length": 5}
     with pytest.raises(ValueError, match=r"env argument tolerance='wide': expected a number"):
         check_env_kwargs("lmgym/LengthControl-v0", {"tolerance": "wide"})
+
+
+@pytest.mark.parametrize(
+    ("key", "flag"),
+    [("num_envs", "--num-prompts x --group-size"), ("num_prompts", "--num-prompts")],
+)
+def test_the_batch_is_set_by_the_run_not_by_env(key, flag):
+    with pytest.raises(ValueError) as error:
+        check_env_kwargs(TASK, {key: "4"})
+    assert str(error.value) == f"env argument {key}: set by the run ({flag}), not an env argument"
+
+
+def test_an_unknown_key_names_the_closest_argument():
+    with pytest.raises(ValueError, match=r"takes no such argument; did you mean target\? valid: "):
+        check_env_kwargs(TASK, {"targt": "abc"})
+
+
+def test_a_data_split_field_is_typed_from_the_shared_record():
+    assert check_env_kwargs("lmgym/Reverse-v0", {"eval_fraction": "0.5", "data_seed": "3"}) == {
+        "eval_fraction": 0.5,
+        "data_seed": 3,
+    }
+    with pytest.raises(ValueError, match=r"env argument split='test' is not one of \['train', "):
+        check_env_kwargs("lmgym/Reverse-v0", {"split": "test"})
