@@ -15,7 +15,9 @@ what follows from them:
 
 The record's ``config`` is what the trainer reads, what each checkpoint's fixed
 fields are taken from and what ``config.json`` saves (``save``), so a resume reads back
-exactly what was checked. Two values are known only later, and each completes the
+exactly what was checked. A resume resolves once too: ``resume.plan_resume`` checks the
+changes against the saved run, resolves the saved values with them, and the
+``Trainer`` takes that record as it is. Two values are known only later, and each completes the
 record by making a new one (``with_values``): a fresh run's directory once it is
 created, and the env arguments the agent was built with (a chat model's stop ids,
 ``build.build_agent``).

@@ -24,13 +24,16 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lmgym.agents.base import Agent
 from lmgym.agents.config import AgentConfig, config_from_dict, restore_types
 from lmgym.persistence.manifest import CheckpointError
 from lmgym.training.checkpoint import CheckpointManager, checkpoint_iteration, is_checkpoint
 from lmgym.training.run import FIXED_ON_RESUME, RunDirectory, RunDirectoryError, TrainConfig
+
+if TYPE_CHECKING:
+    from lmgym.training.resolved import ResolvedRun
 
 ASYNC_RESUME = (
     "{run} was trained by asynchronous actors and learners; it resumes on the synchronous "
@@ -204,18 +207,25 @@ class ResumePlan:
         run: the run directory.
         checkpoint: the checkpoint named, or ``None`` for the latest (chosen under the
             lock when the run starts).
-        config: the resumed run's ``TrainConfig`` (saved values and the changes).
-        agent_config: the run's agent config.
+        resolved: the resumed run's record (``resolve`` of the saved values and the
+            changes): its ``config`` and ``agent_config``.
         saved_threads: the ``threads`` the run was trained with.
-        notes: lines to print before the run starts (user code imported, async).
     """
 
     run: RunDirectory
     checkpoint: Path | None
-    config: TrainConfig
-    agent_config: AgentConfig
+    resolved: ResolvedRun
     saved_threads: int | None
-    notes: list[str]
+
+    @property
+    def config(self) -> TrainConfig:
+        """The resumed run's settings."""
+        return self.resolved.config
+
+    @property
+    def agent_config(self) -> AgentConfig:
+        """The run's agent config."""
+        return self.resolved.agent_config
 
 
 def _check_changes(
@@ -240,26 +250,26 @@ def plan_resume(
     path: str | Path,
     changes: dict[str, Any] | None = None,
     agent_changes: dict[str, Any] | None = None,
+    out: Callable[[str], None] = print,
 ) -> ResumePlan:
-    """Plan continuing the run ``path`` names (a run directory or one of its checkpoints).
+    """Plan continuing the run ``path`` names (a run directory or one of its checkpoints):
+    check the changes, then resolve the run's record (``resolve``), which imports the
+    user code named in ``config.json`` again after a line saying which.
 
     Args:
         path: the run directory (resume from its latest checkpoint) or a checkpoint.
         changes: ``TrainConfig`` fields to change, e.g. ``{"iterations": 200}``.
         agent_changes: agent config values asked for (each must equal the run's).
+        out: where the lines before the import go (user code imported, async).
 
     Raises:
         FixedOnResumeError: a change touches a field a resumed run keeps.
         ConfigEditedError: ``config.json``'s ``algo`` was edited.
-        ValueError: the prompt file changed, or an env argument is wrong.
+        ValueError: the prompt file changed, an env argument is wrong, or what
+            ``resolve`` refuses.
     """
-    from lmgym.training.env_args import check_env_kwargs
-    from lmgym.training.user_code import (
-        absolute_path,
-        check_prompt_file,
-        prepare_task,
-        user_code_specs,
-    )
+    from lmgym.training.resolved import resolve
+    from lmgym.training.user_code import absolute_path, check_prompt_file, user_code_specs
 
     path = Path(path)
     run, saved = saved_values(path)
@@ -282,17 +292,21 @@ def plan_resume(
     changes.pop("run_dir", None)
     if changes.get("prompts") is not None:
         changes["prompts"] = absolute_path(changes["prompts"])
+    # The env arguments compare as the task's factory types them (resolve, below).
+    _check_changes(
+        saved, {k: v for k, v in changes.items() if k != "env_kwargs"}, agent_changes or {}
+    )
+    for line in notes:
+        out(line)
+    config = config_from_dict(TrainConfig, {**saved["run"], **changes, "run_dir": str(run.path)})
+    resolved = resolve(config, agent_config_from_dict(saved["algo"], saved["agent"]))
     if "env_kwargs" in changes:
-        env_id = prepare_task(config_from_dict(TrainConfig, saved["run"]))
-        changes["env_kwargs"] = check_env_kwargs(env_id, changes["env_kwargs"])
-    _check_changes(saved, changes, agent_changes or {})
+        _check_changes(saved, {"env_kwargs": resolved.config.env_kwargs}, {})
     return ResumePlan(
         run=run,
         checkpoint=path if is_checkpoint(path) else None,
-        config=config_from_dict(TrainConfig, {**saved["run"], **changes, "run_dir": str(run.path)}),
-        agent_config=agent_config_from_dict(saved["algo"], saved["agent"]),
+        resolved=resolved,
         saved_threads=saved["run"].get("threads"),
-        notes=notes,
     )
 
 

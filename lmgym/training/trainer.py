@@ -81,7 +81,8 @@ class Trainer:
     ``config.json`` read; ``config`` and ``agent_config`` are its settings.
 
     Args:
-        config: the run's settings (not changed: a ``TrainConfig`` is frozen).
+        config: the run's settings (not changed: a ``TrainConfig`` is frozen), or the
+            record ``resolve`` made of them (``Trainer.resume`` passes its plan's).
         agent_config: the algorithm's config (default: its documented defaults);
             its class must be ``ALGORITHMS[config.algo].config_class``.
         callbacks: extra ``callback(agent, metrics)`` called each iteration, after
@@ -98,7 +99,7 @@ class Trainer:
 
     def __init__(
         self,
-        config: TrainConfig,
+        config: TrainConfig | ResolvedRun,
         agent_config: AgentConfig | None = None,
         *,
         callbacks: Sequence[Callback] = (),
@@ -106,7 +107,12 @@ class Trainer:
         out: Printer = tqdm_print,
         async_config: Any = None,
     ) -> None:
-        self.resolved: ResolvedRun = resolve(config, agent_config)
+        if isinstance(config, ResolvedRun):  # Trainer.resume: its plan resolved it
+            if agent_config is not None:
+                raise TypeError("agent_config: a ResolvedRun holds its own (record.agent_config)")
+            self.resolved = config
+        else:
+            self.resolved = resolve(config, agent_config)
         for callback in callbacks:
             check_callback(callback, "callbacks")
         if async_config is not None:
@@ -175,10 +181,8 @@ class Trainer:
             FixedOnResumeError: a change touches a field a resumed run keeps.
             ValueError: the prompt file changed, or ``config.json`` was edited.
         """
-        plan = plan_resume(path, changes, agent_changes)
-        for line in plan.notes:
-            out(line)
-        trainer = cls(plan.config, plan.agent_config, callbacks=callbacks, out=out)
+        plan = plan_resume(path, changes, agent_changes, out)
+        trainer = cls(plan.resolved, callbacks=callbacks, out=out)
         trainer.plan = plan
         trainer.resume_from = plan.checkpoint
         return trainer

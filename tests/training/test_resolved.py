@@ -17,6 +17,7 @@ import pytest
 from lmgym.agents import GRPOConfig
 from lmgym.training import TrainConfig, Trainer
 from lmgym.training.resolved import resolve
+from lmgym.training.resume import FixedOnResumeError
 from lmgym.training.user_code import prompt_task_id
 
 SMALL = {
@@ -82,9 +83,21 @@ def test_config_json_saves_the_record_the_trainer_read_and_a_resume_reads_it_bac
     assert saved["run"]["prompts"] == str(data / "data.jsonl")
     assert saved["run"]["env_kwargs"] == {"max_new_tokens": 2}
     assert saved["imports"] == trainer.resolved.imports
-    resumed = Trainer.resume(run_dir, changes={"iterations": 2}, out=lambda line: None)
+    lines: list[str] = []
+    resumed = Trainer.resume(run_dir, changes={"iterations": 2}, out=lines.append)
     assert resumed.config == dataclasses.replace(trainer.config, iterations=2)
+    assert lines[0] == f"importing the code named in {run_dir}/config.json: reward score_mod:exact"
     assert resumed.run().iteration == 2
+
+
+def test_a_resume_compares_env_arguments_as_the_task_types_them(data):
+    run_dir = data / "run"
+    config = TrainConfig(run_dir=str(run_dir), env_kwargs={"max_new_tokens": 2}, **SMALL)
+    Trainer(config, out=lambda line: None).run()
+    same = Trainer.resume(run_dir, changes={"env_kwargs": {"max_new_tokens": "2"}})
+    assert same.config.env_kwargs == {"max_new_tokens": 2}
+    with pytest.raises(FixedOnResumeError, match=r"^env_kwargs=\{'max_new_tokens': 3\} differs"):
+        Trainer.resume(run_dir, changes={"env_kwargs": {"max_new_tokens": "3"}})
 
 
 def test_a_default_run_directory_is_recorded_once_created(data):
