@@ -181,6 +181,17 @@ class EnvOptions:
         """``P = num_envs / group_size``, prompts drawn per reset."""
         return self.num_envs // self.group_size
 
+    def text_tokenizer(self) -> PreTrainedTokenizerBase:
+        """``tokenizer``, set: a task body's options always carry one (the factory
+        fills a ``None`` with the character tokenizer).
+
+        Raises:
+            ValueError: it is ``None``.
+        """
+        if self.tokenizer is None:
+            raise ValueError("tokenizer: not set; pass the policy's tokenizer")
+        return self.tokenizer
+
     def stop_ids(self) -> list[int]:
         """The ids that end a completion: ``stop_token_ids``, else the tokenizer's EOS.
 

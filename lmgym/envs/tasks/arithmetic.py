@@ -80,7 +80,7 @@ class ArithmeticParams(DataSplit):
 def _arithmetic_vector(
     process: bool, options: EnvOptions, params: ArithmeticParams
 ) -> TokenVectorEnv:
-    tokenizer = options.tokenizer
+    tokenizer = options.text_tokenizer()
     if tokenizer.eos_token_id is None:
         raise ValueError("tokenizer: arithmetic answers end with EOS; use a tokenizer with one")
     every = arithmetic_items(params.max_operand, params.operations)

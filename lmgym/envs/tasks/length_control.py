@@ -112,7 +112,7 @@ def make_length_control_vector(options: EnvOptions, params: LengthControlParams)
             f"max_new_tokens={max_new_tokens} leaves no room for the stop id after "
             f"max_length={max_length} tokens; use max_new_tokens > max_length"
         )
-    if options.stop_token_ids is None and options.tokenizer.eos_token_id is None:
+    if options.stop_token_ids is None and options.text_tokenizer().eos_token_id is None:
         raise ValueError("tokenizer: LengthControl ends completions with EOS; it has none")
     lengths = torch.arange(min_length, max_length + 1)
     reward = LengthReward(lengths, torch.tensor(options.stop_ids()), params.tolerance)

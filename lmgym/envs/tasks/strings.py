@@ -123,7 +123,7 @@ class CopyRuleParams(StringParams):
 def _string_task_vector(
     rule: Rule, options: EnvOptions, params: StringParams, shift: int = 0
 ) -> TokenVectorEnv:
-    tokenizer = options.tokenizer
+    tokenizer = options.text_tokenizer()
     alphabet = params.alphabet
     unknown = [c for c in alphabet if tokenizer.unk_token_id in encode(tokenizer, c)]
     if unknown:

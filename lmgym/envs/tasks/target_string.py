@@ -57,7 +57,7 @@ class TargetStringParams(TaskParams):
 def make_target_string_vector(options: EnvOptions, params: TargetStringParams) -> TokenVectorEnv:
     """The native vector env (``gymnasium.make_vec("lmgym/TargetString-v0", num_envs=...)``);
     token budget ``len(target)`` tokens by default."""
-    target_ids = torch.tensor(encode(options.tokenizer, params.target), dtype=torch.long)
+    target_ids = torch.tensor(encode(options.text_tokenizer(), params.target), dtype=torch.long)
     return build_env(
         options, [params.prompt], TargetMatchReward(target_ids), max_new_tokens=len(target_ids)
     )

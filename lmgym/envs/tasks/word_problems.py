@@ -108,7 +108,7 @@ def make_word_problem_vector(options: EnvOptions, params: WordProblemParams) -> 
     items = params.select(every)
     source = RecordPrompts([{"prompt": prompt, "answer": answer} for prompt, answer in items])
     # The budget fits the longest answer of *all* problems: train and eval envs match.
-    longest = max(len(encode(options.tokenizer, answer)) for _, answer in every)
+    longest = max(len(encode(options.text_tokenizer(), answer)) for _, answer in every)
     return build_env(options, source, FunctionReward(exact_match), max_new_tokens=longest + 1)
 
 
