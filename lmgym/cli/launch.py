@@ -5,6 +5,8 @@ docs/async.md)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import typing
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,28 +16,49 @@ def flag(field: str) -> str:
     return "--" + field.replace("_", "-")
 
 
-# Flags of the launch (not TrainConfig fields; not in a config file).
-LAUNCH_FLAGS = (
-    "nproc_per_node",
-    "actors",
-    "learners",
-    "max_staleness",
-    "stale_policy",
-    "weight_sync",
-    "keep_kv_cache",
-    "async_timeout_s",
-)
+# AsyncConfig's fields with flags of their own name (--async-timeout-s: "timeout" alone
+# would read as the run's).
+_RENAMED = {"timeout_s": "async_timeout_s"}
+
+
+def _async_fields() -> list[str]:
+    from lmgym.asynchronous import AsyncConfig
+
+    return [f.name for f in dataclasses.fields(AsyncConfig)]
+
+
+def launch_flag_names() -> tuple[str, ...]:
+    """The flags of the launch (not ``TrainConfig`` fields; not in a config file)."""
+    return ("nproc_per_node", *(_RENAMED.get(name, name) for name in _async_fields()))
+
+
+def async_flags() -> type:
+    """``AsyncConfig``'s fields as flags (``flag_dataclass``), each ``None`` unless given:
+    any of them makes the run asynchronous (``async_config``)."""
+    from lmgym.asynchronous import AsyncConfig
+    from lmgym.cli.flags import flag_dataclass
+
+    defaults = {
+        f.name: f.default for f in dataclasses.fields(AsyncConfig) if f.name not in _RENAMED
+    }
+    return flag_dataclass(
+        AsyncConfig,
+        skip=tuple(_RENAMED),
+        defaults=dict.fromkeys(defaults),
+        notes={name: f"Async; default {value}." for name, value in defaults.items()},
+        group="asynchronous actor-learner (docs/async.md): any of these makes the run one",
+    )
 
 
 def add_launch_flags(parser: argparse.ArgumentParser) -> None:
-    """``--nproc-per-node`` (data parallel) and the asynchronous actor-learner's flags."""
+    """``--nproc-per-node`` (data parallel) and ``--async-timeout-s``; the other
+    asynchronous flags are ``async_flags``."""
     from lmgym.agents.config import field_help
     from lmgym.asynchronous import AsyncConfig
     from lmgym.cli.flags import add_typed_flag
 
-    helps = field_help(AsyncConfig)  # type: ignore[arg-type]
     group = parser.add_argument_group(
-        "processes", "data parallel (docs/distributed.md) and asynchronous (docs/async.md)"
+        "processes", "data parallel (docs/distributed.md); the asynchronous run's timeout"
     )
     add_typed_flag(
         group,
@@ -47,30 +70,16 @@ def add_launch_flags(parser: argparse.ArgumentParser) -> None:
         "(torchrun); --num-prompts is per process. Several machines: run torchrun "
         "--nnodes ... -m lmgym train yourself (docs/distributed.md)",
     )
-    for name, kind in (("actors", int), ("learners", int), ("max_staleness", int)):
+    for name, flag_name in _RENAMED.items():
         add_typed_flag(
-            group, flag(name), kind=kind, default=None, help=f"async: {helps[name]} (default: 1)"
+            group,
+            flag(flag_name),
+            kind=typing.get_type_hints(AsyncConfig)[name],
+            default=None,
+            metavar="SECONDS",
+            help=f"Async: {field_help(AsyncConfig)[name]} Default "  # type: ignore[arg-type]
+            f"{AsyncConfig.__dataclass_fields__[name].default}.",
         )
-    group.add_argument(
-        "--stale-policy", choices=["wait", "drop"], default=None, help=helps["stale_policy"]
-    )
-    group.add_argument(
-        "--weight-sync",
-        choices=["in_flight", "row_boundary"],
-        default=None,
-        help=helps["weight_sync"],
-    )
-    add_typed_flag(
-        group,
-        "--keep-kv-cache",
-        kind=bool,
-        default=None,
-        metavar="BOOL",
-        help=helps["keep_kv_cache"],
-    )
-    add_typed_flag(
-        group, "--async-timeout-s", kind=float, default=None, help="async: " + helps["timeout_s"]
-    )
 
 
 def async_config(args: argparse.Namespace) -> Any:
@@ -78,14 +87,12 @@ def async_config(args: argparse.Namespace) -> Any:
     from lmgym.asynchronous import AsyncConfig
 
     values = {
-        name: getattr(args, name)
-        for name in LAUNCH_FLAGS
-        if name != "nproc_per_node" and getattr(args, name) is not None
+        name: getattr(args, _RENAMED.get(name, name))
+        for name in _async_fields()
+        if getattr(args, _RENAMED.get(name, name)) is not None
     }
     if not values:
         return None
-    if "async_timeout_s" in values:
-        values["timeout_s"] = values.pop("async_timeout_s")
     config = AsyncConfig(**values)
     config.check()
     return config

@@ -32,10 +32,11 @@ from typing import Any
 
 from lmgym.cli.common import add_env_flag, file_given_as_count, quiet_transformers
 from lmgym.cli.launch import (
-    LAUNCH_FLAGS,
     add_launch_flags,
     async_config,
+    async_flags,
     flag,
+    launch_flag_names,
     pop_nproc,
 )
 from lmgym.training.ranks import launched_ranks
@@ -138,7 +139,7 @@ def _train_parser(algo: str) -> tuple[argparse.ArgumentParser, list[str], list[s
     )
     agent_flags = flag_dataclass(ALGORITHMS[algo].config_class)
     parser = make_parser(
-        [run_flags, agent_flags],
+        [run_flags, agent_flags, async_flags()],
         prog="lmgym train",
         description="Train an agent on an lmgym task. Every TrainConfig and agent config "
         "field is a flag; --config FILE sets them from JSON/YAML (flags override).",
@@ -183,7 +184,8 @@ def _apply_file_values(
 
     where = f"--config {source}"
     hints = typing.get_type_hints(TrainConfig)
-    typed = {f: kind for f, kind in flag_annotations(parser).items() if f not in LAUNCH_FLAGS}
+    launch = launch_flag_names()
+    typed = {f: kind for f, kind in flag_annotations(parser).items() if f not in launch}
     annotations = {**typed, **{f: hints[f] for f in _SPECIAL_FIELDS}}
     unknown = sorted(set(values) - set(annotations))
     if unknown:
