@@ -4,6 +4,11 @@ against a single-turn chat task of equal token count, time and memory side by si
 Model and agent: the packaged ``smollm2-135m-instruct`` (float32, CPU), LoRA r 16 on
 q/k/v/o (``benchmarks/real_model.py``'s settings), GRPO with one optimizer step per
 batch, learning rate 1e-4, beta 0, 4 prompts x 8 episodes per iteration.
+``--micro-batch-size`` splits every side's update into micro-batches of rows of
+similar length (``bucket_by_length``, on by default), each trimmed to its longest
+row: the update's answer to a ragged batch. ``--max-turn-tokens`` caps a GuessNumber
+turn (a turn is one number; a rambling turn truncates its episode instead of holding
+the batch).
 
 - **multi-turn**: ``lmgym/GuessNumber-v0`` with chat turns, a 96-token budget for the
   policy's turns and the user turns the chat template renders, 6 turns at most
@@ -118,7 +123,13 @@ def digit_share(prompts: list[Any], completions: list[str]) -> list[float]:
 def build(args: Any) -> tuple[list[Side], Callable[[str, int], Side]]:
     """The multi-turn sides (episode-synchronous and continuous), and a maker of a
     single-turn side of completions of a given length."""
-    config = {**h.ONE_STEP, "learning_rate": 1e-4, "beta": 0.0, "seed": 0}
+    config = {
+        **h.ONE_STEP,
+        "learning_rate": 1e-4,
+        "beta": 0.0,
+        "seed": 0,
+        "micro_batch_size": args.micro_batch_size,  # length buckets (bucket_by_length)
+    }
     multi = []
     for name, autoreset in (("multi-turn", False), ("multi-turn, continuous", True)):
         policy = load_policy(args.quick, forbid_stops=False)
@@ -126,7 +137,7 @@ def build(args: Any) -> tuple[list[Side], Callable[[str, int], Side]]:
         multi.append(Side(name, GRPO(policy, env, **config)))
     prompts = multi[0].agent.env.prompt_source  # the GuessNumber chat prompts (train split)
 
-    def single(name: str, length: int) -> Side:
+    def single(name: str, length: int, whole_batch: bool = False) -> Side:
         policy = load_policy(args.quick, forbid_stops=True)
         single_env = TokenVectorEnv(
             policy.tokenizer,
@@ -137,7 +148,9 @@ def build(args: Any) -> tuple[list[Side], Callable[[str, int], Side]]:
             max_new_tokens=length,
             stop_token_ids=policy.stop_token_ids,
         )
-        return Side(name, GRPO(policy, single_env, **config))
+        # whole_batch: the update in one pass, the fastest for rows of one length.
+        overrides = {"micro_batch_size": None} if whole_batch else {}
+        return Side(name, GRPO(policy, single_env, **{**config, **overrides}))
 
     return multi, single
 
@@ -181,15 +194,23 @@ def report(args: Any, sides: list[Side], profiles: dict[str, h.Phases], total: f
     ]
     work = (
         f"- work: `{MODEL if not args.quick else 'tiny Llama (smoke)'}` + LoRA r 16, float32; "
-        f"GRPO, one optimizer step per batch, lr 1e-4, beta 0; {args.prompts} prompts x "
-        f"{args.group} episodes; multi-turn: `{TASK}` chat, budget {args.budget} tokens, "
-        f"{args.turns} turns at most, episode-synchronous (`collect`) or continuous "
+        f"GRPO, one optimizer step per batch, lr 1e-4, beta 0, micro-batches of "
+        f"{args.micro_batch_size or 'the whole batch'} rows sorted by length (every side but the whole-batch one); "
+        f"{args.prompts} prompts x {args.group} episodes; multi-turn: `{TASK}` chat, budget "
+        f"{args.budget} tokens, {args.turns} turns at most, "
+        f"{args.max_turn_tokens or 'no cap on the'} tokens a turn, "
+        "episode-synchronous (`collect`) or continuous "
         "(`autoreset=True`, `ContinuousCollector`); single-turn: the same prompts, "
         "completions of exactly L tokens (stop ids forbidden): *equal tokens*, L = "
         f"{single.agent.env.max_new_tokens}, the multi-turn warm-up's mean completion-region "
         f"length; *equal width*, L = {sides[3].agent.env.max_new_tokens}, its longest row "
         "(a multi-turn batch is ragged: its rows run and are padded to the longest)"
     )
+    if len(sides) > 4:
+        work += (
+            "; *whole-batch update*: equal tokens with the update in one pass (rows of "
+            "one length gain nothing from length buckets)"
+        )
     method = (
         f"- method: {args.warmup} warm-up iteration(s) per side, then {args.repeats} timed "
         "iterations per side alternated (A B B A ...), medians; memory = peak RSS above "
@@ -217,6 +238,12 @@ def main(argv: list[str] | None = None) -> int:
     w.add_guess_number_options(p)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--repeats", type=int, default=4)
+    p.add_argument(
+        "--micro-batch-size",
+        type=int,
+        default=None,
+        help="rows per forward/backward of the update, every side (none: the whole batch)",
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.prompts, args.group, args.budget, args.repeats = 2, 4, 48, 2
@@ -234,6 +261,9 @@ def main(argv: list[str] | None = None) -> int:
     longest = max(int(b.lengths.max()) for b in batches)
     sides = [*multi, make_single("single-turn, equal tokens", max(1, round(mean)))]
     sides.append(make_single("single-turn, equal width", longest))
+    if args.micro_batch_size:  # the baseline at its own best: no micro-batches
+        name = "single-turn, equal tokens, whole-batch update"
+        sides.append(make_single(name, max(1, round(mean)), whole_batch=True))
     for side in sides[2:]:
         for _ in range(args.warmup):
             side.iteration(record=False)

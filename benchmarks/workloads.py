@@ -442,14 +442,21 @@ def lora_chat_policy(quick: bool = False) -> Any:
 
 
 def add_guess_number_options(p: Any) -> None:
-    """``--prompts --group --budget --turns --threads``: GuessNumber on the real model
-    as ``real_model.py``'s ``guess`` setting runs it (4 games x 8 episodes, a 96-token
-    budget for the policy's turns and the rendered user turns, 6 turns, one thread)."""
+    """``--prompts --group --budget --turns --threads --max-turn-tokens``: GuessNumber on
+    the real model as ``real_model.py``'s ``guess`` setting runs it (4 games x 8
+    episodes, a 96-token budget for the policy's turns and the rendered user turns, 6
+    turns, one thread, no cap on a turn)."""
     p.add_argument("--prompts", type=int, default=4, help="games per iteration (4)")
     p.add_argument("--group", type=int, default=8, help="episodes per game (8)")
     p.add_argument("--budget", type=int, default=96, help="max_new_tokens of an episode (96)")
     p.add_argument("--turns", type=int, default=6, help="max_turns (6)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1)")
+    p.add_argument(
+        "--max-turn-tokens",
+        type=int,
+        default=None,
+        help="the most tokens of one policy turn; a longer turn truncates the episode (none)",
+    )
 
 
 def guess_number_env(policy: Any, args: Any, autoreset: bool = False) -> Any:
@@ -467,6 +474,7 @@ def guess_number_env(policy: Any, args: Any, autoreset: bool = False) -> Any:
         tokenizer=policy.tokenizer,
         max_new_tokens=args.budget,
         max_turns=args.turns,
+        max_turn_tokens=args.max_turn_tokens,
         stop_token_ids=policy.stop_token_ids,
         autoreset=autoreset,
     ).unwrapped
