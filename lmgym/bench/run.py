@@ -161,6 +161,7 @@ def _policy_and_env(job: dict[str, Any], lora_r: int) -> tuple[Any, Any, str]:
     import gymnasium as gym
     import torch
 
+    from lmgym.envs.registration import batch_arguments
     from lmgym.policy.engines import choose_rollout_engine
     from lmgym.training.user_code import resolve_task
 
@@ -171,8 +172,7 @@ def _policy_and_env(job: dict[str, Any], lora_r: int) -> tuple[Any, Any, str]:
     env_id = resolve_task(job["task"])
     env = gym.make_vec(
         env_id,
-        num_envs=job["num_prompts"] * job["group_size"],
-        group_size=job["group_size"],
+        **batch_arguments(env_id, job["num_prompts"], job["group_size"]),
         tokenizer=policy.tokenizer,
         **_env_kwargs(job, env_id, policy),
     )

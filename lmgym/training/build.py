@@ -21,6 +21,7 @@ from transformers import PreTrainedTokenizerBase
 from lmgym.agents.base import Agent, Callback
 from lmgym.agents.callbacks import CALLBACK_PROTOCOL
 from lmgym.agents.config import AgentConfig
+from lmgym.envs.registration import batch_arguments
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.policy.causal_lm import CausalLMPolicy
 from lmgym.training.callbacks import check_callback
@@ -202,10 +203,10 @@ def make_train_env(
     kwargs = dict(config.env_kwargs)
     if shard != (0, 1):
         kwargs["shard"] = shard
+    task = env_id or config.task
     env = gym.make_vec(
-        env_id or config.task,
-        num_envs=config.num_prompts * config.group_size,
-        group_size=config.group_size,
+        task,
+        **batch_arguments(task, config.num_prompts, config.group_size),
         tokenizer=tokenizer,
         device=device or config.device,
         **kwargs,
