@@ -71,6 +71,23 @@ class ResolvedRun:
         run.write_config(self.config, self.agent_config, self.imports, launch)
 
 
+class ResolvedFields:
+    """The record's settings read through a holder's ``resolved`` (the ``Trainer``, a
+    ``resume.ResumePlan``), so each reads them the one way."""
+
+    resolved: ResolvedRun
+
+    @property
+    def config(self) -> TrainConfig:
+        """The run's settings as resolved (``config.json`` saves them)."""
+        return self.resolved.config
+
+    @property
+    def agent_config(self) -> AgentConfig:
+        """The algorithm's config."""
+        return self.resolved.agent_config
+
+
 def stop_threshold(config: TrainConfig, env_id: str) -> float | None:
     """The early-stop threshold: ``stop_threshold``, else the task's solved threshold.
 

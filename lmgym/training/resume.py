@@ -24,16 +24,14 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from lmgym.agents.base import Agent
 from lmgym.agents.config import AgentConfig, config_from_dict, restore_types
 from lmgym.persistence.manifest import CheckpointError
 from lmgym.training.checkpoint import CheckpointManager, checkpoint_iteration, is_checkpoint
+from lmgym.training.resolved import ResolvedFields, ResolvedRun
 from lmgym.training.run import FIXED_ON_RESUME, RunDirectory, RunDirectoryError, TrainConfig
-
-if TYPE_CHECKING:
-    from lmgym.training.resolved import ResolvedRun
 
 ASYNC_RESUME = (
     "{run} was trained by asynchronous actors and learners; it resumes on the synchronous "
@@ -200,7 +198,7 @@ def fixed_fields(config: TrainConfig) -> dict[str, Any]:
 
 
 @dataclass
-class ResumePlan:
+class ResumePlan(ResolvedFields):
     """What a resume will do.
 
     Attributes:
@@ -216,16 +214,6 @@ class ResumePlan:
     checkpoint: Path | None
     resolved: ResolvedRun
     saved_threads: int | None
-
-    @property
-    def config(self) -> TrainConfig:
-        """The resumed run's settings."""
-        return self.resolved.config
-
-    @property
-    def agent_config(self) -> AgentConfig:
-        """The run's agent config."""
-        return self.resolved.agent_config
 
 
 def _check_changes(

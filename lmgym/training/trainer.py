@@ -53,7 +53,7 @@ from lmgym.training.checkpoint import CheckpointManager
 from lmgym.training.evaluation import HeldOut, correct_threshold_for
 from lmgym.training.opening import opening_lines
 from lmgym.training.ranks import Ranks, launched_ranks, local_device
-from lmgym.training.resolved import ResolvedRun, resolve
+from lmgym.training.resolved import ResolvedFields, ResolvedRun, resolve
 from lmgym.training.result import TrainResult
 from lmgym.training.resume import (
     ResumePlan,
@@ -73,7 +73,7 @@ def _silent(text: str) -> None:
     """The printer of ranks other than 0: they print nothing."""
 
 
-class Trainer:
+class Trainer(ResolvedFields):
     """Build and run one training run with a run directory.
 
     The configs are checked and the run's derived values computed once, into the
@@ -138,16 +138,6 @@ class Trainer:
             tiny = make_tiny_lm(n_positions=tiny_positions(self.config, self.env_id))
             self._tiny = tempfile.TemporaryDirectory()
             self._model = str(save_tiny(f"{self._tiny.name}/tiny-gpt2", tiny))
-
-    @property
-    def config(self) -> TrainConfig:
-        """The run's settings as resolved (``config.json`` saves them)."""
-        return self.resolved.config
-
-    @property
-    def agent_config(self) -> AgentConfig:
-        """The algorithm's config."""
-        return self.resolved.agent_config
 
     @property
     def env_id(self) -> str:
