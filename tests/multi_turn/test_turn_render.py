@@ -71,28 +71,27 @@ def test_a_chat_buffer_reads_as_the_template_renders_the_conversation(
     assert [t.turn_texts for t in responder.responded()] == [["ok|"], ["go|"]]
 
 
+def text_after_ok(tok, prompt, responder, stop_token_ids: list[int], end: int) -> str:
+    """The buffer's text after a one-prompt env's policy writes "ok" then ``end``."""
+    env = TokenVectorEnv(tok, [prompt], None, responder=responder, stop_token_ids=stop_token_ids)
+    env.reset(seed=0)
+    play(env, [tok("ok", add_special_tokens=False)["input_ids"] + [end]])
+    return tok.decode(buffer(env))
+
+
 def test_a_turn_ended_by_another_stop_id_gets_the_templates_whole_closing(scripted, chat_tokenizer):
     tok = chat_tokenizer
     bar, dot = tok.convert_tokens_to_ids(["|", "."])
-    env = TokenVectorEnv(
-        tok, [[{"role": "user", "content": "hi"}]], None,
-        responder=scripted(done_at=3, reply=lambda text, turn: "x"), stop_token_ids=[bar, dot],
-    )  # fmt: skip
-    env.reset(seed=0)
-    play(env, [tok("ok", add_special_tokens=False)["input_ids"] + [dot]])
-    assert tok.decode(buffer(env)) == "<u>hi|\n<a>ok.|\n<u>x|\n<a>"
+    responder = scripted(done_at=3, reply=lambda text, turn: "x")
+    text = text_after_ok(tok, [{"role": "user", "content": "hi"}], responder, [bar, dot], dot)
+    assert text == "<u>hi|\n<a>ok.|\n<u>x|\n<a>"
 
 
 def test_a_plain_prompt_gets_the_text_as_it_is_even_with_a_chat_tokenizer(scripted, chat_tokenizer):
     tok = chat_tokenizer
     bar = tok.convert_tokens_to_ids("|")
-    env = TokenVectorEnv(
-        tok, ["hi:"], None, responder=scripted(reply=lambda text, turn: " no, "),
-        stop_token_ids=[bar],
-    )  # fmt: skip
-    env.reset(seed=0)
-    play(env, [tok("ok", add_special_tokens=False)["input_ids"] + [bar]])
-    assert tok.decode(buffer(env)) == "hi:ok| no, "
+    responder = scripted(reply=lambda text, turn: " no, ")
+    assert text_after_ok(tok, "hi:", responder, [bar], bar) == "hi:ok| no, "
 
 
 def test_a_template_that_cannot_render_the_role_is_a_responder_error(scripted, chat_tokenizer):
