@@ -70,6 +70,14 @@ def stub_convert(calls: list[Path]):
     return convert
 
 
+def use_converting(target: Path, calls: list[Path], conversions: int, capsys) -> str:
+    """Use the model: the same ``target`` comes back, after ``conversions`` conversions
+    in all (``stub_convert``'s ``calls``); what the use said on stderr."""
+    assert packaged_model_dir(NAME) == target
+    assert len(calls) == conversions
+    return capsys.readouterr().err
+
+
 # ------------------------------------------------------------ the converted cache
 def test_a_truncated_cached_model_is_converted_again_saying_why(
     cache, tmp_path, monkeypatch, capsys
@@ -82,9 +90,7 @@ def test_a_truncated_cached_model_is_converted_again_saying_why(
     weights = target / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:400])  # truncated; the marker still says done
 
-    assert packaged_model_dir(NAME) == target
-    assert len(calls) == 2
-    err = capsys.readouterr().err
+    err = use_converting(target, calls, 2, capsys)
     assert (
         f"lmgym: the converted model {target} is damaged (model.safetensors has 400 bytes, "
         "1000 recorded at conversion); converting it again\n"
@@ -92,9 +98,8 @@ def test_a_truncated_cached_model_is_converted_again_saying_why(
     assert weights.stat().st_size == 1000
     # Same size, other bytes: the hash catches it.
     weights.write_bytes(b"x" * 1000)
-    assert packaged_model_dir(NAME) == target
-    assert len(calls) == 3
-    assert "has its recorded size but not its recorded SHA-256" in capsys.readouterr().err
+    err = use_converting(target, calls, 3, capsys)
+    assert "has its recorded size but not its recorded SHA-256" in err
 
 
 def test_a_damaged_cache_without_its_package_is_refused_in_one_line(
@@ -124,9 +129,8 @@ def test_a_cache_from_before_the_hashes_is_converted_again(cache, tmp_path, monk
     target.mkdir(parents=True)
     (target / "model.safetensors").write_bytes(b"old")
     (target / MARKER).write_text('{"name": "smollm2-135m-instruct"}')  # what lmgym wrote before
-    assert packaged_model_dir(NAME) == target
-    assert len(calls) == 1
-    assert "records no file sizes and hashes: an older lmgym wrote it" in capsys.readouterr().err
+    err = use_converting(target, calls, 1, capsys)
+    assert "records no file sizes and hashes: an older lmgym wrote it" in err
 
 
 def test_a_conversion_killed_with_sigkill_leaves_a_directory_the_next_use_removes(
