@@ -6,6 +6,7 @@ import os
 import signal
 
 import pytest
+from testkit import refused_line
 
 from lmgym.persistence import DirectoryLock, DirectoryLockedError, recover_leftovers
 from lmgym.training import TrainConfig, Trainer
@@ -38,11 +39,9 @@ def test_a_second_process_cannot_train_in_a_locked_run(tmp_path, train, capsys):
     progress = (run / "progress.csv").read_bytes()
     holder = hold_lock_in_a_child(run)
     try:
-        capsys.readouterr()
-        assert train("--resume", str(run), "--iterations", "3") == 2
-        assert capsys.readouterr().err == (
+        assert refused_line(train, capsys, "--resume", str(run), "--iterations", "3") == (
             f"lmgym train: error: run directory {run} is in use by another lmgym process (PID "
-            f"{holder}); wait for it to finish or stop it, then try again\n"
+            f"{holder}); wait for it to finish or stop it, then try again"
         )
         assert train("--iterations", "1", "--run-dir", str(run), "--overwrite") == 2
         assert f"(PID {holder})" in capsys.readouterr().err
@@ -76,10 +75,9 @@ def test_a_second_trainer_in_the_same_process_is_refused(tmp_path):
 def test_overwrite_never_replaces_a_file(tmp_path, train, capsys):
     notes = tmp_path / "notes.txt"
     notes.write_text("keep me")
-    assert train("--run-dir", str(notes), "--overwrite") == 2
-    assert capsys.readouterr().err == (
+    assert refused_line(train, capsys, "--run-dir", str(notes), "--overwrite") == (
         f"lmgym train: error: run directory {notes} is a file, not a directory; pick another "
-        "path (--overwrite only replaces an lmgym run directory)\n"
+        "path (--overwrite only replaces an lmgym run directory)"
     )
     assert notes.read_text() == "keep me"
 
@@ -87,10 +85,9 @@ def test_overwrite_never_replaces_a_file(tmp_path, train, capsys):
 def test_a_failed_start_leaves_no_run_directory(tmp_path, train, capsys):
     run = tmp_path / "runs" / "new"
     missing = tmp_path / "no-such-model"
-    assert train("--model", str(missing), "--run-dir", str(run)) == 2
-    assert capsys.readouterr().err == (
+    assert refused_line(train, capsys, "--model", str(missing), "--run-dir", str(run)) == (
         f"lmgym train: error: --model {missing}: no such directory (pass a directory written by "
-        "save_pretrained, or a hub name such as gpt2)\n"
+        "save_pretrained, or a hub name such as gpt2)"
     )
     assert not (tmp_path / "runs").exists()
     assert train("--env", "bogus=1", "--run-dir", str(run)) == 2
@@ -102,11 +99,9 @@ def test_a_symlinked_run_directory_is_refused(tmp_path, train, capsys):
     assert train("--iterations", "1", "--run-dir", str(real)) == 0
     link = tmp_path / "link"
     link.symlink_to(real)
-    capsys.readouterr()
-    assert train("--resume", str(link), "--iterations", "2") == 2
-    assert capsys.readouterr().err == (
+    assert refused_line(train, capsys, "--resume", str(link), "--iterations", "2") == (
         f"lmgym train: error: run directory {link} is a symbolic link (to {real}); lmgym does "
-        "not follow links for run directories: pass the real directory\n"
+        "not follow links for run directories: pass the real directory"
     )
     assert train("--run-dir", str(link), "--overwrite", "--iterations", "1") == 2
     assert "is a symbolic link" in capsys.readouterr().err
@@ -166,11 +161,9 @@ def test_a_run_killed_before_its_first_checkpoint_says_how_to_restart(
     )
     assert (status, label) == (77, "write progress.csv")
     assert not (run / "checkpoints").exists()
-    capsys.readouterr()
-    assert train("--resume", str(run), "--iterations", "2") == 2
-    assert capsys.readouterr().err == (
+    assert refused_line(train, capsys, "--resume", str(run), "--iterations", "2") == (
         f"lmgym train: error: run directory {run} has no checkpoint to resume from (it stopped "
-        f"before its first one); start it again with --run-dir {run} --overwrite\n"
+        f"before its first one); start it again with --run-dir {run} --overwrite"
     )
     assert train("--iterations", "2", "--run-dir", str(run), "--overwrite") == 0
     same_history(run, whole)

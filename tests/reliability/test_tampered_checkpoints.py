@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from testkit import edit_agent_config, one_line, reseal
+from testkit import edit_agent_config, refused_line, reseal
 
 from lmgym.agents import GRPO
 from lmgym.envs.tasks.target_string import make_target_string_vector
@@ -27,9 +27,9 @@ def refused_resume_line(checkpoint: Path, train: Callable[..., int], capsys) -> 
     """Reseal ``checkpoint``, resume its run to 4 iterations, assert the CLI refuses it
     (exit status 2) and return the one stderr line it wrote."""
     reseal(checkpoint)
-    capsys.readouterr()
-    assert train("--iterations", "4", "--resume", str(checkpoint.parent.parent)) == 2
-    return one_line(capsys)
+    return refused_line(
+        train, capsys, "--iterations", "4", "--resume", str(checkpoint.parent.parent)
+    )
 
 
 @pytest.fixture

@@ -240,6 +240,16 @@ def one_line(capsys: pytest.CaptureFixture[str]) -> str:
     return err[:-1]
 
 
+def refused_line(
+    command: Callable[..., int], capsys: pytest.CaptureFixture[str], *args: str
+) -> str:
+    """Run ``command(*args)`` (a CLI entry point such as the ``train`` fixture), assert it
+    refuses (exit status 2) and return the one stderr line it wrote (``one_line``)."""
+    capsys.readouterr()
+    assert command(*args) == 2
+    return one_line(capsys)
+
+
 def run_lmgym_train(*args: str, timeout: float) -> subprocess.CompletedProcess:
     """``python -m lmgym train ARGS`` in a child process run from the repository root
     (one OpenMP thread, the root first on ``PYTHONPATH``), its output captured."""
