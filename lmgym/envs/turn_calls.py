@@ -59,6 +59,14 @@ def is_concurrent(responder: object) -> bool:
     return inspect.iscoroutinefunction(respond) or getattr(responder, "thread_safe", False) is True
 
 
+def call_failed(name: str, method: str, err: Exception, rows: str) -> ResponderError:
+    """The error of responder ``name``'s ``method()`` call that raised ``err``, saying
+    what the call was doing with which env rows (``rows``: "answering env row 3")."""
+    return ResponderError(
+        f"responder {name!r}: {method}() raised {type(err).__name__}: {err} ({rows})"
+    )
+
+
 def check_answer_shape(answer: object, row_list: list[int], where: str) -> TurnOutput:
     """``answer`` after checking it is a ``TurnOutput`` with one value per row in
     each field (``truncated`` may be ``None``).
@@ -220,9 +228,8 @@ class ResponderCaller:
             try:
                 answer = self.responder.respond(turns)
             except Exception as err:
-                raise ResponderError(
-                    f"responder {self.name!r}: respond() raised {type(err).__name__}: {err} "
-                    f"(answering env rows {row_list})"
+                raise call_failed(
+                    self.name, "respond", err, f"answering env rows {row_list}"
                 ) from err
             where = f"responder {self.name!r}: respond()"
             return Answers(check_answer_shape(answer, row_list, where), [False] * len(row_list))
@@ -278,9 +285,8 @@ class ResponderCaller:
         """
         for row, result in zip(row_list, results, strict=True):
             if isinstance(result, Exception):
-                raise ResponderError(
-                    f"responder {self.name!r}: respond() raised {type(result).__name__}: "
-                    f"{result} (answering env row {row})"
+                raise call_failed(
+                    self.name, "respond", result, f"answering env row {row}"
                 ) from result
         late = [row for row, result in zip(row_list, results, strict=True) if result is _LATE]
         if late and self.on_timeout == "raise":

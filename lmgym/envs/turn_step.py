@@ -35,7 +35,7 @@ from transformers import PreTrainedTokenizerBase
 from lmgym.envs.prompts import PromptTable, RowColumns
 from lmgym.envs.rewards import to_float
 from lmgym.envs.text import completion_texts
-from lmgym.envs.turn_calls import Answers, OnTimeout, ResponderCaller
+from lmgym.envs.turn_calls import Answers, OnTimeout, ResponderCaller, call_failed
 from lmgym.envs.turn_render import ObservationRenderer, pad_ids
 from lmgym.envs.turns import (
     EpisodeStart,
@@ -150,10 +150,7 @@ class TurnStepper:
         try:
             new = self.caller.start(episodes)
         except Exception as err:
-            raise ResponderError(
-                f"responder {self.name!r}: start() raised {type(err).__name__}: {err} "
-                f"(starting env rows {row_list})"
-            ) from err
+            raise call_failed(self.name, "start", err, f"starting env rows {row_list}") from err
         if len(new) != len(row_list):
             raise ResponderError(
                 f"responder {self.name!r}: start() gave {len(new)} states for "
