@@ -68,6 +68,15 @@ def test_option_names_are_the_signature_in_order():
     assert (params["unfinished"].default, params["unfinished_penalty"].default) == ("penalty", 0.0)
 
 
+# The per-token reward options the make_vec tests set, and read back from the env.
+DENSE_CENTERED = {"reward_mode": "per_token", "per_token_form": "dense", "center_potential": True}
+
+
+def reward_options(env) -> dict[str, object]:
+    """The env's values of the options ``DENSE_CENTERED`` names."""
+    return {name: getattr(env, name) for name in DENSE_CENTERED}
+
+
 @pytest.mark.parametrize("task", CHEAP_TASKS)
 def test_per_token_form_and_center_potential_reach_every_task(task):
     tokenizer = make_char_tokenizer()
@@ -75,18 +84,12 @@ def test_per_token_form_and_center_potential_reach_every_task(task):
         task,
         num_envs=4,
         group_size=2,
-        reward_mode="per_token",
-        per_token_form="dense",
-        center_potential=True,
+        **DENSE_CENTERED,
         prompt_order="sequential",
         tokenizer=tokenizer,
         device="cpu",
     )
-    assert (env.reward_mode, env.per_token_form, env.center_potential) == (
-        "per_token",
-        "dense",
-        True,
-    )
+    assert reward_options(env) == DENSE_CENTERED
     assert env.prompt_order == "sequential" and env.tokenizer is tokenizer
     single = gym.make(task, per_token_form="dense", center_potential=True, device="cpu")
     assert single.unwrapped.vector_env.per_token_form == "dense"
@@ -118,9 +121,7 @@ def test_a_custom_env_takes_every_option_in_make_vec():
         group_size=2,
         max_new_tokens=5,
         max_prompt_length=6,
-        reward_mode="per_token",
-        per_token_form="dense",
-        center_potential=True,
+        **DENSE_CENTERED,
         unfinished="mask",
         unfinished_penalty=-2.0,
         stop_token_ids=[tokenizer.eos_token_id, dot],
@@ -134,11 +135,7 @@ def test_a_custom_env_takes_every_option_in_make_vec():
     )
     assert isinstance(env, TokenVectorEnv) and env.tokenizer is tokenizer
     assert (env.num_envs, env.group_size, env.max_new_tokens, env.prompt_width) == (4, 2, 5, 6)
-    assert (env.reward_mode, env.per_token_form, env.center_potential) == (
-        "per_token",
-        "dense",
-        True,
-    )
+    assert reward_options(env) == DENSE_CENTERED
     assert (env.unfinished, env.unfinished_penalty, env.autoreset) == ("mask", -2.0, True)
     assert env.stop_token_ids.tolist() == [tokenizer.eos_token_id, dot]
     assert tokenizer.pad_token_id in env.legal_token_ids.tolist()
