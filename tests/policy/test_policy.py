@@ -19,6 +19,27 @@ from lmgym.policy.sampling import filter_logits, sample_tokens
 from lmgym.rollout import ContinuousCollector, collect
 
 
+def restarting_env(make_env, max_new_tokens: int, **options):
+    """The restart tests' env: prompts of 2, 5 and 3 characters, one row each, rows
+    restarting as they end (``autoreset``), with ``options``."""
+    return make_env(
+        prompts=["ab", "hello", "xyz"],
+        num_prompts=3,
+        max_new_tokens=max_new_tokens,
+        autoreset=True,
+        **options,
+    )
+
+
+def assert_as_fresh(policy, obs, sampled, seed: int) -> None:
+    """``sampled``, an ``act`` call's ``(actions [N], log-probs [N], ...)`` with its cache
+    and a generator seeded ``seed``, is what a fresh prefill of ``obs`` samples under
+    the same seed."""
+    fresh = policy.act(obs, None, generator=torch.Generator().manual_seed(seed))
+    assert torch.equal(sampled[0], fresh[0])
+    torch.testing.assert_close(sampled[1], fresh[1], atol=1e-5, rtol=1e-5)
+
+
 def teacher_forced(policy, batch):
     ids, mask = batch.input_ids()
     with torch.no_grad():
@@ -349,13 +370,7 @@ def test_greedy_policy_is_deterministic_and_matches_teacher_forcing(make_env, to
 def test_restarting_some_rows_keeps_the_others_cache_and_matches_a_fresh_prefill(
     make_env, policy, ids
 ):
-    env = make_env(
-        prompts=["ab", "hello", "xyz"],
-        num_prompts=3,
-        max_new_tokens=6,
-        prompt_order="sequential",
-        autoreset=True,
-    )
+    env = restarting_env(make_env, max_new_tokens=6, prompt_order="sequential")
     obs, _ = env.reset(seed=0)
     _, _, state = policy.act(obs)
     obs, *_ = env.step(torch.tensor(ids("aaa")))
@@ -370,9 +385,7 @@ def test_restarting_some_rows_keeps_the_others_cache_and_matches_a_fresh_prefill
     cached = policy.act(
         obs, state, episode_starts=starts, generator=torch.Generator().manual_seed(3)
     )
-    fresh = policy.act(obs, None, generator=torch.Generator().manual_seed(3))
-    assert torch.equal(cached[0], fresh[0])
-    torch.testing.assert_close(cached[1], fresh[1], atol=1e-5, rtol=1e-5)
+    assert_as_fresh(policy, obs, cached, seed=3)
     # The restarted row was prefilled alone into its own first slots and writes its
     # next token after them; the others wrote one more column, and their earlier
     # columns are untouched.
@@ -391,7 +404,7 @@ def test_restarted_rows_text_is_packed_into_the_decode_step(make_env, policy, id
     # Continuous batching: the restarted rows' prompts are fed in the same forward
     # as the other rows' new tokens (one-token inputs after the N rows'), not in a
     # prefill of their own.
-    env = make_env(prompts=["ab", "hello", "xyz"], num_prompts=3, max_new_tokens=2, autoreset=True)
+    env = restarting_env(make_env, max_new_tokens=2)
     a = torch.tensor(ids("aaa"))
     obs, _ = env.reset(seed=0)
     _, _, state = policy.act(obs)
@@ -415,9 +428,7 @@ def test_restarted_rows_text_is_packed_into_the_decode_step(make_env, policy, id
     real = int(obs["attention_mask"].sum())
     assert shapes == [(3 + real, 1)]  # one forward: 3 rows' tokens + the prompts' tokens
     monkeypatch.undo()
-    fresh = policy.act(obs, None, generator=torch.Generator().manual_seed(0))
-    assert torch.equal(cached[0], fresh[0])
-    torch.testing.assert_close(cached[1], fresh[1], atol=1e-5, rtol=1e-5)
+    assert_as_fresh(policy, obs, cached, seed=0)
 
 
 # A wide prompt region (max_prompt_length=12 for prompts of <= 5 tokens): restarted
@@ -426,13 +437,7 @@ def test_restarted_rows_text_is_packed_into_the_decode_step(make_env, policy, id
 def test_many_restarts_change_no_output_and_stay_within_the_observation(
     make_env, policy, max_prompt_length
 ):
-    env = make_env(
-        prompts=["ab", "hello", "xyz"],
-        num_prompts=3,
-        max_new_tokens=3,
-        autoreset=True,
-        max_prompt_length=max_prompt_length,
-    )
+    env = restarting_env(make_env, max_new_tokens=3, max_prompt_length=max_prompt_length)
     obs, _ = env.reset(seed=0)
     state, restarts, shrank = None, 0, False
     starts = restarting = torch.zeros(3, dtype=torch.bool)
@@ -440,9 +445,7 @@ def test_many_restarts_change_no_output_and_stay_within_the_observation(
         before = None if state is None else slots_filled(state.cache)
         gen = torch.Generator().manual_seed(1)
         actions, logprobs, state = policy.act(obs, state, episode_starts=starts, generator=gen)
-        fresh = policy.act(obs, None, generator=torch.Generator().manual_seed(1))
-        assert torch.equal(actions, fresh[0])
-        torch.testing.assert_close(logprobs, fresh[1], atol=1e-5, rtol=1e-5)
+        assert_as_fresh(policy, obs, (actions, logprobs), seed=1)
         # Rows reuse their own first columns: nothing outgrows the observation.
         assert slots_capacity(state.cache) == obs["input_ids"].shape[1]
         restarts += int(starts.sum())
@@ -467,9 +470,7 @@ def test_observations_wider_than_the_first_one_grow_the_slots(policy, ids, resta
             starts = torch.tensor([i == restart_row for i in range(2)])
         gen = torch.Generator().manual_seed(step)
         actions, logprobs, state = policy.act(obs, state, episode_starts=starts, generator=gen)
-        fresh = policy.act(obs, None, generator=torch.Generator().manual_seed(step))
-        assert torch.equal(actions, fresh[0])
-        torch.testing.assert_close(logprobs, fresh[1], atol=1e-5, rtol=1e-5)
+        assert_as_fresh(policy, obs, (actions, logprobs), seed=step)
         text = torch.cat([text, actions[:, None]], dim=1)
     assert slots_capacity(state.cache) >= text.shape[1] - 1 > 5  # grew past the first width
     assert (state.cols is None) == (restart_row is None)
