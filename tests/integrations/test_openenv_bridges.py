@@ -15,12 +15,11 @@ import time
 import gymnasium as gym
 import pytest
 import torch
+from testkit import ROOT, import_script
 
 pytest.importorskip("openenv.core")
 
 from openenv.core.env_server.http_server import create_app  # noqa: E402
-from openenv.core.env_server.interfaces import Environment  # noqa: E402
-from openenv.core.env_server.types import Action, Observation, State  # noqa: E402
 
 from lmgym.envs import TASKS, register_responder_env  # noqa: E402
 from lmgym.envs.prompts import source_columns  # noqa: E402
@@ -30,46 +29,16 @@ from lmgym.integrations.openenv_local import LocalServer  # noqa: E402
 from lmgym.integrations.openenv_models import LmgymAction, LmgymEnvClient  # noqa: E402
 from lmgym.integrations.openenv_server import create_lmgym_app  # noqa: E402
 
-DELAY = 0.5  # seconds each server step takes
 LAKE_PATH = ["right", "right", "down", "down", "down", "right"]
 
 
 # ------------------------------------------------------------ a server of our own
-class GuessAction(Action):
-    message: str
-
-
-class GuessObservation(Observation):
-    text: str = ""
-
-
-class GuessEnvironment(Environment):
-    """Guess a secret digit 1-9 drawn from the seed; told higher/lower; each step
-    takes ``DELAY`` seconds (a slow server)."""
-
-    SUPPORTS_CONCURRENT_SESSIONS = True
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.secret, self._state = 0, State()
-
-    def reset(self, seed=None, episode_id=None, **kwargs) -> GuessObservation:
-        self.secret = random.Random(seed).randint(1, 9)
-        self._state = State(episode_id=episode_id, step_count=0)
-        return GuessObservation(text=f"guess a digit 1-9, game {seed}.", reward=0.0)
-
-    def step(self, action: GuessAction, **kwargs) -> GuessObservation:  # type: ignore[override]
-        time.sleep(DELAY)
-        self._state.step_count += 1
-        guess = int(action.message) if action.message.strip().isdigit() else -1
-        if guess == self.secret:
-            return GuessObservation(text="right.", done=True, reward=1.0)
-        hint = "higher" if guess < self.secret else "lower"
-        return GuessObservation(text=f"{hint}.", reward=-0.1)
-
-    @property
-    def state(self) -> State:
-        return self._state
+# The example's server: guess a digit 1-9 drawn from the seed, told higher/lower,
+# each step taking STEP_SECONDS (a slow server).
+EXAMPLE = import_script(ROOT / "examples" / "openenv_client.py", "openenv_client_example_server")
+GuessAction, GuessObservation = EXAMPLE.GuessAction, EXAMPLE.GuessObservation
+GuessEnvironment = EXAMPLE.GuessDigit
+DELAY = EXAMPLE.STEP_SECONDS  # seconds each server step takes
 
 
 def secret(seed: int) -> int:
@@ -103,7 +72,7 @@ def test_an_openenv_server_plays_as_a_multi_turn_task_rows_concurrently(guess_se
     _, info = env.reset(seed=0)
     seeds = [source_columns(env.prompt_source)["seed"][i] for i in info["prompt_index"].tolist()]
     assert [env.prompt_source[i] for i in info["prompt_index"].tolist()] == [
-        f"guess a digit 1-9, game {s}.\n" for s in seeds
+        f"game {s}: guess my digit, 1-9.\n" for s in seeds
     ]
     returns = torch.zeros(4)
     done = torch.zeros(4, dtype=torch.bool)
