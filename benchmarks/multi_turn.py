@@ -193,16 +193,14 @@ def report(out: Path, notes: str = "") -> str:
     notes_path = out / "notes.md"
     if notes_path.exists():
         lines += [notes_path.read_text().strip(), ""]
-    if records:
-        lines += parts.closing_sections(
-            records,
-            plot(records, out),
-            lambda r: Part(**r["part"]).name,
-            lambda _prompt, completion: f"`{completion[:160]!r}`",
-        )
-    text = "\n".join(lines)
-    (out / "README.md").write_text(text)
-    return text
+    return parts.write_report(
+        out,
+        lines,
+        records,
+        lambda: plot(records, out),
+        lambda r: Part(**r["part"]).name,
+        lambda _prompt, completion: f"`{completion[:160]!r}`",
+    )
 
 
 def main() -> None:

@@ -171,6 +171,23 @@ def closing_sections(
     return [*lines, ""]
 
 
+def write_report(
+    out: Path,
+    lines: list[str],
+    records: list[dict[str, Any]],
+    pictures: Callable[[], list[str]],
+    name_of: Callable[[dict[str, Any]], str],
+    sample_text: Callable[[str, str], str],
+) -> str:
+    """Write ``out/README.md`` and return its text: ``lines``, then, once a part has a
+    record, the ``closing_sections`` (``pictures()`` draws the PNGs and names them)."""
+    if records:
+        lines = [*lines, *closing_sections(records, pictures(), name_of, sample_text)]
+    text = "\n".join(lines)
+    (out / "README.md").write_text(text)
+    return text
+
+
 def missing(parts: Mapping[str, Any], out: Path) -> list[str]:
     """The names of the parts that have no record in ``out`` yet."""
     return sorted(set(parts) - {p.stem for p in out.glob("*.json")})

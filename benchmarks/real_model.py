@@ -294,16 +294,14 @@ def report(out: Path) -> str:
     missing = parts.missing(PARTS, out)
     lines += ["", f"Parts not yet run: {', '.join(missing) if missing else 'none'}.", ""]
     lines += defaults_section(records)
-    if records:
-        lines += parts.closing_sections(
-            records,
-            plot(records, out),
-            lambda r: Part(**r["part"]).name,
-            lambda prompt, completion: f"`{prompt[-80:]!r}` -> `{completion!r}`",
-        )
-    text = "\n".join(lines)
-    (out / "README.md").write_text(text)
-    return text
+    return parts.write_report(
+        out,
+        lines,
+        records,
+        lambda: plot(records, out),
+        lambda r: Part(**r["part"]).name,
+        lambda prompt, completion: f"`{prompt[-80:]!r}` -> `{completion!r}`",
+    )
 
 
 def main() -> None:
