@@ -35,9 +35,10 @@ run: setup
 
 # Every test, spread over the machine's cores (pytest-xdist; each test is single-threaded).
 # loadgroup: a module marked xdist_group (the vLLM engine's) stays on one worker, so its
-# engine starts once.
+# engine starts once. --durations: the 30 slowest tests in the log (where the suite's
+# time goes; CI's log keeps it).
 test: setup
-	$(BIN)/python -m pytest -n auto --dist loadgroup
+	$(BIN)/python -m pytest -n auto --dist loadgroup --durations=30
 
 # The maintainers' inner loop: every test function without learning runs, torch.compile,
 # multi-process runs or the real model, each parametrized one on at most 3 of its cases
