@@ -52,3 +52,34 @@ def test_readme_guess_number_bisection_figures_match_the_record() -> None:
     assert f"{last['greedy']['midpoint']:.0%} of guesses at the middle" in text
     assert f"against {first['greedy']['midpoint']:.0%} for the base model" in text
     assert last["greedy"]["solved"] == 1.0 and "(all solved," in text
+
+
+def cost_ratios(results: str) -> dict[str, tuple[str, str]]:
+    """``{baseline: ("1.08x", "1.43x")}``: the synchronous multi-turn side's time and
+    memory ratios against each single-turn side, from multi_turn_cost.md."""
+    pattern = (
+        r"^- multi-turn / (single-turn[^:]*): \*\*([0-9.]+x)\*\* time .*?\*\*([0-9.]+x)\*\* peak"
+    )
+    return {m[1]: (m[2], m[3]) for m in re.finditer(pattern, results, re.M)}
+
+
+def test_cost_ratios_parse_the_summary_lines() -> None:
+    lines = (
+        "- multi-turn / single-turn, equal tokens: **1.08x** time per iteration, **1.43x** "
+        "peak memory (target)\n- multi-turn, continuous / single-turn, equal tokens: **2.18x** "
+        "time per iteration, **1.40x** peak memory"
+    )
+    assert cost_ratios(lines) == {"single-turn, equal tokens": ("1.08x", "1.43x")}
+
+
+def test_readme_multi_turn_cost_figures_match_the_results() -> None:
+    results = (ROOT / "benchmarks/results/multi_turn_cost.md").read_text()
+    ratios = cost_ratios(results)
+    same, whole = (
+        ratios["single-turn, equal tokens"],
+        ratios["single-turn, equal tokens, whole-batch update"],
+    )
+    assert "--max-turn-tokens 16 --micro-batch-size 4" in results
+    text = " ".join(README.split())
+    assert f"took {same[0]} the time and {same[1]} the peak memory" in text
+    assert f"and {whole[0]} the time of one whose update runs in a single pass" in text
