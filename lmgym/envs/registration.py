@@ -216,6 +216,28 @@ def register_all() -> None:
     register_multi_turn_tasks()
 
 
+def _register_family(
+    package: str,
+    rows: Sequence[tuple[str, str, str, float, float, str, dict[str, Any]]],
+    **shared: Any,
+) -> None:
+    """Register each row ``(name, module, factory, solved threshold, random baseline,
+    description, its own settings)`` as ``package.module``'s ``make_<factory>`` /
+    ``make_<factory>_vector``, with the family's ``shared`` settings."""
+    for name, module, factory, solved, random, what, own in rows:
+        register_task(
+            name,
+            f"{package}.{module}",
+            f"make_{factory}",
+            f"make_{factory}_vector",
+            solved_threshold=solved,
+            random_baseline=random,
+            description=what,
+            **shared,
+            **own,
+        )
+
+
 REAL_MODEL = "smollm2-135m-instruct"
 """The model whose base scores the chat tasks list (``benchmarks/real_model_tasks.py``)."""
 
@@ -223,27 +245,22 @@ REAL_MODEL = "smollm2-135m-instruct"
 def register_chat_tasks() -> None:
     """The chat tasks for a real instruct model (issue 25), with its measured base
     scores on their eval splits (greedy/T=1)."""
+    _register_family(
+        "lmgym.envs.tasks",
+        (
+            ("ChatArithmetic", "chat_arithmetic", "chat_arithmetic", 0.9, 0.04,
+             "chat: 'What is 7 + 8? Reply with the number only.'; 1 if the reply's last "
+             "number is the answer (answer='first_number' / 'exact': harder)",
+             {"base_score": (0.72, 0.20)}),
+            ("Instructions", "instructions", "instructions", 0.9, 0.31,
+             "chat: a sentence under 5 checkable constraints (word count, lowercase, a word, "
+             "no commas, <answer> tags); mean of the satisfied ones, each logged",
+             {"base_score": (0.25, 0.27)}),
+        ),
+        modes=("bandit",),
+        base_model=REAL_MODEL,
+    )  # fmt: skip
     tasks = "lmgym.envs.tasks"
-    for name, factory, solved, random, base_score, what in (
-        ("ChatArithmetic", "chat_arithmetic", 0.9, 0.04, (0.72, 0.20),
-         "chat: 'What is 7 + 8? Reply with the number only.'; 1 if the reply's last number "
-         "is the answer (answer='first_number' / 'exact': harder)"),
-        ("Instructions", "instructions", 0.9, 0.31, (0.25, 0.27),
-         "chat: a sentence under 5 checkable constraints (word count, lowercase, a word, no "
-         "commas, <answer> tags); mean of the satisfied ones, each logged"),
-    ):  # fmt: skip
-        register_task(
-            name,
-            f"{tasks}.{factory}",
-            f"make_{factory}",
-            f"make_{factory}_vector",
-            solved_threshold=solved,
-            random_baseline=random,
-            modes=("bandit",),
-            base_score=base_score,
-            base_model=REAL_MODEL,
-            description=what,
-        )
     register_task(
         "PositiveContinuation",
         f"{tasks}.positive_continuation",
@@ -265,32 +282,27 @@ def register_chat_tasks() -> None:
 def register_multi_turn_tasks() -> None:
     """The multi-turn tasks (issue 28): a responder answers between the policy's turns
     (``lmgym.envs.tasks.multi_turn``); their rewards are turn rewards, so bandit mode."""
+    _register_family(
+        "lmgym.envs.tasks.multi_turn",
+        (
+            ("GuessNumber", "guess_number", "guess_number", 0.7, 0.07,
+             "multi-turn: guess a secret in 1..8, told higher/lower after each guess; "
+             "1 - (k-1)/max_turns for a hit on turn k, else 0", {}),
+            ("Calculator", "calculator", "calculator", 0.9, 0.0,
+             "multi-turn tool use: 'what is 37*23+19?'; calc: EXPR (or <calc>) gets the "
+             "value back, answer: N (or <answer>) ends it; 1 if N is right, else 0", {}),
+            ("Weather", "weather", "weather", 0.9, 0.0,
+             "multi-turn tool use: 'what is the weather in oslo today?'; call the typed "
+             "tool (weather: oslo, or <tool_call> JSON), then answer; 1 if right "
+             "(per-episode weather)", {}),
+            ("EchoTurn", "echo", "echo_turn", 0.9, 0.0,
+             "multi-turn sanity check: turn 1 anything, the env says a letter (a-d), "
+             "turn 2 must repeat it; 1 if it does, else 0 (observation-blind at best 0.25)",
+             {}),
+        ),
+        modes=("bandit",),
+    )  # fmt: skip
     tasks = "lmgym.envs.tasks.multi_turn"
-    for name, module, factory, solved, random, what in (
-        ("GuessNumber", "guess_number", "guess_number", 0.7, 0.07,
-         "multi-turn: guess a secret in 1..8, told higher/lower after each guess; "
-         "1 - (k-1)/max_turns for a hit on turn k, else 0"),
-        ("Calculator", "calculator", "calculator", 0.9, 0.0,
-         "multi-turn tool use: 'what is 37*23+19?'; calc: EXPR (or <calc>) gets the "
-         "value back, answer: N (or <answer>) ends it; 1 if N is right, else 0"),
-        ("Weather", "weather", "weather", 0.9, 0.0,
-         "multi-turn tool use: 'what is the weather in oslo today?'; call the typed "
-         "tool (weather: oslo, or <tool_call> JSON), then answer; 1 if right (per-episode "
-         "weather)"),
-        ("EchoTurn", "echo", "echo_turn", 0.9, 0.0,
-         "multi-turn sanity check: turn 1 anything, the env says a letter (a-d), "
-         "turn 2 must repeat it; 1 if it does, else 0 (observation-blind at best 0.25)"),
-    ):  # fmt: skip
-        register_task(
-            name,
-            f"{tasks}.{module}",
-            f"make_{factory}",
-            f"make_{factory}_vector",
-            solved_threshold=solved,
-            random_baseline=random,
-            modes=("bandit",),
-            description=what,
-        )
     # Ranges at each game's default max_turns and invalid_penalty (games.OPTIONS);
     # random baselines measured with random_policy_return (64 rows x 4 batches).
     for name, factory, reward_range, solved, random, what in (
