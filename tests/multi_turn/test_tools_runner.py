@@ -54,6 +54,16 @@ def grow() -> int:
         chunks.append(bytearray(1 << 20))
 
 
+def grow_and_count() -> int:
+    """Allocate 64 KiB at a time until refused; answer how many MiB it got."""
+    chunks = []
+    try:
+        while True:
+            chunks.append(bytearray(64 << 10))
+    except MemoryError:
+        return len(chunks) >> 4
+
+
 def fail(message: str) -> str:
     """Raise.
 
@@ -68,7 +78,7 @@ def big() -> dict:
     return {"text": "x" * 10_000}
 
 
-FUNCTIONS = {f.__name__: f for f in (add, sleepy, spin, hog, grow, fail, big)}
+FUNCTIONS = {f.__name__: f for f in (add, sleepy, spin, hog, grow, grow_and_count, fail, big)}
 
 
 @pytest.fixture
@@ -162,5 +172,29 @@ def test_a_runner_works_inside_a_daemonic_process():
     process = context.Process(target=_call_in, args=(queue,), daemon=True)
     process.start()
     assert queue.get(timeout=60) == "42"
+    process.join(timeout=10)
+    assert process.exitcode == 0
+
+
+def _grow_after_freeing(queue) -> None:
+    # 4,096 heap blocks of 64 KiB (under malloc's mmap threshold), every other one
+    # freed: 128 MiB of free heap a forked worker inherits and could reuse unbounded
+    blocks = [bytearray(64 << 10) for _ in range(4096)]
+    del blocks[::2]
+    runner = ToolRunner(FUNCTIONS, time_limit=30, memory_limit_mb=64)
+    queue.put(runner.call("grow_and_count", {}).text)
+    runner.close()
+
+
+def test_memory_the_parent_freed_counts_against_the_limit():
+    """A worker inherits its parent's free heap; a tool growing in small pieces
+    reuses it first. Bounded by the address space alone it got 64 + 128 MiB here
+    (and 1.1 GiB, in 31 s, in a test worker that had freed much): the limit must
+    count it. The margin above 64 MiB is what a CPU-time check may overshoot."""
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    process = context.Process(target=_grow_after_freeing, args=(queue,), daemon=True)
+    process.start()
+    assert 32 <= int(queue.get(timeout=60)) < 96
     process.join(timeout=10)
     assert process.exitcode == 0

@@ -11,6 +11,7 @@ One job a module:
 - ``parse``: the first call of a turn, ``<tool_call>`` JSON or one line
   ``name: argument``, with the error the policy is told when it cannot run;
 - ``runner``: ``ToolRunner``, the calls run in a forked worker within the limits;
+- ``memory``: the forked worker's memory bound (address space and resident memory);
 - ``turn``: ``answer_call``, a turn's call parsed, run and answered.
 
 ``lmgym.envs.tasks.multi_turn.weather`` (``lmgym/Weather-v0``) and ``calculator``

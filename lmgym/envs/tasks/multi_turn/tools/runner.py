@@ -7,10 +7,11 @@ call is sent to it over a pipe with its checked arguments, and
 - **time**: the runner waits ``time_limit`` seconds for the answer; a call still
   running then is stopped by killing the worker (``SIGKILL``: a tool stuck in C
   code or a ``while True`` is stopped too), and the next call forks a fresh one.
-- **memory**: the worker runs under ``RLIMIT_AS`` set to its address space at
-  fork time plus ``memory_limit_mb``; an allocation beyond that fails inside the
-  tool with ``MemoryError`` (the worker frees it and goes on), and a worker killed
-  outright (the OOM killer, a crash) is reported as such and replaced.
+- **memory**: a call may add ``memory_limit_mb`` to the worker, in address space
+  (``RLIMIT_AS``) and in resident memory (checked while it runs, so memory the
+  worker inherited free from its parent counts too: ``memory``); beyond that
+  the tool gets ``MemoryError`` (the worker frees it and goes on), and a worker
+  killed outright (the OOM killer, a crash) is reported as such and replaced.
 - **size**: the result's text is cut to ``max_result_chars`` characters (the env
   also bounds what it appends by the row's token budget).
 
@@ -28,13 +29,14 @@ import contextlib
 import json
 import multiprocessing
 import os
-import resource
 import signal
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
+
+from lmgym.envs.tasks.multi_turn.tools.memory import WorkerMemoryLimit
 
 DEFAULT_TIME_LIMIT = 2.0
 DEFAULT_MEMORY_LIMIT_MB = 256
@@ -78,27 +80,13 @@ def result_text(value: Any) -> str:
         return repr(value)
 
 
-def _address_space() -> int:
-    """This process's virtual memory size in bytes (``/proc``; 0 where unknown)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError):
-        return 0
-
-
 def _serve(
     conn: Connection, tools: Mapping[str, Callable[..., Any]], memory_limit: int, max_chars: int
 ) -> None:
     """The worker's loop: run each ``(name, arguments)`` it is sent, answer a
     ``(text, error, error_type)`` tuple; stop at ``None`` or a closed pipe."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the parent, which stops us
-    if memory_limit > 0:
-        limit = _address_space() + memory_limit
-        _, hard = resource.getrlimit(resource.RLIMIT_AS)
-        if hard != resource.RLIM_INFINITY:
-            limit = min(limit, hard)
-        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    bound = WorkerMemoryLimit(memory_limit) if memory_limit > 0 else None
     while True:
         try:
             message = conn.recv()
@@ -108,7 +96,8 @@ def _serve(
             return
         name, arguments = message
         try:
-            value = tools[name](**arguments)
+            with bound.watching() if bound is not None else contextlib.nullcontext():
+                value = tools[name](**arguments)
             answer: tuple[str, ...] | tuple[str, None, None, None] = (
                 result_text(value)[:max_chars],
                 None,
@@ -122,6 +111,8 @@ def _serve(
             kind = type(err).__name__
             answer = ("", f"{kind}: {err}"[:max_chars], kind, str(err)[:max_chars])
         value = None  # free it before answering
+        if bound is not None:
+            bound.release()
         try:
             conn.send(answer)
         except (OSError, ValueError):
