@@ -100,6 +100,8 @@ def run_actor(agent: Agent, topology: Topology, hooks: AsyncHooks) -> None:
         if pending is None:
             collector.admit(admission_budget(config, version, rows_per_update, collector.next_slot))
         if collector.num_live == 0:  # nothing admissible: wait for newer weights
+            if hooks.actor_wait is not None:
+                hooks.actor_wait(actor, version)
             waited = time.perf_counter()
             message = weights.latest(block=True)
             idle += time.perf_counter() - waited

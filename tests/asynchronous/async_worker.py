@@ -1,9 +1,12 @@
 """Worker launched by torchrun: runs ``run_async`` scenarios and writes what the tests compare.
 
-    python -m torch.distributed.run --standalone --nproc-per-node N async_worker.py SCENARIO OUT
+    python -m torch.distributed.run --standalone --nproc-per-node N async_worker.py SCENARIOS OUT
 
-Learners write ``OUT/<run>-learner<i>.pt`` (history, final parameters, trained
-group ids); the tests read them.
+``SCENARIOS`` is a comma-separated list run in order in the same processes (one
+launch, one start-up): a scenario whose run fails on purpose (``kill``, ``stuck``)
+comes last. Rank 0 writes ``OUT/<scenario>-start.txt`` (the wall-clock time the
+scenario began); learners write ``OUT/<run>-learner<i>.pt`` (history, final
+parameters, trained group ids); the tests read them.
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ from async_cases import (  # noqa: E402
     EQUAL_ITERATIONS,
     LEARN_BUDGET,
     LEARN_OVERRIDES,
-    LEARN_PAUSE_S,
     LEARN_TARGET,
     SINGLE_PASS,
     TWO_LEARNERS,
@@ -69,6 +71,31 @@ def pause(seconds: float, only: int | None = None):
             time.sleep(seconds)
 
     return hook
+
+
+def at_the_bound(marker: Path, poll_s: float = 0.002, limit_s: float = 120.0) -> AsyncHooks:
+    """Hooks that hold back each update's new weights until the actor waits for them.
+
+    The actor writes the weights version it holds to ``marker`` whenever it has nothing
+    admissible left; learner 0 returns from update ``u``'s hook (and so publishes
+    version ``u + 1``) only once the actor waits holding version ``u``. Every row is
+    then sampled wholly by the oldest weights the bound allows, and no new weights
+    ever arrive mid-row, however the two processes are scheduled.
+    """
+
+    def actor_wait(actor: int, version: int) -> None:
+        partial_file = marker.with_suffix(".partial")
+        partial_file.write_text(str(version))
+        os.replace(partial_file, marker)  # the learner never reads half a number
+
+    def learner_update(update: int, ids) -> None:
+        deadline = time.monotonic() + limit_s
+        while not (marker.exists() and int(marker.read_text()) >= update):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the actor did not wait at the bound of update {update}")
+            time.sleep(poll_s)
+
+    return AsyncHooks(actor_wait=actor_wait, learner_update=learner_update)
 
 
 def equal(out: Path) -> None:
@@ -146,18 +173,23 @@ def learn(out: Path) -> None:
         max_new_tokens=None,
         target=LEARN_TARGET,
     )
-    # A slow learner keeps the actor at the bound: every rollout is exactly as stale as
-    # max_staleness allows whatever the machine's load, so the run is the same every time.
-    hooks = AsyncHooks(learner_update=pause(LEARN_PAUSE_S))
+    # The learner publishes each new version only once the actor waits at the bound:
+    # every rollout is exactly as stale as max_staleness allows whatever the machine's
+    # load, so the run is the same every time.
+    hooks = at_the_bound(out / "learn-actor-waits.txt")
     config = AsyncConfig(max_staleness=2)
     result = run_async(make, LEARN_BUDGET, config, hooks=hooks, callback=solved)
     if result.role.is_learner:
         torch.save({"history": result.history}, out / "learn-learner0.pt")
 
 
+SCENARIOS = {"equal": equal, "bound": bound, "kill": kill, "stuck": stuck, "learn": learn}
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
-    scenario, out = sys.argv[1], Path(sys.argv[2])
-    scenarios = {"equal": equal, "bound": bound, "kill": kill, "stuck": stuck, "learn": learn}
-    scenarios[scenario](out)
+    names, out = sys.argv[1].split(","), Path(sys.argv[2])
+    for name in names:
+        if os.environ["RANK"] == "0":
+            (out / f"{name}-start.txt").write_text(repr(time.time()))
+        SCENARIOS[name](out)
     shutdown()

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -23,37 +24,79 @@ from async_cases import (  # noqa: E402
 )
 
 pytestmark = pytest.mark.heavy  # multi-process or end-to-end runs: make test-fast skips them
+# One launch per world size runs every scenario of that size (each launch costs two or
+# three start-ups of torch and lmgym); its tests stay on one xdist worker, so it runs once.
+TWO_RANKS = pytest.mark.xdist_group("async-two-ranks")
+THREE_RANKS = pytest.mark.xdist_group("async-three-ranks")
 
 
-def torchrun(scenario: str, out: Path, nproc: int, timeout: float = 240, *extra: str):
+@dataclass
+class Launch:
+    """One torchrun launch of ``async_worker.py``: its scenarios' files and output."""
+
+    out: Path
+    done: subprocess.CompletedProcess
+    ended: float  # wall-clock time the launch returned
+
+    @property
+    def output(self) -> str:
+        return self.done.stdout + self.done.stderr
+
+    def load(self, name: str) -> dict:
+        """``OUT/<name>.pt``, written by a learner of a run that finished."""
+        path = self.out / f"{name}.pt"
+        assert path.exists(), self.done.stdout[-3000:] + self.done.stderr[-3000:]
+        return torch.load(path)
+
+    def seconds_since_start(self, scenario: str) -> float:
+        """From the scenario's start to the launch's end."""
+        return self.ended - float((self.out / f"{scenario}-start.txt").read_text())
+
+
+def torchrun(scenarios: list[str], out: Path, nproc: int, *extra: str) -> Launch:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env["PYTHONPATH"] = os.pathsep.join([str(HERE.parents[1]), env.get("PYTHONPATH", "")])
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
-    command += ["--standalone", *extra, str(HERE / "async_worker.py"), scenario, str(out)]
-    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+    command += ["--standalone", *extra, str(HERE / "async_worker.py"), ",".join(scenarios)]
+    command.append(str(out))
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=400)
+    return Launch(out, done, time.time())
 
 
-def launch(scenario: str, out: Path, nproc: int) -> None:
-    done = torchrun(scenario, out, nproc)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+def selected(request: pytest.FixtureRequest, test_name: str) -> bool:
+    return any(item.originalname == test_name for item in request.session.items)
 
 
 @pytest.fixture(scope="module")
-def equal_runs(tmp_path_factory):
-    out = tmp_path_factory.mktemp("equal")
-    launch("equal", out, nproc=2)
-    return {name: torch.load(out / f"{name}-learner0.pt") for name in EQUAL_CASES}
+def two_ranks(request, tmp_path_factory) -> Launch:
+    """One learner and one actor: the k=0 runs, the learning run (when its test is
+    selected), then an actor that goes silent (the launch's run fails on purpose)."""
+    scenarios = ["equal"]
+    if selected(request, "test_max_staleness_2_learns_the_target_string"):
+        scenarios.append("learn")
+    scenarios.append("stuck")
+    return torchrun(scenarios, tmp_path_factory.mktemp("two-ranks"), 2)
 
 
+@pytest.fixture(scope="module")
+def three_ranks(tmp_path_factory) -> Launch:
+    """One learner and two actors (two learners and one actor for ``two-learners``):
+    the bound runs, then a killed actor (the launch's run fails on purpose; torchrun's
+    monitor is slowed so that lmgym's own error shows)."""
+    out = tmp_path_factory.mktemp("three-ranks")
+    return torchrun(["bound", "kill"], out, 3, "--monitor-interval", "3")
+
+
+@TWO_RANKS
 @pytest.mark.parametrize("name", sorted(EQUAL_CASES))
-def test_max_staleness_0_is_the_synchronous_run(name, equal_runs):
+def test_max_staleness_0_is_the_synchronous_run(name, two_ranks):
     """One actor + one learner at k=0: the same parameters and metrics, bit for bit,
     as Agent.learn in one process with the same seeds (GRPO single-pass; PPO with
     recomputed lp_old, 2 minibatches x 2 epochs, TIS)."""
     algorithm, overrides = EQUAL_CASES[name]
     agent = make_agent(algorithm, overrides)
     history = agent.learn(EQUAL_ITERATIONS)
-    got = equal_runs[name]
+    got = two_ranks.load(f"{name}-learner0")
     for mine, theirs in zip(agent.policy.model.parameters(), got["params"], strict=True):
         assert torch.equal(mine, theirs)
     assert len(got["history"]) == EQUAL_ITERATIONS
@@ -64,12 +107,10 @@ def test_max_staleness_0_is_the_synchronous_run(name, equal_runs):
 
 
 @pytest.fixture(scope="module")
-def bound_runs(tmp_path_factory):
-    out = tmp_path_factory.mktemp("bound")
-    launch("bound", out, nproc=3)
+def bound_runs(three_ranks):
     names = ("wait-slow-learner", "wait-slow-actor", "row-boundary-slow-actor", "drop-slow-learner")
-    runs = {name: torch.load(out / f"{name}-learner0.pt") for name in names}
-    runs["two-learners"] = [torch.load(out / f"two-learners-learner{i}.pt") for i in range(2)]
+    runs = {name: three_ranks.load(f"{name}-learner0") for name in names}
+    runs["two-learners"] = [three_ranks.load(f"two-learners-learner{i}") for i in range(2)]
     return runs
 
 
@@ -77,6 +118,7 @@ def column(run: dict, key: str) -> list[float]:
     return [m[key] for m in run["history"]]
 
 
+@THREE_RANKS
 def test_wait_keeps_the_bound_under_a_slow_learner(bound_runs):
     """Actors run ahead while the learner sleeps, by exactly max_staleness=1 and no
     further: they wait instead (idle), nothing is dropped, and update u trains the
@@ -88,6 +130,7 @@ def test_wait_keeps_the_bound_under_a_slow_learner(bound_runs):
     assert run["trained"] == [list(range(4 * u, 4 * u + 4)) for u in range(BOUND_ITERATIONS)]
 
 
+@THREE_RANKS
 def test_wait_keeps_the_bound_under_a_slow_actor(bound_runs):
     run = bound_runs["wait-slow-actor"]
     assert max(column(run, "staleness_max")) <= 1.0
@@ -96,6 +139,7 @@ def test_wait_keeps_the_bound_under_a_slow_actor(bound_runs):
     assert run["trained"] == [list(range(4 * u, 4 * u + 4)) for u in range(BOUND_ITERATIONS)]
 
 
+@THREE_RANKS
 def test_in_flight_weights_reach_rows_mid_generation(bound_runs):
     """Under a slow actor, new weights arrive while its rows are in flight: some
     trained rows were sampled by two versions (and still within the bound)."""
@@ -103,6 +147,7 @@ def test_in_flight_weights_reach_rows_mid_generation(bound_runs):
     assert max(column(run, "mixed_version_fraction")) > 0
 
 
+@THREE_RANKS
 def test_row_boundary_samples_every_row_with_one_version(bound_runs):
     run = bound_runs["row-boundary-slow-actor"]
     assert column(run, "mixed_version_fraction") == [0.0] * BOUND_ITERATIONS
@@ -110,6 +155,7 @@ def test_row_boundary_samples_every_row_with_one_version(bound_runs):
     assert sum(column(run, "stale_rows_dropped")) == 0
 
 
+@THREE_RANKS
 def test_two_learners_share_each_update(bound_runs):
     """Two data-parallel learners train one group each of every update (global ids
     2u and 2u + 1), end with the same weights, and log the global metrics of the
@@ -128,6 +174,7 @@ def test_two_learners_share_each_update(bound_runs):
         assert first["history"][0][key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
 
 
+@THREE_RANKS
 def test_drop_drops_rows_past_the_bound_and_never_trains_them(bound_runs):
     run = bound_runs["drop-slow-learner"]
     assert max(column(run, "staleness_max")) == 0.0
@@ -137,46 +184,43 @@ def test_drop_drops_rows_past_the_bound_and_never_trains_them(bound_runs):
     assert len(trained) == len(set(trained)) == 4 * BOUND_ITERATIONS
 
 
-def test_a_killed_actor_ends_the_run_with_a_clear_error(tmp_path):
+@THREE_RANKS
+def test_a_killed_actor_ends_the_run_with_a_clear_error(three_ranks):
     """SIGKILL on actor 1 after its second message: the learner names it and the run
-    ends (torchrun's monitor is slowed so that lmgym's own error shows), no hang,
-    and no group was trained twice before the end."""
-    start = time.perf_counter()
-    done = torchrun("kill", tmp_path, 3, 120, "--monitor-interval", "3")
-    assert time.perf_counter() - start < 100
-    assert done.returncode != 0
-    output = done.stdout + done.stderr
+    ends, no hang, and no group was trained twice before the end."""
+    assert three_ranks.seconds_since_start("kill") < 100
+    assert three_ranks.done.returncode != 0
+    output = three_ranks.output
     assert "PeerLostError: actor 1 (rank 2) stopped" in output, output[-3000:]
     assert "the run ends: a lost process is not replaced" in output
-    lines = (tmp_path / "trained.txt").read_text().split("\n")
+    lines = (three_ranks.out / "trained.txt").read_text().split("\n")
     trained = [int(g) for line in lines for g in line.split()]
     assert trained and len(trained) == len(set(trained))
 
 
-def test_a_stuck_actor_ends_the_run_after_the_timeout(tmp_path):
+@TWO_RANKS
+def test_a_stuck_actor_ends_the_run_after_the_timeout(two_ranks):
     """The actor stays alive but silent: after timeout_s (3 s) the learner gives up
     with an error instead of waiting forever."""
-    start = time.perf_counter()
-    done = torchrun("stuck", tmp_path, 2, 120)
-    assert time.perf_counter() - start < 100
-    assert done.returncode != 0
-    output = done.stdout + done.stderr
+    assert two_ranks.seconds_since_start("stuck") < 100
+    assert two_ranks.done.returncode != 0
+    output = two_ranks.output
     assert "PeerLostError" in output, output[-3000:]
     assert (
         "no rollout from any actor arrived in 3 s" in output or "actor 0 (rank 1) stopped" in output
     )
 
 
+@TWO_RANKS
 @pytest.mark.learning
-def test_max_staleness_2_learns_the_target_string(tmp_path):
-    launch("learn", tmp_path, nproc=2)
-    history = torch.load(tmp_path / "learn-learner0.pt")["history"]
+def test_max_staleness_2_learns_the_target_string(two_ranks):
+    history = two_ranks.load("learn-learner0")["history"]
     rewards = column({"history": history}, "reward_mean")
     first, last = sum(rewards[:3]) / 3, sum(rewards[-5:]) / 5
     assert first < 0.2, f"should start near random level, got {first:.3f}"
     assert last >= 0.9, f"reached only {last:.3f} in {len(history)} updates"
     lags = column({"history": history}, "staleness_max")
     assert max(lags) == 2.0  # never past the bound
-    # Really asynchronous: after the first two updates, every one trains on rollouts
-    # of the policy two versions back (the learner's pause keeps the actor at the bound).
+    # Really asynchronous: after the first two updates, every one trains on rollouts of
+    # the policy two versions back (new weights go out only once the actor waits at the bound).
     assert lags[2:] == [2.0] * (len(lags) - 2)
