@@ -10,6 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from testkit import refused_line
+
+from lmgym.cli import main
 
 pytestmark = pytest.mark.heavy  # multi-process or end-to-end runs: make test-fast skips them
 
@@ -30,9 +33,15 @@ def lmgym(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_one_actor_one_learner_runs_and_writes_one_run_directory(tmp_path):
+def train(*args: str) -> int:
+    """``lmgym train`` in this process."""
+    return main(["train", *args])
+
+
+def test_one_actor_one_learner_runs_and_writes_one_run_directory(tmp_path, capsys):
     """Learner 0 writes what rank 0 of a synchronous run writes: checkpoints every
-    --save-every, periodic evaluations and samples; the run resumes synchronously."""
+    --save-every, periodic evaluations and samples; the run resumes synchronously (in
+    this process: the resumed run is a one-process run)."""
     run = tmp_path / "run"
     done = lmgym(
         "--actors", "1", "--learners", "1", "--max-staleness", "1", "--tis-cap", "2",
@@ -58,15 +67,14 @@ def test_one_actor_one_learner_runs_and_writes_one_run_directory(tmp_path):
     assert [(e["iteration"], e.get("at")) for e in evals] == [(0, "start"), (2, None), (3, "end")]
     assert "[samples @ 2]" in done.stdout
 
-    resumed = lmgym("--resume", str(run), "--iterations", "4", *FAST)
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    assert "it resumes on the synchronous path" in resumed.stdout
+    capsys.readouterr()
+    assert train("--resume", str(run), "--iterations", "4", *FAST) == 0  # one process
+    assert "it resumes on the synchronous path" in capsys.readouterr().out
     with open(run / "progress.csv") as file:
         assert [float(r["iteration"]) for r in csv.DictReader(file)] == [1, 2, 3, 4]
 
 
-def test_resume_with_actors_is_refused(tmp_path):
-    done = lmgym("--actors", "1", "--resume", str(tmp_path), *FAST)
-    assert done.returncode == 2
-    assert "--resume cannot be combined with --actors/--learners" in done.stderr
-    assert len(done.stderr.strip().splitlines()) == 1
+def test_resume_with_actors_is_refused(tmp_path, capsys):
+    """Refused while reading the command line, before any launch: in this process."""
+    line = refused_line(train, capsys, "--actors", "1", "--resume", str(tmp_path), *FAST)
+    assert "--resume cannot be combined with --actors/--learners" in line

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from lmgym.cli import main
+
 pytestmark = pytest.mark.heavy  # multi-process or end-to-end runs: make test-fast skips them
 
 HERE = Path(__file__).resolve().parent
@@ -41,10 +43,7 @@ def test_a_killed_actor_ends_the_run_in_one_line_and_what_was_saved_resumes(tmp_
     assert "[rank0]:" not in done.stderr  # learner 0 printed no traceback
     assert (run / "checkpoints" / "iter_000002").is_dir()
 
-    resumed = subprocess.run(
-        [sys.executable, "-m", "lmgym", "train", "--resume", str(run), "--iterations", "3", *FAST],
-        env=environment(), capture_output=True, text=True, timeout=240, cwd=ROOT,
-    )  # fmt: skip
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    # The resumed run is a one-process run: in this process.
+    assert main(["train", "--resume", str(run), "--iterations", "3", *FAST]) == 0
     with open(run / "progress.csv") as file:
         assert [float(r["iteration"]) for r in csv.DictReader(file)][-1] == 3
