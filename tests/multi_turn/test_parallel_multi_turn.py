@@ -10,8 +10,9 @@
   and ``--nproc-per-node 2`` run a multi-turn task end to end.
 
 This file is also the torchrun worker: ``python -m torch.distributed.run
---standalone --nproc-per-node N tests/multi_turn/test_parallel_multi_turn.py
-SCENARIO OUT`` (``dp`` or ``async``) writes what the tests compare.
+--standalone --nproc-per-node 2 tests/multi_turn/test_parallel_multi_turn.py OUT``
+runs both scenarios (data parallel, then asynchronous) in one launch and writes what
+the tests compare.
 """
 
 from __future__ import annotations
@@ -144,11 +145,11 @@ def async_worker(out: Path) -> None:
             torch.save({"history": result.history, "params": params}, out / f"{name}.pt")
 
 
-def torchrun(scenario: str, out: Path, nproc: int = 2, timeout: float = 300) -> None:
+def torchrun(out: Path, nproc: int = 2, timeout: float = 300) -> None:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
-    command += ["--standalone", __file__, scenario, str(out)]
+    command += ["--standalone", __file__, str(out)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
@@ -161,11 +162,22 @@ def lmgym_train(*args: str, timeout: float = 300) -> subprocess.CompletedProcess
 
 
 # ------------------------------------------------------------------ the tests
+# Both scenarios share one launch (two start-ups of torch and lmgym); the tests that
+# read it stay on one xdist worker, so it runs once.
+LAUNCHED = pytest.mark.xdist_group("parallel-multi-turn")
+
+
 @pytest.fixture(scope="module")
-def dp_results(tmp_path_factory) -> list[dict[str, Any]]:
-    out = tmp_path_factory.mktemp("dp")
-    torchrun("dp", out)
-    return [torch.load(out / f"rank{r}.pt") for r in range(2)]
+def launched(tmp_path_factory) -> Path:
+    """The directory the two-process launch wrote its results to."""
+    out = tmp_path_factory.mktemp("launched")
+    torchrun(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def dp_results(launched: Path) -> list[dict[str, Any]]:
+    return [torch.load(launched / f"rank{r}.pt") for r in range(2)]
 
 
 def test_the_batch_is_multi_turn_on_both_ranks():
@@ -180,6 +192,7 @@ def test_the_batch_is_multi_turn_on_both_ranks():
     assert int(turn_ends(batch.policy_mask).sum(dim=1).max()) >= 3  # several turns
 
 
+@LAUNCHED
 @pytest.mark.parametrize("name", sorted(DP_CASES))
 def test_two_ranks_give_the_update_of_one_process_on_a_multi_turn_batch(name, dp_results):
     algorithm, overrides = DP_CASES[name]
@@ -194,6 +207,7 @@ def test_two_ranks_give_the_update_of_one_process_on_a_multi_turn_batch(name, dp
             assert got["metrics"][key] == pytest.approx(value, rel=1e-4, abs=1e-6), (rank, key)
 
 
+@LAUNCHED
 def test_the_comparison_would_see_observation_tokens_in_the_update(dp_results):
     """The check checks: the same batch with its observations counted as the policy's
     tokens gives another gradient than the two ranks did."""
@@ -205,12 +219,11 @@ def test_the_comparison_would_see_observation_tokens_in_the_update(dp_results):
 
 
 @pytest.fixture(scope="module")
-def async_results(tmp_path_factory) -> dict[str, Any]:
-    out = tmp_path_factory.mktemp("async")
-    torchrun("async", out)
-    return {name: torch.load(out / f"{name}.pt") for name in ASYNC_CASES}
+def async_results(launched: Path) -> dict[str, Any]:
+    return {name: torch.load(launched / f"{name}.pt") for name in ASYNC_CASES}
 
 
+@LAUNCHED
 @pytest.mark.parametrize("name", sorted(ASYNC_CASES))
 def test_an_async_run_at_staleness_0_is_the_synchronous_run(name, async_results):
     algorithm, overrides = ASYNC_CASES[name]
@@ -251,10 +264,8 @@ if __name__ == "__main__":
     from lmgym.distributed import init_from_env, shutdown
 
     torch.set_num_threads(1)
-    scenario, where = sys.argv[1], Path(sys.argv[2])
-    if scenario == "dp":
-        init_from_env(timeout_s=60)
-        dp_worker(where)
-    else:
-        async_worker(where)
+    where = Path(sys.argv[1])
+    init_from_env(timeout_s=60)
+    dp_worker(where)
+    async_worker(where)  # in the process group the data-parallel scenario joined
     shutdown()
