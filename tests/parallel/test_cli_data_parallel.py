@@ -1,26 +1,38 @@
-"""``lmgym train`` on 2 processes (gloo): one run directory, global metrics, resume, errors."""
+"""``lmgym train`` on 2 processes (gloo): one run directory, global metrics, resume, errors.
+
+The DDP resume, a refusal and the learning run go through ``lmgym train --nproc-per-node 2``
+itself; the other runs share one torchrun launch of ``testkit.train_ranks``, each a
+``main(["train", ...])`` on both ranks (what the launcher's ranks run), so that the
+ranks' imports are paid once.
+"""
 
 from __future__ import annotations
 
 import csv
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from testkit import run_lmgym_train
+from testkit import refused_line, run_lmgym_train
+from testkit.train_ranks import Outcome, Scenario, run_scenarios
 
+from lmgym.cli import main
 from lmgym.persistence.state import load_state
 from lmgym.policy import CausalLMPolicy
 
 pytestmark = pytest.mark.heavy  # multi-process or end-to-end runs: make test-fast skips them
+# The tests of the module-scoped runs below on one worker: each run is made once.
+ONE_WORKER = pytest.mark.xdist_group("cli-data-parallel")
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
 FAST = ["--no-progress", "--eval-prompts", "2", "--eval-samples", "2", "--samples", "1"]
+# Each rank's batch of 8 rows (num_prompts * group_size) does not split into 3 minibatches.
+BAD_MINIBATCHES = ["--num-prompts", "2", "--group-size", "4", "--num-minibatches", "3", *FAST]
+MINIBATCHES_MESSAGE = (
+    "lmgym train: error: num_minibatches=3 does not divide the batch of 8 rows "
+    "(num_prompts * group_size); pick a divisor of 8"
+)
 
 
 def lmgym(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
@@ -36,17 +48,49 @@ def without_time(row: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in row.items() if not k.startswith("time/")}
 
 
+def resume_from_iteration_2(run: Path, copy: Path) -> Scenario:
+    """Resume a copy of the 4-iteration 2-process ``run`` from its iteration-2 checkpoint
+    (its outcome is named after the copy)."""
+    checkpoint = copy / "checkpoints" / "iter_000002"
+    argv = ["--resume", str(checkpoint), "--iterations", "4", *FAST]
+    return Scenario(copy.name, argv, copy=(str(run), str(copy)))
+
+
+def four_iterations(*flags: str, run: Path) -> list[str]:
+    """A 4-iteration run with checkpoints at iterations 2 and 4, all kept."""
+    return [*flags, "--iterations", "4", "--save-every", "2", "--keep-checkpoints", "0",
+            "--run-dir", str(run), *FAST]  # fmt: skip
+
+
 @pytest.fixture(scope="module")
-def two_process_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
-    run = tmp_path_factory.mktemp("dp") / "run"
-    done = lmgym(
-        "--nproc-per-node", "2", "--iterations", "4", "--save-every", "2",
-        "--keep-checkpoints", "0", "--run-dir", str(run), *FAST,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return run, done
+def ranks(tmp_path_factory) -> tuple[Path, dict[str, Outcome]]:
+    """``(directory, outcome by name)`` of one torchrun launch of every scenario below;
+    each writes under ``directory / name``."""
+    root = tmp_path_factory.mktemp("ranks")
+    scenarios = [
+        Scenario("ddp", four_iterations(run=root / "ddp")),
+        Scenario("fsdp", four_iterations("--data-parallel", "fsdp", run=root / "fsdp")),
+        resume_from_iteration_2(root / "fsdp", root / "fsdp-resume"),
+        Scenario(
+            "config-differs",
+            ["--run-dir", str(root / "config-differs")],
+            per_rank=("--num-prompts 4", "--num-prompts 2"),
+        ),
+        Scenario("minibatches", [*BAD_MINIBATCHES, "--run-dir", str(root / "minibatches")]),
+    ]
+    _, outcomes = run_scenarios(root, scenarios)
+    return root, outcomes
 
 
+@pytest.fixture(scope="module")
+def two_process_run(ranks) -> tuple[Path, Outcome]:
+    root, outcomes = ranks
+    done = outcomes["ddp"]
+    assert done.codes == [0, 0], done.stdout[-3000:] + done.stderr[-3000:]
+    return root / "ddp", done
+
+
+@ONE_WORKER
 def test_two_processes_write_one_run_directory_with_global_metrics(two_process_run):
     run, done = two_process_run
     assert done.stdout.count("reward before:") == 1  # rank 0 alone prints
@@ -70,45 +114,45 @@ def test_two_processes_write_one_run_directory_with_global_metrics(two_process_r
     assert not torch.equal(state["ranks"][0]["generator"], state["ranks"][1]["generator"])
 
 
-def resume_a_copy_and_compare(run: Path, copy: Path) -> None:
-    """Resume a copy of the 4-iteration 2-process ``run`` from its iteration-2 checkpoint
-    and assert iterations 3 and 4 log exactly the uninterrupted run's metrics."""
+def assert_continues_the_run(copy: Path, run: Path) -> None:
+    """Iterations 3 and 4 of ``copy``, resumed from iteration 2, logged exactly the
+    uninterrupted ``run``'s metrics."""
+    resumed, straight = rows(copy), rows(run)
+    assert [float(r["iteration"]) for r in resumed] == [1, 2, 3, 4]
+    assert [without_time(r) for r in resumed[2:]] == [without_time(r) for r in straight[2:]]
+
+
+@ONE_WORKER
+def test_two_process_resume_reproduces_the_uninterrupted_run(two_process_run, tmp_path):
+    """Through ``lmgym train --nproc-per-node 2 --resume``."""
+    run, _ = two_process_run
+    copy = tmp_path / "run"
     shutil.copytree(run, copy)
     done = lmgym(
         "--nproc-per-node", "2", "--resume", str(copy / "checkpoints" / "iter_000002"),
         "--iterations", "4", *FAST,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    resumed, straight = rows(copy), rows(run)
-    assert [float(r["iteration"]) for r in resumed] == [1, 2, 3, 4]
-    assert [without_time(r) for r in resumed[2:]] == [without_time(r) for r in straight[2:]]
+    assert_continues_the_run(copy, run)
 
 
-def test_two_process_resume_reproduces_the_uninterrupted_run(two_process_run, tmp_path):
+@ONE_WORKER
+def test_resume_with_another_world_size_is_refused(two_process_run, capsys):
+    """One process (this one: the refusal comes before any training) resuming the
+    2-process run."""
     run, _ = two_process_run
-    resume_a_copy_and_compare(run, tmp_path / "run")
-
-
-def test_resume_with_another_world_size_is_refused(two_process_run):
-    run, _ = two_process_run
-    done = lmgym("--resume", str(run), "--iterations", "5", *FAST)
-    assert done.returncode == 2
-    assert "was written by a run of 2 process(es) (world size 2) and this run has 1" in done.stderr
-    assert len(done.stderr.strip().splitlines()) == 1
+    line = refused_line(main, capsys, ["train", "--resume", str(run), "--iterations", "5", *FAST])
+    assert "was written by a run of 2 process(es) (world size 2) and this run has 1" in line
     assert len(rows(run)) == 4  # nothing written
 
 
-def test_a_train_config_that_differs_between_ranks_fails_on_every_rank(tmp_path):
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    command += ["--nproc-per-node", "2", str(HERE / "cli_rank_argv.py"), str(tmp_path)]
-    command += ["--num-prompts 4", "--num-prompts 2", "--", "--run-dir", str(tmp_path / "run")]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert [(tmp_path / f"rc{r}").read_text() for r in range(2)] == ["2", "2"]
+@ONE_WORKER
+def test_a_train_config_that_differs_between_ranks_fails_on_every_rank(ranks):
+    root, outcomes = ranks
+    done = outcomes["config-differs"]
+    assert done.codes == [2, 2]
     assert done.stderr.count("TrainConfig differs between ranks in ['num_prompts']") == 2
-    assert not (tmp_path / "run").exists()
+    assert not (root / "config-differs").exists()
 
 
 @pytest.mark.learning
@@ -123,40 +167,36 @@ def test_two_process_grpo_solves_target_string(tmp_path):
     assert "early stop at iteration" in done.stdout
 
 
-def test_num_minibatches_not_dividing_a_rank_s_batch_fails_on_every_rank(tmp_path):
+def test_num_minibatches_not_dividing_a_rank_s_batch_fails_through_the_launcher(tmp_path):
     """Each rank's batch (num_prompts * group_size = 8 rows) must split into whole
-    minibatches: 3 does not divide it, an error on both ranks, exit 2, no run directory."""
-    bad = ["--num-prompts", "2", "--group-size", "4", "--num-minibatches", "3", *FAST]
-    message = (
-        "lmgym train: error: num_minibatches=3 does not divide the batch of 8 rows "
-        "(num_prompts * group_size); pick a divisor of 8"
-    )
-    done = lmgym("--nproc-per-node", "2", *bad, "--run-dir", str(tmp_path / "run"))
+    minibatches: 3 does not divide it, so ``--nproc-per-node 2`` exits 2 with the error
+    and writes no run directory."""
+    done = lmgym("--nproc-per-node", "2", *BAD_MINIBATCHES, "--run-dir", str(tmp_path / "run"))
     assert done.returncode == 2
-    assert message in done.stderr
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    command += ["--nproc-per-node", "2", str(HERE / "cli_rank_argv.py"), str(tmp_path), "", ""]
-    command += ["--", *bad, "--run-dir", str(tmp_path / "run")]
-    each = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
-    assert each.returncode == 0, each.stderr[-3000:]  # every rank returned: no hang
-    assert [(tmp_path / f"rc{r}").read_text() for r in range(2)] == ["2", "2"]
-    assert each.stderr.count(message) == 2
+    assert MINIBATCHES_MESSAGE in done.stderr
     assert not (tmp_path / "run").exists()
 
 
+@ONE_WORKER
+def test_num_minibatches_not_dividing_a_rank_s_batch_fails_on_every_rank(ranks):
+    """The same command line on each of two torchrun ranks: both refuse, exit 2, one
+    error each, no run directory."""
+    root, outcomes = ranks
+    done = outcomes["minibatches"]
+    assert done.codes == [2, 2]
+    assert done.stderr.count(MINIBATCHES_MESSAGE) == 2
+    assert not (root / "minibatches").exists()
+
+
 @pytest.fixture(scope="module")
-def fsdp_run(tmp_path_factory) -> Path:
-    run = tmp_path_factory.mktemp("fsdp") / "run"
-    done = lmgym(
-        "--nproc-per-node", "2", "--data-parallel", "fsdp", "--iterations", "4",
-        "--save-every", "2", "--keep-checkpoints", "0", "--run-dir", str(run), *FAST,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return run
+def fsdp_run(ranks) -> Path:
+    root, outcomes = ranks
+    done = outcomes["fsdp"]
+    assert done.codes == [0, 0], done.stdout[-3000:] + done.stderr[-3000:]
+    return root / "fsdp"
 
 
+@ONE_WORKER
 def test_fsdp_run_matches_the_ddp_run(two_process_run, fsdp_run):
     """``--data-parallel fsdp``: the same run as DDP (metrics row for row, the checkpoint's
     full weights), up to float rounding."""
@@ -177,6 +217,7 @@ def test_fsdp_run_matches_the_ddp_run(two_process_run, fsdp_run):
         torch.testing.assert_close(got_weights[name], weight, rtol=0, atol=1e-4, msg=name)
 
 
+@ONE_WORKER
 def test_fsdp_checkpoints_hold_every_rank_s_optimizer_shard(fsdp_run):
     """Each rank's AdamW moments (its shard, marked) sit in the checkpoint's per-rank state;
     together they cover every trainable parameter's moments once."""
@@ -196,11 +237,15 @@ def test_fsdp_checkpoints_hold_every_rank_s_optimizer_shard(fsdp_run):
     assert 0 < sizes[1] < sum(sizes)
 
 
-def test_fsdp_resume_reproduces_the_uninterrupted_run(fsdp_run, tmp_path):
+@ONE_WORKER
+def test_fsdp_resume_reproduces_the_uninterrupted_run(fsdp_run, ranks):
     """Stopped after iteration 2 and resumed with 2 processes: iterations 3 and 4 equal
     the uninterrupted fsdp run's, every metric (each rank reloads its optimizer shard)."""
-    copy = tmp_path / "run"
-    resume_a_copy_and_compare(fsdp_run, copy)
+    root, outcomes = ranks
+    done = outcomes["fsdp-resume"]
+    assert done.codes == [0, 0], done.stdout[-3000:] + done.stderr[-3000:]
+    copy = root / "fsdp-resume"
+    assert_continues_the_run(copy, fsdp_run)
     policy = Path("checkpoints", "iter_000004", "agent", "policy")
     got = CausalLMPolicy.from_pretrained(copy / policy).model.state_dict()
     want = CausalLMPolicy.from_pretrained(fsdp_run / policy).model.state_dict()

@@ -2,36 +2,31 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from testkit.train_ranks import torchrun
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from dp_cases import CASES, full_batch, gradient_of, make_agent  # noqa: E402
 
-
-def torchrun(script: Path, *args: str, nproc: int = 2, timeout: float = 300) -> None:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE.parents[1]), env.get("PYTHONPATH", "")])
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
-    command += ["--standalone", str(script), *args]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+# Every test of the one launch below on one worker: it runs once, not once per worker.
+ONE_LAUNCH = pytest.mark.xdist_group("data-parallel-gradients")
 
 
 @pytest.fixture(scope="module")
 def two_rank_results(tmp_path_factory):
     out = tmp_path_factory.mktemp("dp")
-    torchrun(HERE / "dp_gradients.py", str(out))
+    done = torchrun(str(HERE / "dp_gradients.py"), str(out))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return [torch.load(out / f"rank{r}.pt") for r in range(2)]
 
 
+@ONE_LAUNCH
 @pytest.mark.heavy
 @pytest.mark.parametrize("case", CASES, ids=["-".join(c) for c in CASES])
 def test_two_ranks_give_the_gradient_and_metrics_of_one_process(case, two_rank_results):
@@ -53,6 +48,7 @@ def test_two_ranks_give_the_gradient_and_metrics_of_one_process(case, two_rank_r
             assert got["metrics"][key] == pytest.approx(value, rel=1e-4, abs=1e-6), (r, key)
 
 
+@ONE_LAUNCH
 @pytest.mark.heavy
 def test_a_trainable_parameter_the_loss_never_reaches_is_refused_on_every_rank(two_rank_results):
     for results in two_rank_results:
@@ -63,6 +59,7 @@ def test_a_trainable_parameter_the_loss_never_reaches_is_refused_on_every_rank(t
         )
 
 
+@ONE_LAUNCH
 @pytest.mark.heavy
 def test_fsdp_optimizer_state_is_this_rank_s_shard_and_loads_back_on_that_rank_only(
     two_rank_results,

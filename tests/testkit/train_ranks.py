@@ -1,0 +1,171 @@
+"""``lmgym train`` on two torchrun ranks, several command lines (scenarios) in one launch.
+
+Starting a rank costs seconds of imports (torch, transformers) and a short run well
+under one, so a test module hands every scenario it needs to one launch of this file
+(``run_scenarios``) and reads each scenario's outcome: every rank's exit status and what
+it printed. Each scenario goes through the CLI's own ``main`` and joins, then leaves,
+a process group of its own, exactly as a ``torchrun -m lmgym train`` rank does.
+
+As a script (torchrun's worker): ``train_ranks.py SPEC.json OUT_DIR``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+RANKS = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Scenario:
+    """One ``lmgym train`` command line run on both ranks.
+
+    Attributes:
+        name: the key of its outcome.
+        argv: the flags every rank gets (after ``train``).
+        per_rank: extra flags for rank 0 and rank 1 (one string each, split on spaces).
+        copy: ``(source, destination)`` directories rank 0 copies before the run starts.
+        full_disk_at: a write point (``lmgym.persistence.atomic.write_point`` label) that
+            raises ``OSError(ENOSPC)`` on rank 0 during this run.
+    """
+
+    name: str
+    argv: list[str]
+    per_rank: tuple[str, str] = ("", "")
+    copy: tuple[str, str] | None = None
+    full_disk_at: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What each rank's ``main`` returned and printed (Python's ``sys.stdout``/``stderr``)."""
+
+    codes: list[int]
+    out: list[str]
+    err: list[str]
+
+    @property
+    def stdout(self) -> str:
+        return "".join(self.out)
+
+    @property
+    def stderr(self) -> str:
+        return "".join(self.err)
+
+
+def child_env() -> dict[str, str]:
+    """The environment of a launched process: one OpenMP thread, the repository first on
+    ``PYTHONPATH``."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    return env
+
+
+def torchrun(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``torchrun --standalone --nproc-per-node 2 ARGS``, its output captured."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += ["--nproc-per-node", str(RANKS), *args]
+    return subprocess.run(command, env=child_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def run_scenarios(
+    out: Path, scenarios: list[Scenario], timeout: float = 600
+) -> tuple[subprocess.CompletedProcess, dict[str, Outcome]]:
+    """Run ``scenarios`` in order in one launch; ``(the launch, outcome by name)``.
+
+    Asserts the launch ended with 0: every rank returned from every scenario (no hang,
+    no crash), whatever each scenario's exit status.
+    """
+    spec = out / "scenarios.json"
+    spec.write_text(json.dumps([dataclasses.asdict(s) for s in scenarios]))
+    done = torchrun(__file__, str(spec), str(out), timeout=timeout)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(RANKS)]
+    outcomes = {
+        s.name: Outcome(*([rank[s.name][key] for rank in ranks] for key in ("code", "out", "err")))
+        for s in scenarios
+    }
+    return done, outcomes
+
+
+# ----------------------------------------------------------------- the worker (each rank)
+def _fresh_rendezvous(index: int, rank: int, launcher_port: int) -> None:
+    """Point the next ``env://`` rendezvous at a store of this scenario's own.
+
+    A process group re-created on the launcher's store finds the previous group's keys
+    there, and gloo then connects to stale addresses now and then; so rank 0 hosts a
+    new store on a free port and tells rank 1 through the launcher's store.
+    """
+    from torch.distributed import TCPStore
+
+    launcher = TCPStore(os.environ["MASTER_ADDR"], launcher_port, is_master=False)
+    key = f"lmgym-tests/scenario-{index}/port"
+    if rank == 0:
+        with socket.socket() as probe:
+            probe.bind((os.environ["MASTER_ADDR"], 0))
+            port = probe.getsockname()[1]
+        launcher.set(key, str(port))
+    os.environ["MASTER_PORT"] = launcher.get(key).decode()
+    os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "False"  # rank 0 hosts the store
+
+
+@contextlib.contextmanager
+def _full_disk_on_rank_0(label: str | None, rank: int):
+    from lmgym.persistence import atomic
+
+    def point(name: str) -> None:
+        if name == label:
+            raise OSError(28, "No space left on device")  # errno.ENOSPC
+
+    original = atomic.write_point
+    if label is not None and rank == 0:
+        atomic.write_point = point
+    try:
+        yield
+    finally:
+        atomic.write_point = original
+
+
+def _run(scenario: Scenario, rank: int) -> dict:
+    from lmgym.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with (
+        contextlib.redirect_stdout(out),
+        contextlib.redirect_stderr(err),
+        _full_disk_on_rank_0(scenario.full_disk_at, rank),
+    ):
+        try:
+            code = main(["train", *scenario.argv, *scenario.per_rank[rank].split()])
+        except BaseException:  # recorded for the test; the next scenario still runs
+            traceback.print_exc()
+            code = -1
+    return {"code": code, "out": out.getvalue(), "err": err.getvalue()}
+
+
+def _worker(spec: Path, out: Path) -> None:
+    rank = int(os.environ["RANK"])
+    launcher_port = int(os.environ["MASTER_PORT"])
+    results: dict[str, dict] = {}
+    for index, fields in enumerate(json.loads(spec.read_text())):
+        scenario = Scenario(**{**fields, "per_rank": tuple(fields["per_rank"])})
+        if rank == 0 and scenario.copy is not None:
+            shutil.copytree(*scenario.copy)  # before the port is published: rank 1 waits
+        _fresh_rendezvous(index, rank, launcher_port)
+        results[scenario.name] = _run(scenario, rank)
+        (out / f"rank{rank}.json").write_text(json.dumps(results))
+
+
+if __name__ == "__main__":
+    _worker(Path(sys.argv[1]), Path(sys.argv[2]))
