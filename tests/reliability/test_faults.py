@@ -2,7 +2,8 @@
 
 Each durable write passes ``lmgym.persistence.atomic.write_point`` before and after
 it; these tests stop a run at each such point, by killing a forked child there
-(``os._exit``: no clean-up runs) or by raising ``ENOSPC`` in this process.
+(``os._exit``: no clean-up runs), by copying the run directory as it is there (what
+a kill leaves), or by raising ``ENOSPC`` in this process.
 """
 
 from __future__ import annotations
@@ -37,11 +38,9 @@ def fresh_env():
 
 @pytest.mark.heavy
 def test_a_kill_at_any_write_point_then_resume_equals_an_uninterrupted_run(
-    tmp_path, train, same_history, killed_at, write_points
+    tmp_path, train, same_history, killed_at, monkeypatch
 ):
-    whole = tmp_path / "whole"
-    assert train(*RUN, "--iterations", "3", "--run-dir", str(whole)) == 0
-    base = tmp_path / "base"  # the same run: checkpoints 1, 2 and 3 (all kept)
+    base = tmp_path / "base"  # an uninterrupted run: checkpoints 1, 2 and 3 (all kept)
     assert train(*RUN, "--iterations", "3", "--keep-checkpoints", "0", "--run-dir", str(base)) == 0
 
     # The session under test resumes base from checkpoint 2 to 3, keeping 1 checkpoint:
@@ -52,11 +51,22 @@ def test_a_kill_at_any_write_point_then_resume_equals_an_uninterrupted_run(
         checkpoint = str(run / "checkpoints" / "iter_000002")
         return train("--resume", checkpoint, "--iterations", "3", "--keep-checkpoints", "1")
 
+    # What a kill at write point k leaves is the run directory as it is when the
+    # session reaches point k: one session copies it there, at every point, instead
+    # of one killed session per point. (The run lock is an flock, which a copy does
+    # not hold, as a killed process no longer does; one real kill below checks it.)
     probe = tmp_path / "probe"
     shutil.copytree(base, probe)
-    write_points.clear()
+    labels: list[str] = []
+
+    def snapshot(label: str) -> None:
+        labels.append(label)
+        if not label.startswith(AFTER):  # the files are as at the next point, which is tested
+            shutil.copytree(probe, tmp_path / f"kill{len(labels)}")
+
+    monkeypatch.setattr(atomic, "write_point", snapshot)
     assert session(probe) == 0
-    labels = list(write_points)
+    monkeypatch.undo()
     for label in (
         "started 001-after-iter_000002",
         "set aside iter_000003",
@@ -72,15 +82,17 @@ def test_a_kill_at_any_write_point_then_resume_equals_an_uninterrupted_run(
     ):
         assert label in labels, label
 
+    k = labels.index("rename latest") + 1
+    shutil.rmtree(tmp_path / f"kill{k}")
+    shutil.copytree(base, tmp_path / f"kill{k}")
+    assert killed_at(k, lambda: session(tmp_path / f"kill{k}")) == (77, "rename latest")
     for k, label in enumerate(labels, start=1):
-        if label.startswith(AFTER):
-            continue  # the files are as at the next point, which is tested
         run = tmp_path / f"kill{k}"
-        shutil.copytree(base, run)
-        assert killed_at(k, lambda run=run: session(run)) == (77, label), f"write point {k}"
+        if not run.exists():
+            continue  # a point right after a write
         # Then the user resumes the run (from its latest checkpoint) to the same total.
         assert train("--resume", str(run), "--iterations", "3") == 0, f"after a kill at {label}"
-        same_history(run, whole)
+        same_history(run, base)
         assert CheckpointManager(run / "checkpoints").latest().name == "iter_000003"
         shutil.rmtree(run)
 
