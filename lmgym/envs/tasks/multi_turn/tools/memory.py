@@ -16,8 +16,9 @@ twice:
   would touch, and page in, every one of them); while a call runs, a CPU-time timer
   (``SIGPROF``, every ``CHECK_INTERVAL`` seconds of CPU) compares the resident
   anonymous memory with its size at fork and raises ``MemoryError`` in the tool once
-  it has grown by more than the limit. After each call the heap is trimmed again,
-  so memory a call freed does not count against the next.
+  it has grown by more than the limit. After a call that leaves the worker over
+  half the limit the heap is trimmed again, so memory a call freed does not count
+  against the next.
 
 Not bound: free space left inside the parent's ``pymalloc`` arenas (objects under
 512 bytes), which the tool reuses without new pages; it is what the parent had
@@ -108,5 +109,8 @@ class WorkerMemoryLimit:
             signal.setitimer(signal.ITIMER_PROF, 0)
 
     def release(self) -> None:
-        """Hand the heap's free pages back, so what a call freed is not counted."""
-        self._trim()
+        """Hand the heap's free pages back once the worker holds more than half the
+        limit beyond its size at fork, so what a call freed is not counted against
+        the next (checked, not done, after every call: a trim costs far more)."""
+        if _anonymous_resident() - self._baseline > self.limit // 2:
+            self._trim()
