@@ -1,7 +1,7 @@
 """``lmgym train`` on 2 processes (gloo): one run directory, global metrics, resume, errors.
 
-The DDP resume, a refusal and the learning run go through ``lmgym train --nproc-per-node 2``
-itself; the other runs share one torchrun launch of ``testkit.train_ranks``, each a
+A refusal and the learning run go through ``lmgym train --nproc-per-node 2`` itself;
+the other runs share one torchrun launch of ``testkit.train_ranks``, each a
 ``main(["train", ...])`` on both ranks (what the launcher's ranks run), so that the
 ranks' imports are paid once.
 """
@@ -9,7 +9,6 @@ ranks' imports are paid once.
 from __future__ import annotations
 
 import csv
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import torch
 from testkit import refused_line, run_lmgym_train
 from testkit.train_ranks import Outcome, Scenario, run_scenarios
 
-from lmgym.cli import main
+from lmgym.cli import launch, main
 from lmgym.persistence.state import load_state
 from lmgym.policy import CausalLMPolicy
 
@@ -69,6 +68,7 @@ def ranks(tmp_path_factory) -> tuple[Path, dict[str, Outcome]]:
     root = tmp_path_factory.mktemp("ranks")
     scenarios = [
         Scenario("ddp", four_iterations(run=root / "ddp")),
+        resume_from_iteration_2(root / "ddp", root / "ddp-resume"),
         Scenario("fsdp", four_iterations("--data-parallel", "fsdp", run=root / "fsdp")),
         resume_from_iteration_2(root / "fsdp", root / "fsdp-resume"),
         Scenario(
@@ -123,17 +123,26 @@ def assert_continues_the_run(copy: Path, run: Path) -> None:
 
 
 @ONE_WORKER
-def test_two_process_resume_reproduces_the_uninterrupted_run(two_process_run, tmp_path):
-    """Through ``lmgym train --nproc-per-node 2 --resume``."""
+def test_two_process_resume_reproduces_the_uninterrupted_run(two_process_run, ranks):
     run, _ = two_process_run
-    copy = tmp_path / "run"
-    shutil.copytree(run, copy)
-    done = lmgym(
-        "--nproc-per-node", "2", "--resume", str(copy / "checkpoints" / "iter_000002"),
-        "--iterations", "4", *FAST,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert_continues_the_run(copy, run)
+    root, outcomes = ranks
+    done = outcomes["ddp-resume"]
+    assert done.codes == [0, 0], done.stdout[-3000:] + done.stderr[-3000:]
+    assert_continues_the_run(root / "ddp-resume", run)
+
+
+@ONE_WORKER
+def test_nproc_per_node_hands_a_resume_to_its_ranks(two_process_run, monkeypatch):
+    """``lmgym train --nproc-per-node 2 --resume ...`` reads the command line and starts
+    2 processes of the rest of it: the ranks' resume above. (The launch itself runs in
+    the refusal and learning tests here.)"""
+    run, _ = two_process_run
+    started: list[tuple[int, list[str]]] = []
+    monkeypatch.setattr(launch, "launch", lambda n, argv: started.append((n, argv)) or 0)
+    argv = ["--resume", str(run / "checkpoints" / "iter_000002"), "--iterations", "4", *FAST]
+    assert main(["train", "--nproc-per-node", "2", *argv]) == 0
+    assert started == [(2, argv)]
+    assert len(rows(run)) == 4  # nothing written by the parent
 
 
 @ONE_WORKER
