@@ -28,11 +28,15 @@ Where vLLM runs (``VLLMEngine.out_of_process``):
   weights go to its worker as tensors, with no disk round trip and no restart.
 - **In a child process** (``VLLMSettings.child_process``), by default when this
   process is one of a ``torch.distributed`` world of more than one (data parallel, or async actors and learners under ``torchrun``).
-  An in-process vLLM adopts the process group as its own world and breaks the run's
-  collectives; its engine core is instead spawned (``VLLM_WORKER_MULTIPROC_METHOD=
-  spawn``: a forked child would inherit the group) with a world of its own. The
-  weights then reach it as a safetensors directory in shared memory (``/dev/shm``:
-  RAM, not disk) that its ``reload_weights(weights_path=...)`` reads in place.
+  An in-process vLLM model worker adopts the process group as its own world and
+  breaks the run's collectives; the worker is instead spawned by vLLM's
+  multiprocessing executor (``VLLM_WORKER_MULTIPROC_METHOD=spawn``: a forked child
+  would inherit the group) with a world of its own, while the engine core (the
+  scheduler, which joins no world) stays in this process: one child, not an engine
+  core process that spawns the worker in turn (on a CPU each child pays vLLM's
+  import, ~10-20 s). The weights reach the worker as a safetensors directory in
+  shared memory (``/dev/shm``: RAM, not disk) that its
+  ``reload_weights(weights_path=...)`` reads in place.
 """
 
 from __future__ import annotations
@@ -88,7 +92,7 @@ class VLLMSettings:
             measurable here), compiled on GPU.
         seed: vLLM's engine seed (each request also gets its own seed, drawn from
             the rollout's generator).
-        child_process: run vLLM's engine core in a child process (weights handed over
+        child_process: run vLLM's model worker in a child process (weights handed over
             through shared memory) instead of this one; ``None``: only in a
             ``torch.distributed`` world of more than one process, where it must.
     """
@@ -213,7 +217,7 @@ class VLLMEngine:
 
     @property
     def out_of_process(self) -> bool:
-        """Whether the running engine's core is a child process (see the module's docs)."""
+        """Whether the running engine's model worker is a child process (module docs)."""
         return self._weights_dir is not None
 
     def __deepcopy__(self, memo: dict[int, Any]) -> VLLMEngine:
@@ -275,9 +279,10 @@ class VLLMEngine:
                 "child_process=False: vLLM in this process would adopt the torch.distributed "
                 "process group of this run and break it; leave child_process unset (None)"
             )
-        # In-process: the weights reach the worker as tensors (reload_weights). In a
-        # torch.distributed world the engine core is a spawned child (module docs).
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if separate else "0"
+        # The engine core runs in this process. In-process, so does the worker, and the
+        # weights reach it as tensors (reload_weights). In a torch.distributed world the
+        # worker is a spawned child of the multiprocessing executor (module docs).
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         if separate:
             os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
         # vLLM logs every start at INFO and warns about the tokenizer it is not given
@@ -303,6 +308,7 @@ class VLLMEngine:
                 enable_prefix_caching=True,
                 logprobs_mode="processed_logprobs",
                 enforce_eager=eager,
+                distributed_executor_backend="mp" if separate else None,
             )
         finally:
             # vLLM's CPU worker lowers the process's torch threads for serving and then

@@ -2,7 +2,7 @@
 
 An in-process vLLM engine adopts the run's process group as its own world and breaks
 the run's collectives (tried: the next all-reduce fails), so in a world of more than
-one process the engine core runs in a child process and reloads the learner's weights
+one process the engine's model worker runs in a child process and reloads the learner's weights
 from shared memory (``lmgym.policy.vllm_engine``). The oracle is each rank's own
 teacher-forced pass, before and after a data-parallel update. The model is a small
 random Llama with SmolLM2's tokenizer (``vllm_cases.small_chat_llama``): what is under
@@ -41,7 +41,7 @@ pytestmark = [
 
 def _kill_run(tag: str) -> None:
     """Kill every process that inherited ``LMGYM_TEST_RUN=tag``: torchrun, its ranks and
-    the vLLM engine cores, which a rank that dies leaves running (they would hold memory
+    the vLLM model workers, which a rank that dies leaves running (they would hold memory
     and the log open after the test)."""
     import psutil  # a dependency of vLLM, which this module needs
 

@@ -1,7 +1,7 @@
 """Worker launched by torchrun: vLLM as the rollout engine of a 2-process data-parallel run.
 
-Each rank serves its policy from its own vLLM engine (a child process: an in-process
-engine would adopt the run's process group), collects its own groups, takes one
+Each rank serves its policy from its own vLLM engine (its model worker a child process:
+an in-process one would adopt the run's process group), collects its own groups, takes one
 data-parallel GRPO update and collects again. It writes to ``OUT/rank{r}.pt``: where
 the engine ran, a collective's result after vLLM started, the engine's weights
 version, the largest |vLLM sampler - teacher-forced| log-prob before and after the
