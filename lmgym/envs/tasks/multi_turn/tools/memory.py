@@ -41,21 +41,28 @@ CHECK_INTERVAL = 0.005  # seconds of the worker's CPU time between checks
 
 def _address_space() -> int:
     """This process's virtual memory size in bytes (``/proc``; 0 where unknown)."""
-    return _statm(0)
+    return _statm()[0]
 
 
 def _anonymous_resident() -> int:
     """This process's resident memory not backed by a file, in bytes (``/proc``;
     0 where unknown): what allocations take, not the libraries paged in."""
-    return _statm(1) - _statm(2)
+    _, resident, shared = _statm()
+    return resident - shared
 
 
-def _statm(field: int) -> int:
+def _statm() -> tuple[int, int, int]:
+    """``/proc/self/statm``'s size, resident and shared (file-backed) memory in bytes,
+    read once; zeros where unknown."""
     try:
         with open("/proc/self/statm") as f:
-            return int(f.read().split()[field]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
+            pages = [int(field) for field in f.read().split()[:3]]
+    except (OSError, ValueError):
+        return 0, 0, 0
+    if len(pages) < 3:
+        return 0, 0, 0
+    size = os.sysconf("SC_PAGE_SIZE")
+    return pages[0] * size, pages[1] * size, pages[2] * size
 
 
 def _heap_trimmer() -> Callable[[], None]:
