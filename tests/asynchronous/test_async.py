@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from testkit import child_env, torchrun_command
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -54,12 +54,9 @@ class Launch:
 
 
 def torchrun(scenarios: list[str], out: Path, nproc: int, *extra: str) -> Launch:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE.parents[1]), env.get("PYTHONPATH", "")])
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
-    command += ["--standalone", *extra, str(HERE / "async_worker.py"), ",".join(scenarios)]
-    command.append(str(out))
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=400)
+    worker = [str(HERE / "async_worker.py"), ",".join(scenarios), str(out)]
+    command = torchrun_command(nproc, *extra, *worker)
+    done = subprocess.run(command, env=child_env(), capture_output=True, text=True, timeout=400)
     return Launch(out, done, time.time())
 
 

@@ -4,33 +4,20 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-from testkit import refused_line
+from testkit import refused_line, run_lmgym_train
 
 from lmgym.cli import main
 
 pytestmark = pytest.mark.heavy  # multi-process or end-to-end runs: make test-fast skips them
 
-ROOT = Path(__file__).resolve().parents[2]
 FAST = ["--no-progress", "--eval-prompts", "2", "--eval-samples", "2", "--log-interval", "0"]
 
 
 def lmgym(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    return subprocess.run(
-        [sys.executable, "-m", "lmgym", "train", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=ROOT,
-    )
+    return run_lmgym_train(*args, timeout=240)
 
 
 def train(*args: str) -> int:

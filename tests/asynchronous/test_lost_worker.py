@@ -5,34 +5,25 @@ checkpoint, which --save-every wrote as on the synchronous path, and the run res
 from __future__ import annotations
 
 import csv
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from testkit import child_env, torchrun_command
 
 from lmgym.cli import main
 
 pytestmark = pytest.mark.heavy  # multi-process or end-to-end runs: make test-fast skips them
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
 FAST = ["--no-progress", "--eval-prompts", "2", "--eval-samples", "2", "--log-interval", "0"]
-
-
-def environment() -> dict[str, str]:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    return env
 
 
 def test_a_killed_actor_ends_the_run_in_one_line_and_what_was_saved_resumes(tmp_path):
     run = tmp_path / "run"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    command += ["--nproc-per-node", "2", str(HERE / "cli_lost_actor.py"), str(tmp_path), str(run)]
+    command = torchrun_command(2, str(HERE / "cli_lost_actor.py"), str(tmp_path), str(run))
     command += ["--iterations", "40", "--save-every", "2", "--sample-every", "0", *FAST]
-    done = subprocess.run(command, env=environment(), capture_output=True, text=True, timeout=300)
+    done = subprocess.run(command, env=child_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode != 0  # the launcher reports the killed actor
     errors = [line for line in done.stderr.splitlines() if line.startswith("lmgym train: error:")]
     assert len(errors) == 1, done.stderr[-3000:]

@@ -20,7 +20,6 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -38,7 +37,6 @@ from lmgym.types import RolloutBatch
 
 pytestmark = pytest.mark.heavy  # multi-process runs: make test-fast skips them
 
-ROOT = Path(__file__).resolve().parents[2]
 ROWS, GROUP = 12, 4
 MASKED = [9, 10]  # rows of the last group (rank 1's): fewer valid tokens there
 # Each row's reward per turn (multiplied by the turn's number): returns differ within
@@ -146,11 +144,10 @@ def async_worker(out: Path) -> None:
 
 
 def torchrun(out: Path, nproc: int = 2, timeout: float = 300) -> None:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
-    command += ["--standalone", __file__, str(out)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+    from testkit import child_env, torchrun_command  # here: as a script, testkit is not importable
+
+    command = torchrun_command(nproc, __file__, str(out))
+    done = subprocess.run(command, env=child_env(), capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from testkit import child_env, torchrun_command
 
 HERE = Path(__file__).resolve().parent
 # The vLLM tests' shared cases and this test's torchrun worker live beside the
@@ -60,10 +61,8 @@ def ranks(tmp_path_factory) -> list[dict]:
     # optimizer and a vLLM engine; the real model there needs about 20 GiB for the two.
     model = small_chat_llama(out / "model")
     tag = f"{os.getpid()}-{out.name}"
-    env = dict(os.environ, OMP_NUM_THREADS="1", LMGYM_TEST_RUN=tag)
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE.parents[1]), env.get("PYTHONPATH", "")])
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
-    command += ["--standalone", str(POLICY_TESTS / "vllm_world.py"), str(out), str(model)]
+    env = child_env(LMGYM_TEST_RUN=tag)
+    command = torchrun_command(2, str(POLICY_TESTS / "vllm_world.py"), str(out), str(model))
     log = out / "torchrun.log"
     # Output to a file, not a pipe: a pipe stays open while any child lives.
     with log.open("w") as sink:

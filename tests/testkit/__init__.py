@@ -250,14 +250,27 @@ def refused_line(
     return one_line(capsys)
 
 
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment of a process a test starts (``python -m lmgym``, torchrun and
+    its ranks): one OpenMP thread, the repository root first on ``PYTHONPATH``, plus
+    ``extra``."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", **extra)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    return env
+
+
+def torchrun_command(nproc: int, *args: str) -> list[str]:
+    """``torchrun --standalone --nproc-per-node NPROC ARGS`` as this interpreter runs it."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    return [*command, "--nproc-per-node", str(nproc), *args]
+
+
 def run_lmgym_train(*args: str, timeout: float) -> subprocess.CompletedProcess:
     """``python -m lmgym train ARGS`` in a child process run from the repository root
-    (one OpenMP thread, the root first on ``PYTHONPATH``), its output captured."""
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    (``child_env``), its output captured."""
     command = [sys.executable, "-m", "lmgym", "train", *args]
     return subprocess.run(
-        command, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT
+        command, env=child_env(), capture_output=True, text=True, timeout=timeout, cwd=ROOT
     )
 
 

@@ -64,18 +64,13 @@ class Outcome:
         return "".join(self.err)
 
 
-def child_env() -> dict[str, str]:
-    """The environment of a launched process: one OpenMP thread, the repository first on
-    ``PYTHONPATH``."""
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    return env
-
-
 def torchrun(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """``torchrun --standalone --nproc-per-node 2 ARGS``, its output captured."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    command += ["--nproc-per-node", str(RANKS), *args]
+    # Here, not at the top: as a script this file is torchrun's worker, where the
+    # package ``testkit`` is not importable (and not needed).
+    from testkit import child_env, torchrun_command
+
+    command = torchrun_command(RANKS, *args)
     return subprocess.run(command, env=child_env(), capture_output=True, text=True, timeout=timeout)
 
 
