@@ -25,6 +25,7 @@ import csv
 import importlib.util
 import io
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -142,8 +143,36 @@ class _PurgingTensorBoard(TensorBoardOutputFormat):
     def __init__(self, folder: str, purge_step: int | None) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
+        _after_earlier_event_files(Path(folder))
         self.writer = SummaryWriter(log_dir=folder, purge_step=purge_step)
         self._is_closed = False
+
+
+# An event file's name: events.out.tfevents.<whole-second start time, 10 digits>.<host>.<pid>.<n>
+_EVENTS = "events.out.tfevents."
+# A clock more than this behind an earlier session's file is not waited out.
+_MAX_WAIT_S = 2.0
+
+
+def _after_earlier_event_files(folder: Path) -> None:
+    """Wait until the whole second of the newest event file in ``folder`` has passed.
+
+    TensorBoard reads a directory's event files in name order, and a name orders by
+    its start second first, then by host, pid and a per-process counter compared as
+    text (``...1.10`` before ``...1.9``). A session started within the second of an
+    earlier one (a quick resume) could then be read before it, and its ``purge_step``
+    would hide its own new steps instead of the abandoned ones (seen in the test
+    suite, where one process had made ten writers).
+    """
+    seconds = [
+        int(stamp)
+        for path in folder.glob(_EVENTS + "*")
+        if (stamp := path.name[len(_EVENTS) :].split(".", 1)[0]).isdigit()
+    ]
+    if seconds:
+        wait = max(seconds) + 1 - time.time()
+        if 0 < wait <= _MAX_WAIT_S:
+            time.sleep(wait)
 
 
 def make_logger(

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
+import time
 
 import pytest
 
 from lmgym.training import TrainConfig, Trainer
-from lmgym.training.logger import read_progress
+from lmgym.training.logger import make_logger, read_progress
 
 RUN = ["--task", "lmgym/Reverse-v0", "--sample-every", "2", "--eval-every", "2"]
 
@@ -67,6 +69,23 @@ def test_tensorboard_hides_the_abandoned_steps_after_a_resume(tmp_path, train):
     events = EventAccumulator(str(run))
     events.Reload()
     assert [event.step for event in events.Scalars("reward_mean")] == [1, 2, 3, 4, 5]
+
+
+def test_a_resume_within_the_same_second_writes_an_event_file_read_after_the_earlier_one(
+    tmp_path,
+):
+    """TensorBoard reads event files in name order: start second, then host, pid and a
+    per-process counter as text. An earlier session's file from this very second, with
+    a pid that sorts after any real one, must still be read before the resumed one."""
+    pytest.importorskip("tensorboard")
+    earlier = (
+        tmp_path / f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.99999999.9"
+    )
+    earlier.write_bytes(b"")
+    logger = make_logger(tmp_path, tensorboard=True, resume_at=2)
+    logger.close()
+    files = sorted(p.name for p in tmp_path.glob("events.out.tfevents.*"))
+    assert len(files) == 2 and files[0] == earlier.name, files
 
 
 def test_a_full_disk_while_rewinding_loses_no_row(tmp_path, train, capsys, fail_at, write_points):
