@@ -1,4 +1,5 @@
-"""``lmgym train`` on 2 processes (gloo): one run directory, global metrics, resume, errors.
+"""``lmgym train`` on 2 processes (gloo): one run directory, global metrics, resume, errors
+(a command line only one rank refuses, issue 27 §6, among them).
 
 A refusal and the learning run go through ``lmgym train --nproc-per-node 2`` itself;
 the other runs share one torchrun launch of ``testkit.train_ranks``, each a
@@ -62,15 +63,23 @@ def four_iterations(*flags: str, run: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory) -> tuple[Path, dict[str, Outcome]]:
-    """``(directory, outcome by name)`` of one torchrun launch of every scenario below;
-    each writes under ``directory / name``."""
+def ranks_launch(
+    tmp_path_factory,
+) -> tuple[Path, subprocess.CompletedProcess, dict[str, Outcome]]:
+    """``(directory, the launch, outcome by name)`` of one torchrun launch of every
+    scenario below; each writes under ``directory / name``."""
     root = tmp_path_factory.mktemp("ranks")
     scenarios = [
         Scenario("ddp", four_iterations(run=root / "ddp")),
         resume_from_iteration_2(root / "ddp", root / "ddp-resume"),
         Scenario("fsdp", four_iterations("--data-parallel", "fsdp", run=root / "fsdp")),
         resume_from_iteration_2(root / "fsdp", root / "fsdp-resume"),
+        # Before the other refusals: the scenarios after it show the launch goes on.
+        Scenario(
+            "bad-flag",
+            ["--no-progress", "--run-dir", str(root / "bad-flag")],
+            per_rank=("", "--learning-rate -1"),
+        ),
         Scenario(
             "config-differs",
             ["--run-dir", str(root / "config-differs")],
@@ -78,7 +87,14 @@ def ranks(tmp_path_factory) -> tuple[Path, dict[str, Outcome]]:
         ),
         Scenario("minibatches", [*BAD_MINIBATCHES, "--run-dir", str(root / "minibatches")]),
     ]
-    _, outcomes = run_scenarios(root, scenarios)
+    launch, outcomes = run_scenarios(root, scenarios)  # every rank returned: no hang
+    return root, launch, outcomes
+
+
+@pytest.fixture(scope="module")
+def ranks(ranks_launch) -> tuple[Path, dict[str, Outcome]]:
+    """``(directory, outcome by name)`` of ``ranks_launch``."""
+    root, _, outcomes = ranks_launch
     return root, outcomes
 
 
@@ -153,6 +169,22 @@ def test_resume_with_another_world_size_is_refused(two_process_run, capsys):
     line = refused_line(main, capsys, ["train", "--resume", str(run), "--iterations", "5", *FAST])
     assert "was written by a run of 2 process(es) (world size 2) and this run has 1" in line
     assert len(rows(run)) == 4  # nothing written
+
+
+@ONE_WORKER
+def test_a_bad_flag_on_one_rank_ends_every_rank_with_one_line(ranks_launch):
+    """A command line that only one rank refuses: every rank exits 2 with one line naming
+    the bad value, none with a lost-peer traceback (issue 27 §6). The launch's stderr is
+    every scenario's: a lost peer in any of them fails this test."""
+    root, launch, outcomes = ranks_launch
+    done = outcomes["bad-flag"]
+    assert done.codes == [2, 2]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("lmgym train: error:")]
+    assert len(errors) == 2 and all("learning_rate=-1" in line for line in errors), errors
+    assert any("rank 1 failed, so this rank stops too" in line for line in errors)
+    for stderr in (done.stderr, launch.stderr):  # Python's, and what the processes wrote
+        assert "Connection closed by peer" not in stderr and "Traceback" not in stderr
+    assert not (root / "bad-flag").exists()
 
 
 @ONE_WORKER
