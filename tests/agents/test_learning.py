@@ -19,6 +19,10 @@ from lmgym.policy import CausalLMPolicy, make_char_tokenizer, make_tiny_model
 pytestmark = pytest.mark.learning
 
 SEEDS = (0, 1, 2)
+# The check: a rolling mean over 5 iterations of at least this. A run stops as soon as
+# it holds (training on to a higher mark tested nothing more: that a solved policy
+# stays solved is test_saturation.py's check).
+SOLVED = 0.9
 
 # algorithm -> (config overrides, env reward mode, iteration budget). Budgets: about
 # 1.5x the most iterations any of the seeds needed when measured, to a rolling 0.95
@@ -64,7 +68,7 @@ def train(name: str, seed: int) -> list[dict[str, float]]:
 
     def stop_when_solved(agent, metrics):
         recent.append(metrics["reward_mean"])
-        return not (len(recent) >= 5 and sum(recent[-5:]) / 5 >= 0.95)
+        return not (len(recent) >= 5 and sum(recent[-5:]) / 5 >= SOLVED)
 
     recent: list[float] = []
     return agent.learn(iterations, callback=stop_when_solved)
@@ -77,4 +81,6 @@ def test_agent_learns_the_target_string(name, seed):
     first = sum(m["reward_mean"] for m in history[:3]) / 3
     last = sum(m["reward_mean"] for m in history[-5:]) / 5
     assert first < 0.2, f"{name} should start near random level, got {first:.3f}"
-    assert last >= 0.9, f"{name} seed {seed} reached only {last:.3f} in {len(history)} iterations"
+    assert last >= SOLVED, (
+        f"{name} seed {seed} reached only {last:.3f} in {len(history)} iterations"
+    )

@@ -33,6 +33,9 @@ ENV_ID = "lmgym/EchoTurn-v0"
 # three seeds, 7-21 s each (up to 35 s with the 2-core machine under other load).
 CASES = {"grpo": 200, "rloo": 200, "ppo": 120}
 SEEDS = (0, 1, 2)
+# The check: a rolling mean over 5 iterations of at least this; a run stops as soon as
+# it holds (as in tests/agents/test_learning.py).
+SOLVED = 0.9
 
 
 def make_env(**kwargs: object) -> TokenVectorEnv:
@@ -51,7 +54,7 @@ def train(name: str, seed: int) -> list[dict[str, float]]:
 
     def stop_when_solved(agent: object, metrics: dict[str, float]) -> bool:
         recent.append(metrics["reward_mean"])
-        return not (len(recent) >= 5 and sum(recent[-5:]) / 5 >= 0.95)
+        return not (len(recent) >= 5 and sum(recent[-5:]) / 5 >= SOLVED)
 
     return agent.learn(CASES[name], callback=stop_when_solved)
 
@@ -131,5 +134,7 @@ def test_agent_learns_to_repeat_the_environments_letter(name, seed):
     first = history[0]["reward_mean"]
     last = sum(m["reward_mean"] for m in history[-5:]) / 5
     assert first < 0.15, f"{name} seed {seed} should start near random level, got {first:.3f}"
-    assert last >= 0.9, f"{name} seed {seed} reached only {last:.3f} in {len(history)} iterations"
+    assert last >= SOLVED, (
+        f"{name} seed {seed} reached only {last:.3f} in {len(history)} iterations"
+    )
     assert last > BLIND + 0.6  # far above any policy that ignores the observation
