@@ -6,7 +6,9 @@ and played by an OpenEnv client; and the two chained."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
+import importlib.util
 import random
 import re
 import sys
@@ -17,28 +19,31 @@ import pytest
 import torch
 from testkit import ROOT, import_script
 
-pytest.importorskip("openenv.core")
+from lmgym.envs import TASKS, register_responder_env
+from lmgym.envs.prompts import source_columns
+from lmgym.envs.turns import TurnInput, TurnOutput
+from lmgym.integrations.openenv_local import LocalServer  # no openenv import of its own
 
-from openenv.core.env_server.http_server import create_app  # noqa: E402
-
-from lmgym.envs import TASKS, register_responder_env  # noqa: E402
-from lmgym.envs.prompts import source_columns  # noqa: E402
-from lmgym.envs.turns import TurnInput, TurnOutput  # noqa: E402
-from lmgym.integrations.openenv_client import OpenEnvState, openenv_env  # noqa: E402
-from lmgym.integrations.openenv_local import LocalServer  # noqa: E402
-from lmgym.integrations.openenv_models import LmgymAction, LmgymEnvClient  # noqa: E402
-from lmgym.integrations.openenv_server import create_lmgym_app  # noqa: E402
+# Skipped, as pytest.importorskip("openenv.core") would, where openenv is missing; found,
+# not imported: openenv.core pulls in gradio and MCP (seconds of every collection, on
+# every xdist worker), so openenv.core and the lmgym.integrations.openenv_* modules
+# built on it are imported in the fixtures and tests that use them.
+try:
+    OPENENV_FOUND = importlib.util.find_spec("openenv.core") is not None
+except ModuleNotFoundError:  # no package openenv at all
+    OPENENV_FOUND = False
+if not OPENENV_FOUND:
+    pytest.skip("could not import 'openenv.core': not installed", allow_module_level=True)
 
 LAKE_PATH = ["right", "right", "down", "down", "down", "right"]
 
 
 # ------------------------------------------------------------ a server of our own
-# The example's server: guess a digit 1-9 drawn from the seed, told higher/lower,
-# each step taking STEP_SECONDS (a slow server).
-EXAMPLE = import_script(ROOT / "examples" / "openenv_client.py", "openenv_client_example_server")
-GuessAction, GuessObservation = EXAMPLE.GuessAction, EXAMPLE.GuessObservation
-GuessEnvironment = EXAMPLE.GuessDigit
-DELAY = EXAMPLE.STEP_SECONDS  # seconds each server step takes
+@functools.cache
+def example():
+    """The example's server: guess a digit 1-9 drawn from the seed, told higher/lower,
+    each step taking STEP_SECONDS (a slow server); imported once."""
+    return import_script(ROOT / "examples" / "openenv_client.py", "openenv_client_example_server")
 
 
 def secret(seed: int) -> int:
@@ -47,13 +52,20 @@ def secret(seed: int) -> int:
 
 @pytest.fixture(scope="module")
 def guess_server():
-    app = create_app(GuessEnvironment, GuessAction, GuessObservation, max_concurrent_envs=32)
+    from openenv.core.env_server.http_server import create_app
+
+    server = example()
+    app = create_app(
+        server.GuessDigit, server.GuessAction, server.GuessObservation, max_concurrent_envs=32
+    )
     with LocalServer(app) as url:
         yield url
 
 
 @pytest.fixture(scope="module")
 def lake_server():
+    from lmgym.integrations.openenv_server import create_lmgym_app
+
     with LocalServer(create_lmgym_app("lmgym/FrozenLake-v0", split="all")) as url:
         yield url
 
@@ -64,6 +76,9 @@ def encode_turn(tok, text: str) -> list[int]:
 
 # ------------------------------------------------------ (b) OpenEnv -> lmgym task
 def test_an_openenv_server_plays_as_a_multi_turn_task_rows_concurrently(guess_server):
+    from lmgym.integrations.openenv_client import openenv_env
+
+    DELAY = example().STEP_SECONDS  # seconds each server step takes
     env = openenv_env(
         guess_server, seeds=[0, 1, 2, 3], num_envs=4, group_size=1, autoreset=False,
         max_new_tokens=200, max_turns=9,
@@ -99,6 +114,8 @@ def test_an_openenv_server_plays_as_a_multi_turn_task_rows_concurrently(guess_se
 
 
 def test_a_copied_state_replays_its_session_from_the_seed(guess_server):
+    from lmgym.integrations.openenv_client import OpenEnvState, openenv_env
+
     env = openenv_env(guess_server, seeds=[5, 6], num_envs=2, group_size=1, max_new_tokens=64)
     responder = env.responder
 
@@ -118,19 +135,31 @@ def test_a_copied_state_replays_its_session_from_the_seed(guess_server):
     assert asyncio.run(play()) == (1.0, True)
 
 
-class Unseeded(GuessEnvironment):
-    """A server whose first observation ignores the seed: a new one every reset."""
+def unseeded_environment() -> type:
+    """The example's server, but its first observation ignores the seed: a new one every
+    reset."""
+    GuessObservation = example().GuessObservation
 
-    resets = 0
+    class Unseeded(example().GuessDigit):
+        resets = 0
 
-    def reset(self, seed=None, episode_id=None, **kwargs) -> GuessObservation:
-        super().reset(seed, episode_id)
-        Unseeded.resets += 1
-        return GuessObservation(text=f"game number {Unseeded.resets}.", reward=0.0)
+        def reset(self, seed=None, episode_id=None, **kwargs) -> GuessObservation:
+            super().reset(seed, episode_id)
+            Unseeded.resets += 1
+            return GuessObservation(text=f"game number {Unseeded.resets}.", reward=0.0)
+
+    return Unseeded
 
 
 def test_a_server_not_deterministic_under_its_seed_is_refused_naming_the_seed():
-    app = create_app(Unseeded, GuessAction, GuessObservation, max_concurrent_envs=8)
+    from openenv.core.env_server.http_server import create_app
+
+    from lmgym.integrations.openenv_client import openenv_env
+
+    server = example()
+    app = create_app(
+        unseeded_environment(), server.GuessAction, server.GuessObservation, max_concurrent_envs=8
+    )
     with LocalServer(app) as url:
         env = openenv_env(url, seeds=[4, 5], num_envs=2, group_size=1, max_new_tokens=32)
         with pytest.raises(ValueError, match=r"reset\(seed=\d\) shows another first observation"):
@@ -139,6 +168,8 @@ def test_a_server_not_deterministic_under_its_seed_is_refused_naming_the_seed():
 
 # ---------------------------------------------------- (c) lmgym task -> OpenEnv
 def test_an_openenv_client_plays_an_lmgym_task_to_the_goal(lake_server):
+    from lmgym.integrations.openenv_models import LmgymAction, LmgymEnvClient
+
     async def play():
         async with LmgymEnvClient(base_url=lake_server) as env:
             first = await env.reset(seed=0)
@@ -156,6 +187,8 @@ def test_an_openenv_client_plays_an_lmgym_task_to_the_goal(lake_server):
 
 
 def test_the_served_task_cuts_an_episode_at_its_max_turns(lake_server):
+    from lmgym.integrations.openenv_models import LmgymAction, LmgymEnvClient
+
     async def play():
         async with LmgymEnvClient(base_url=lake_server) as env:
             await env.reset(seed=1)
@@ -168,6 +201,8 @@ def test_the_served_task_cuts_an_episode_at_its_max_turns(lake_server):
 
 def test_an_lmgym_task_through_openenv_and_back_is_the_same_game(lake_server):
     """The FrozenLake served over OpenEnv, played as an lmgym task over the client."""
+    from lmgym.integrations.openenv_client import openenv_env
+
     env = openenv_env(
         lake_server, seeds=[0, 1], num_envs=2, group_size=1, autoreset=False,
         max_new_tokens=320, max_turns=10,
@@ -203,6 +238,9 @@ class AsyncCount:
 
 
 def test_an_async_responder_task_is_served_on_one_loop_per_session():
+    from lmgym.integrations.openenv_models import LmgymAction, LmgymEnvClient
+    from lmgym.integrations.openenv_server import create_lmgym_app
+
     env_id = register_responder_env("OpenEnvAsyncCount", AsyncCount(), ["count:"])
     try:
         app = create_lmgym_app(env_id)
