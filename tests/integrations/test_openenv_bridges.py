@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import importlib
-import importlib.util
 import random
 import re
 import sys
@@ -17,23 +16,17 @@ import time
 import gymnasium as gym
 import pytest
 import torch
-from testkit import ROOT, import_script
+from testkit import ROOT, import_script, skip_module_unless_found
 
 from lmgym.envs import TASKS, register_responder_env
 from lmgym.envs.prompts import source_columns
 from lmgym.envs.turns import TurnInput, TurnOutput
 from lmgym.integrations.openenv_local import LocalServer  # no openenv import of its own
 
-# Skipped, as pytest.importorskip("openenv.core") would, where openenv is missing; found,
-# not imported: openenv.core pulls in gradio and MCP (seconds of every collection, on
-# every xdist worker), so openenv.core and the lmgym.integrations.openenv_* modules
-# built on it are imported in the fixtures and tests that use them.
-try:
-    OPENENV_FOUND = importlib.util.find_spec("openenv.core") is not None
-except ModuleNotFoundError:  # no package openenv at all
-    OPENENV_FOUND = False
-if not OPENENV_FOUND:
-    pytest.skip("could not import 'openenv.core': not installed", allow_module_level=True)
+# openenv.core pulls in gradio and MCP (seconds of every collection, on every xdist
+# worker): it and the lmgym.integrations.openenv_* modules built on it are imported in
+# the fixtures and tests that use them.
+skip_module_unless_found("openenv.core")
 
 LAKE_PATH = ["right", "right", "down", "down", "down", "right"]
 

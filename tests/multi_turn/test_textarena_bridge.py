@@ -6,7 +6,6 @@ where textarena is missing."""
 from __future__ import annotations
 
 import copy
-import importlib.util
 import random
 import re
 import sys
@@ -17,7 +16,7 @@ import pytest
 import torch
 from gymnasium.utils.env_checker import check_env as gymnasium_check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
-from testkit import encode_turn, step_scripted_turns
+from testkit import encode_turn, skip_module_unless_found, step_scripted_turns
 
 from lmgym.envs import TASKS
 from lmgym.envs.prompts import source_columns
@@ -34,11 +33,8 @@ from lmgym.envs.tasks.multi_turn.textarena_games import (
 )
 from lmgym.extras import require
 
-# Skipped, as pytest.importorskip("textarena") would, where textarena is missing; found,
-# not imported: the bridge imports it when a game is made, so collection (on every xdist
-# worker) does not pay for it.
-if importlib.util.find_spec("textarena") is None:
-    pytest.skip("could not import 'textarena': not installed", allow_module_level=True)
+# The bridge imports textarena when a game is made.
+skip_module_unless_found("textarena")
 
 IDS = ["lmgym/TextArena-GuessTheNumber-v0", "lmgym/TextArena-Crosswords-v0",
        "lmgym/TextArena-TowerOfHanoi-v0"]  # fmt: skip

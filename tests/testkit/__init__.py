@@ -221,6 +221,18 @@ def step_scripted_turns(
 
 
 # ------------------------------------------------------------------ examples, CLI
+def skip_module_unless_found(module: str) -> None:
+    """Skip the calling test module whole, as ``pytest.importorskip(module)`` would, when
+    ``module`` is not installed; found, not imported, so collection (on every xdist
+    worker) does not pay for a heavy extra the module imports where it uses it."""
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # its parent package is missing too
+        found = False
+    if not found:
+        pytest.skip(f"could not import {module!r}: not installed", allow_module_level=True)
+
+
 def import_script(path: Path, name: str) -> ModuleType:
     """Import the script at ``path`` (an example, a benchmark) as a fresh module named
     ``name``, registered in ``sys.modules`` (dataclasses look their module up there)."""
