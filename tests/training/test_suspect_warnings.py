@@ -252,10 +252,18 @@ def test_a_planted_divergence_warns(yes_no):
 
 
 def test_a_healthy_run_stays_quiet(tmp_path):
-    """The demo task learns (reward and held-out reward rise): no warning at all."""
+    """The demo task learns (reward and held-out reward rise): no warning at all.
+
+    Its target is "world", not the default "hello": "hello" has a trap ('helll', reward
+    0.8) that a run may sit in for tens of iterations, and the collapse warning is right
+    to name it. Whether seed 0 falls in depends on the CPU's float rounding (on an AMD
+    EPYC it sits there from iteration ~40 to ~70); "world" has no repeated letter and
+    rose to >= 0.95 by iteration 40 on seeds 0-2 without a warning there.
+    """
     config = TrainConfig(
         iterations=40, eval_every=20, eval_prompts=4, eval_samples=4, sample_every=0,
         log_interval=0, no_progress=True, run_dir=str(tmp_path / "run"),
+        env_kwargs={"target": "world"},
     )  # fmt: skip
     lines: list[str] = []
     result = Trainer(config, GRPOConfig(), out=lines.append).run()
