@@ -46,7 +46,7 @@ def _start(argv: Sequence[str]) -> tuple[Any, Any]:
     value (``agree_to_start``), instead of the others failing on a lost peer.
     """
     from lmgym.cli.launch import agree_to_start, launch
-    from lmgym.cli.train_args import UsageError, make_trainer, parse_train
+    from lmgym.cli.train_args import UsageError, check_before_launch, make_trainer, parse_train
     from lmgym.persistence import CheckpointError
     from lmgym.training.ranks import launched_ranks
 
@@ -55,6 +55,7 @@ def _start(argv: Sequence[str]) -> tuple[Any, Any]:
     try:
         request = parse_train(argv)
         if request.processes is not None:
+            check_before_launch(request)  # one line here, not one from every process
             return None, launch(request.processes, request.argv)
         trainer = make_trainer(request)
     except (UsageError, CheckpointError, OSError, TypeError, ValueError) as exc:

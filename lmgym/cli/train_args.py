@@ -392,7 +392,7 @@ def make_trainer(request: TrainRequest) -> Any:
         UsageError: a resume would change what a resumed run keeps (naming the flag).
         ValueError, TypeError: a value no run can use.
     """
-    from lmgym.training.resume import FixedOnResumeError, agent_config_from_dict
+    from lmgym.training.resume import FixedOnResumeError
     from lmgym.training.trainer import Trainer
 
     quiet_transformers()
@@ -406,13 +406,40 @@ def make_trainer(request: TrainRequest) -> Any:
                 f"--resume: {flag(exc.field)} {exc.value!r} differs from the run's {exc.old!r}; "
                 f"{exc.KEPT}"
             ) from None
+    config, agent_config = _fresh_configs(request)
+    return Trainer(
+        config, agent_config, overwrite=request.overwrite, async_config=request.async_config
+    )
+
+
+def _fresh_configs(request: TrainRequest) -> tuple[TrainConfig, Any]:
+    """``(TrainConfig, agent config)`` of a fresh run's request (not yet checked)."""
+    from lmgym.training.resume import agent_config_from_dict
+
     try:
         agent_config = agent_config_from_dict(request.algo, request.agent_values)
     except TypeError as exc:
         raise UsageError(str(exc)) from None
-    return Trainer(
-        TrainConfig(**request.run_values),
-        agent_config,
-        overwrite=request.overwrite,
-        async_config=request.async_config,
-    )
+    return TrainConfig(**request.run_values), agent_config
+
+
+def check_before_launch(request: TrainRequest) -> None:
+    """Refuse here, before any process of a launch starts, what every one of them would
+    refuse alike: the run's and the agent's values (``resolve``: the task, its env
+    arguments, the shared agent fields), and a ``num_minibatches`` that does
+    not divide each process's batch of ``num_prompts * group_size`` rows (data parallel
+    gives each rank that many; so does an asynchronous run each actor and learner). A
+    resume's saved values were checked when its run started; its processes check what
+    it changes.
+
+    Raises:
+        UsageError, ValueError, TypeError: as ``make_trainer``.
+    """
+    if request.resume is not None:
+        return
+    from lmgym.agents.config import check_complete
+    from lmgym.envs.options import rows_of
+    from lmgym.training.resolved import resolve
+
+    run = resolve(*_fresh_configs(request))
+    check_complete(run.agent_config, rows_of(run.config.num_prompts, run.config.group_size))

@@ -1,7 +1,8 @@
 """``lmgym train`` on 2 processes (gloo): one run directory, global metrics, resume, errors
 (a command line only one rank refuses, issue 27 §6, among them).
 
-A refusal and the learning run go through ``lmgym train --nproc-per-node 2`` itself;
+The learning run goes through ``lmgym train --nproc-per-node 2`` itself (a command
+line every rank would refuse alike is refused before the launcher, in this process);
 the other runs share one torchrun launch of ``testkit.train_ranks``, each a
 ``main(["train", ...])`` on both ranks (what the launcher's ranks run), so that the
 ranks' imports are paid once.
@@ -10,6 +11,7 @@ ranks' imports are paid once.
 from __future__ import annotations
 
 import csv
+import json
 import subprocess
 from pathlib import Path
 
@@ -33,6 +35,11 @@ MINIBATCHES_MESSAGE = (
     "lmgym train: error: num_minibatches=3 does not divide the batch of 8 rows "
     "(num_prompts * group_size); pick a divisor of 8"
 )
+
+
+# A multi-turn task (the env answers each guess) end to end on both ranks.
+MULTI_TURN = ["--task", "lmgym/GuessNumber-v0", "--iterations", "3", "--save-every", "3",
+              "--num-prompts", "2", "--group-size", "4", "--log-interval", "0", *FAST]  # fmt: skip
 
 
 def lmgym(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
@@ -74,6 +81,7 @@ def ranks_launch(
         resume_from_iteration_2(root / "ddp", root / "ddp-resume"),
         Scenario("fsdp", four_iterations("--data-parallel", "fsdp", run=root / "fsdp")),
         resume_from_iteration_2(root / "fsdp", root / "fsdp-resume"),
+        Scenario("multi-turn", [*MULTI_TURN, "--run-dir", str(root / "multi-turn")]),
         # Before the other refusals: the scenarios after it show the launch goes on.
         Scenario(
             "bad-flag",
@@ -151,7 +159,7 @@ def test_two_process_resume_reproduces_the_uninterrupted_run(two_process_run, ra
 def test_nproc_per_node_hands_a_resume_to_its_ranks(two_process_run, monkeypatch):
     """``lmgym train --nproc-per-node 2 --resume ...`` reads the command line and starts
     2 processes of the rest of it: the ranks' resume above. (The launch itself runs in
-    the refusal and learning tests here.)"""
+    the learning test here.)"""
     run, _ = two_process_run
     started: list[tuple[int, list[str]]] = []
     monkeypatch.setattr(launch, "launch", lambda n, argv: started.append((n, argv)) or 0)
@@ -196,6 +204,21 @@ def test_a_train_config_that_differs_between_ranks_fails_on_every_rank(ranks):
     assert not (root / "config-differs").exists()
 
 
+@ONE_WORKER
+def test_a_multi_turn_task_runs_on_two_processes(ranks):
+    """Rank 0 reports once and writes every iteration, the last checkpoint and the
+    evaluations before and after training."""
+    root, outcomes = ranks
+    done = outcomes["multi-turn"]
+    assert done.codes == [0, 0], done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stdout.count("reward before:") == 1
+    run = root / "multi-turn"
+    assert [float(r["iteration"]) for r in rows(run)] == [1, 2, 3]
+    assert (run / "checkpoints" / "latest").read_text().strip() == "iter_000003"
+    evals = [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines()]
+    assert [e.get("at") for e in evals] == ["start", "end"]
+
+
 @pytest.mark.learning
 def test_two_process_grpo_solves_target_string(tmp_path):
     run = tmp_path / "run"
@@ -208,14 +231,39 @@ def test_two_process_grpo_solves_target_string(tmp_path):
     assert "early stop at iteration" in done.stdout
 
 
-def test_num_minibatches_not_dividing_a_rank_s_batch_fails_through_the_launcher(tmp_path):
+def test_num_minibatches_not_dividing_a_rank_s_batch_fails_before_the_launcher(
+    tmp_path, capsys, monkeypatch
+):
     """Each rank's batch (num_prompts * group_size = 8 rows) must split into whole
     minibatches: 3 does not divide it, so ``--nproc-per-node 2`` exits 2 with the error
-    and writes no run directory."""
-    done = lmgym("--nproc-per-node", "2", *BAD_MINIBATCHES, "--run-dir", str(tmp_path / "run"))
-    assert done.returncode == 2
-    assert MINIBATCHES_MESSAGE in done.stderr
+    its ranks would each give, once, without starting them, and writes no run directory."""
+    started: list[int] = []
+    monkeypatch.setattr(launch, "launch", lambda n, argv: started.append(n) or 0)
+    argv = ["train", "--nproc-per-node", "2", *BAD_MINIBATCHES, "--run-dir", str(tmp_path / "run")]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip() == MINIBATCHES_MESSAGE
+    assert started == []
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "codes, status", [({0: 2, 1: -9}, 2), ({0: -9, 1: 2}, 2), ({0: -9}, 1), ({1: 1}, 1)]
+)
+def test_the_launcher_exits_with_the_first_failing_rank_s_status(codes, status, monkeypatch):
+    """A rank's refusal (exit 2) is the launch's status, whichever rank gave it; a rank
+    killed by a signal (a negative code) alone makes it 1."""
+    import torch.distributed.run
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    def failing_run(args):
+        failures = {
+            rank: ProcessFailure(local_rank=rank, pid=100 + rank, exitcode=code, error_file="")
+            for rank, code in codes.items()
+        }
+        raise ChildFailedError("lmgym", failures)
+
+    monkeypatch.setattr(torch.distributed.run, "run", failing_run)
+    assert launch.launch(2, ["--iterations", "1"]) == status
 
 
 @ONE_WORKER
