@@ -28,10 +28,13 @@ def train(*args: str) -> int:
 def test_one_actor_one_learner_runs_and_writes_one_run_directory(tmp_path, capsys):
     """Learner 0 writes what rank 0 of a synchronous run writes: checkpoints every
     --save-every, periodic evaluations and samples; the run resumes synchronously (in
-    this process: the resumed run is a one-process run)."""
+    this process: the resumed run is a one-process run). The task is multi-turn
+    (GuessNumber: the env answers each guess), so the launch also shows that the actor
+    plays whole multi-turn episodes for the learner."""
     run = tmp_path / "run"
     done = lmgym(
         "--actors", "1", "--learners", "1", "--max-staleness", "1", "--tis-cap", "2",
+        "--task", "lmgym/GuessNumber-v0", "--num-prompts", "2", "--group-size", "4",
         "--iterations", "3", "--save-every", "2", "--keep-checkpoints", "0",
         "--eval-every", "2", "--sample-every", "2", "--samples", "1",
         "--run-dir", str(run), *FAST,

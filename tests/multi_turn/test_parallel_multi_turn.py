@@ -6,8 +6,11 @@
   observation tokens, so a per-rank normaliser, or one that counted observation
   tokens, would show.
 - Asynchronous (1 actor + 1 learner): at ``max_staleness=0`` the run's weights and
-  metrics equal ``Agent.learn`` in one process, bit for bit; ``lmgym train --actors 1``
-  and ``--nproc-per-node 2`` run a multi-turn task end to end.
+  metrics equal ``Agent.learn`` in one process, bit for bit.
+- ``lmgym train`` runs a multi-turn task end to end on two processes in the launches
+  it shares with the other two-process CLI tests: ``--actors 1``
+  (tests/asynchronous/test_cli_async.py) and data parallel
+  (tests/parallel/test_cli_data_parallel.py).
 
 This file is also the torchrun worker: ``python -m torch.distributed.run
 --standalone --nproc-per-node 2 tests/multi_turn/test_parallel_multi_turn.py OUT``
@@ -17,9 +20,7 @@ the tests compare.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -151,13 +152,6 @@ def torchrun(out: Path, nproc: int = 2, timeout: float = 300) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 
-def lmgym_train(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    # Imported here, not at the top: torchrun runs this file as a script, without conftest.
-    from testkit import run_lmgym_train
-
-    return run_lmgym_train(*args, timeout=timeout)
-
-
 # ------------------------------------------------------------------ the tests
 # Both scenarios share one launch (two start-ups of torch and lmgym); the tests that
 # read it stay on one xdist worker, so it runs once.
@@ -233,28 +227,6 @@ def test_an_async_run_at_staleness_0_is_the_synchronous_run(name, async_results)
     for expected, metrics in zip(history, got["history"], strict=True):
         assert {k: metrics[k] for k in expected} == expected
         assert metrics["staleness_max"] == 0.0
-
-
-FAST = ["--task", "lmgym/GuessNumber-v0", "--no-progress", "--eval-prompts", "2"]
-FAST += ["--eval-samples", "2", "--log-interval", "0", "--samples", "1"]
-
-
-@pytest.mark.parametrize(
-    "launch", [["--actors", "1", "--max-staleness", "1"], ["--nproc-per-node", "2"]],
-    ids=["async", "data-parallel"],
-)  # fmt: skip
-def test_lmgym_train_runs_a_multi_turn_task_on_two_processes(launch, tmp_path):
-    run = tmp_path / "run"
-    done = lmgym_train(*launch, "--iterations", "3", "--save-every", "3", "--run-dir", str(run),
-                       "--num-prompts", "2", "--group-size", "4", *FAST)  # fmt: skip
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert done.stdout.count("reward before:") == 1
-    with open(run / "progress.csv") as file:
-        table = list(csv.DictReader(file))
-    assert [float(r["iteration"]) for r in table] == [1, 2, 3]
-    assert (run / "checkpoints" / "latest").read_text().strip() == "iter_000003"
-    evals = [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines()]
-    assert [e.get("at") for e in evals] == ["start", "end"]
 
 
 if __name__ == "__main__":
