@@ -4,8 +4,6 @@ the same choices and defaults everywhere (from ``TrainConfig``), and one-line er
 from __future__ import annotations
 
 import importlib.util
-import subprocess
-import sys
 
 import pytest
 
@@ -17,7 +15,7 @@ from lmgym.training.run import TrainConfig
 @pytest.mark.parametrize("command", ["train", "eval", "bench"])
 def test_every_command_offers_both_engines_with_the_run_configs_default(command, capsys):
     # The parser, in this process (a `python -m lmgym` process costs ~7 s of imports per
-    # command); test_vllm_on_the_tiny_model_... parses the flag in a real process.
+    # command).
     assert main([command, "--help"]) == 0
     flat = " ".join(capsys.readouterr().out.split())
     assert "--rollout-engine {lmgym,vllm}" in flat or "--rollout_engine {lmgym,vllm}" in flat
@@ -53,27 +51,14 @@ def test_bench_jobs_carry_the_engine_only_when_it_is_not_the_default():
 
 @pytest.mark.heavy
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
-def test_vllm_on_the_tiny_model_is_a_one_line_error_naming_the_fix(tmp_path):
+# In this process, which imports vLLM's attention backend to read its head sizes: on the
+# worker of the vLLM engine's tests, whose process imports vLLM anyway.
+@pytest.mark.xdist_group("vllm")
+def test_vllm_on_the_tiny_model_is_a_one_line_error_naming_the_fix(tmp_path, capsys):
     # vLLM's CPU attention has no kernel for the tiny GPT-2's head size (16).
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "lmgym",
-            "train",
-            "--rollout-engine",
-            "vllm",
-            "--iterations",
-            "1",
-            "--no-progress",
-            "--run-dir",
-            str(tmp_path / "run"),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-    )
-    assert result.returncode == 2
-    lines = [line for line in result.stderr.splitlines() if line.startswith("lmgym train: error")]
-    assert len(lines) == 1
+    argv = ["--rollout-engine", "vllm", "--iterations", "1", "--no-progress"]
+    assert main(["train", *argv, "--run-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("lmgym train: error")]
+    assert len(lines) == 1, err
     assert "head sizes" in lines[0] and "rollout_engine='lmgym'" in lines[0]
