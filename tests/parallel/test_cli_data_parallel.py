@@ -231,18 +231,43 @@ def test_two_process_grpo_solves_target_string(tmp_path):
     assert "early stop at iteration" in done.stdout
 
 
-def test_num_minibatches_not_dividing_a_rank_s_batch_fails_before_the_launcher(
-    tmp_path, capsys, monkeypatch
+@pytest.mark.parametrize(
+    "launcher, bad, message",
+    [
+        (["--nproc-per-node", "2"], BAD_MINIBATCHES, MINIBATCHES_MESSAGE),
+        (["--actors", "1"], BAD_MINIBATCHES, MINIBATCHES_MESSAGE),
+        (["--nproc-per-node", "2"], ["--learning-rate", "-1", *FAST],
+         "lmgym train: error: learning_rate=-1.0: must be > 0"),
+        (["--nproc-per-node", "2"], ["--env", "nope=1", *FAST],
+         "lmgym train: error: env argument nope: task lmgym/TargetString-v0 takes no such"),
+    ],
+    ids=["minibatches", "minibatches-async", "agent-value", "env-argument"],
+)  # fmt: skip
+def test_what_every_rank_would_refuse_fails_before_the_launcher(
+    launcher, bad, message, tmp_path, capsys, monkeypatch
 ):
     """Each rank's batch (num_prompts * group_size = 8 rows) must split into whole
-    minibatches: 3 does not divide it, so ``--nproc-per-node 2`` exits 2 with the error
-    its ranks would each give, once, without starting them, and writes no run directory."""
+    minibatches: 3 does not divide it, so ``--nproc-per-node 2`` (or an asynchronous
+    launch) exits 2 with the error its processes would each give, once, without starting
+    them, and writes no run directory; so do a bad agent value and a bad env argument."""
     started: list[int] = []
     monkeypatch.setattr(launch, "launch", lambda n, argv: started.append(n) or 0)
-    argv = ["train", "--nproc-per-node", "2", *BAD_MINIBATCHES, "--run-dir", str(tmp_path / "run")]
-    assert main(argv) == 2
-    assert capsys.readouterr().err.strip() == MINIBATCHES_MESSAGE
+    run = tmp_path / "run"
+    assert main(["train", *launcher, *bad, "--run-dir", str(run)]) == 2
+    assert capsys.readouterr().err.strip().startswith(message)
     assert started == []
+    assert not run.exists()
+
+
+def test_a_command_line_the_ranks_accept_goes_to_the_launcher(tmp_path, monkeypatch):
+    """The control: the parent's check passes a good command line on, unchanged, and
+    writes nothing itself."""
+    started: list[tuple[int, list[str]]] = []
+    monkeypatch.setattr(launch, "launch", lambda n, argv: started.append((n, argv)) or 0)
+    argv = ["--num-prompts", "2", "--group-size", "4", "--num-minibatches", "2", *FAST,
+            "--run-dir", str(tmp_path / "run")]  # fmt: skip
+    assert main(["train", "--nproc-per-node", "2", *argv]) == 0
+    assert started == [(2, argv)]
     assert not (tmp_path / "run").exists()
 
 
