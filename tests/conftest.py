@@ -115,3 +115,17 @@ def eos_policy(tokenizer) -> CausalLMPolicy:
 @pytest.fixture
 def make_eos_policy() -> Callable[..., CausalLMPolicy]:
     return eos_biased_policy
+
+
+# ---------------------------------------------------------------- shared torchrun launches
+# A torchrun rank pays seconds of imports (torch, transformers) before any work, so every
+# module's scenarios of one kind share one launch per session; the tests that read it
+# carry the launch's xdist_group, so it runs on one worker, once.
+@pytest.fixture(scope="session")
+def two_rank_train(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """``(directory, the launch, outcome by name)``: every selected module's
+    ``two_rank_scenarios`` in one launch of ``testkit.train_ranks`` (2 ranks)."""
+    from testkit.train_ranks import shared_launch
+
+    return shared_launch(request.session, tmp_path_factory.mktemp("two-rank-train"))
+

@@ -1,10 +1,13 @@
-"""Worker launched by torchrun: one update's gradient on this rank's share of a batch.
+"""Run on each of two torchrun ranks: one update's gradient on this rank's share of a batch.
 
 Every rank builds the same policy and the same full batch, keeps its share of the
 groups (rank 1 gets fewer valid tokens: several of its rows are masked, and one of
 its groups is flat), runs ``train_on_batch`` with the optimizer step disabled and
 writes the resulting gradient and metrics, for each agent and aggregation, to
 ``OUT/rank{r}.pt``. The test compares them with one process on the full batch.
+
+``main(OUT)`` is a ``call`` scenario of the suite's shared two-rank launch
+(``testkit.train_ranks``; test_data_parallel.py lists it).
 """
 
 from __future__ import annotations
@@ -78,7 +81,3 @@ def main(out: Path) -> None:
         results["unused"] = str(error)
     torch.save(results, out / f"rank{rank}.pt")
     shutdown()
-
-
-if __name__ == "__main__":
-    main(Path(sys.argv[1]))

@@ -1,11 +1,14 @@
 """``lmgym train`` on 2 processes (gloo): one run directory, global metrics, resume, errors
-(a command line only one rank refuses, issue 27 §6, among them).
+(a command line only one rank refuses, issue 27 §6, among them), and a run that learns.
 
-The learning run goes through ``lmgym train --nproc-per-node 2`` itself (a command
-line every rank would refuse alike is refused before the launcher, in this process);
-the other runs share one torchrun launch of ``testkit.train_ranks``, each a
-``main(["train", ...])`` on both ranks (what the launcher's ranks run), so that the
-ranks' imports are paid once.
+The runs share the suite's one torchrun launch of ``testkit.train_ranks`` (the session
+fixture ``two_rank_train``; this module's part is ``two_rank_scenarios``): each is a
+``main(["train", ...])`` on both ranks, what the ranks of ``lmgym train
+--nproc-per-node 2`` run, so that the ranks' imports are paid once. The launcher
+itself: ``--nproc-per-node N`` hands the rest of the command line to ``launch(N, ...)``
+unchanged (tested here, in this process), and ``launch`` starts real processes in
+tests/asynchronous/test_cli_async.py (``--actors 1``: the same function); a command line
+every rank would refuse alike is refused before the launcher, in this process.
 """
 
 from __future__ import annotations
@@ -17,16 +20,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from testkit import refused_line, run_lmgym_train
-from testkit.train_ranks import Outcome, Scenario, run_scenarios
+from testkit import refused_line
+from testkit.train_ranks import Outcome, Scenario
 
 from lmgym.cli import launch, main
 from lmgym.persistence.state import load_state
 from lmgym.policy import CausalLMPolicy
 
 pytestmark = pytest.mark.heavy  # multi-process or end-to-end runs: make test-fast skips them
-# The tests of the module-scoped runs below on one worker: each run is made once.
-ONE_WORKER = pytest.mark.xdist_group("cli-data-parallel")
+# The tests of the suite's shared two-rank launch (tests/conftest.py: two_rank_train) on
+# one worker: it runs once.
+ONE_WORKER = pytest.mark.xdist_group("two-rank-train")
 
 FAST = ["--no-progress", "--eval-prompts", "2", "--eval-samples", "2", "--samples", "1"]
 # Each rank's batch of 8 rows (num_prompts * group_size) does not split into 3 minibatches.
@@ -37,13 +41,12 @@ MINIBATCHES_MESSAGE = (
 )
 
 
+# GRPO learns TargetString on both ranks, stopped once solved (--early-stop).
+LEARN = ["--algo", "grpo", "--group-size", "16", "--iterations", "150", "--early-stop",
+         "--save-every", "0", "--log-interval", "0", "--sample-every", "0", *FAST]  # fmt: skip
 # A multi-turn task (the env answers each guess) end to end on both ranks.
 MULTI_TURN = ["--task", "lmgym/GuessNumber-v0", "--iterations", "3", "--save-every", "3",
               "--num-prompts", "2", "--group-size", "4", "--log-interval", "0", *FAST]  # fmt: skip
-
-
-def lmgym(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    return run_lmgym_train(*args, timeout=timeout)
 
 
 def rows(run: Path) -> list[dict[str, str]]:
@@ -69,13 +72,8 @@ def four_iterations(*flags: str, run: Path) -> list[str]:
             "--run-dir", str(run), *FAST]  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def ranks_launch(
-    tmp_path_factory,
-) -> tuple[Path, subprocess.CompletedProcess, dict[str, Outcome]]:
-    """``(directory, the launch, outcome by name)`` of one torchrun launch of every
-    scenario below; each writes under ``directory / name``."""
-    root = tmp_path_factory.mktemp("ranks")
+def two_rank_scenarios(root: Path, selected: set[str]) -> list[Scenario]:
+    """This module's runs in the shared launch; each writes under ``root / name``."""
     scenarios = [
         Scenario("ddp", four_iterations(run=root / "ddp")),
         resume_from_iteration_2(root / "ddp", root / "ddp-resume"),
@@ -95,8 +93,15 @@ def ranks_launch(
         ),
         Scenario("minibatches", [*BAD_MINIBATCHES, "--run-dir", str(root / "minibatches")]),
     ]
-    launch, outcomes = run_scenarios(root, scenarios)  # every rank returned: no hang
-    return root, launch, outcomes
+    if "test_two_process_grpo_solves_target_string" in selected:
+        scenarios.append(Scenario("learn", [*LEARN, "--run-dir", str(root / "learn")]))
+    return scenarios
+
+
+@pytest.fixture(scope="module")
+def ranks_launch(two_rank_train) -> tuple[Path, subprocess.CompletedProcess, dict[str, Outcome]]:
+    """``(directory, the launch, outcome by name)`` of the shared launch."""
+    return two_rank_train
 
 
 @pytest.fixture(scope="module")
@@ -158,8 +163,8 @@ def test_two_process_resume_reproduces_the_uninterrupted_run(two_process_run, ra
 @ONE_WORKER
 def test_nproc_per_node_hands_a_resume_to_its_ranks(two_process_run, monkeypatch):
     """``lmgym train --nproc-per-node 2 --resume ...`` reads the command line and starts
-    2 processes of the rest of it: the ranks' resume above. (The launch itself runs in
-    the learning test here.)"""
+    2 processes of the rest of it: the ranks' resume above. (``launch`` itself starts
+    real processes in tests/asynchronous/test_cli_async.py.)"""
     run, _ = two_process_run
     started: list[tuple[int, list[str]]] = []
     monkeypatch.setattr(launch, "launch", lambda n, argv: started.append((n, argv)) or 0)
@@ -219,15 +224,12 @@ def test_a_multi_turn_task_runs_on_two_processes(ranks):
     assert [e.get("at") for e in evals] == ["start", "end"]
 
 
+@ONE_WORKER
 @pytest.mark.learning
-def test_two_process_grpo_solves_target_string(tmp_path):
-    run = tmp_path / "run"
-    done = lmgym(
-        "--nproc-per-node", "2", "--algo", "grpo", "--group-size", "16", "--iterations", "150",
-        "--early-stop", "--save-every", "0", "--log-interval", "0", "--sample-every", "0",
-        "--run-dir", str(run), *FAST, timeout=900,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+def test_two_process_grpo_solves_target_string(ranks):
+    _, outcomes = ranks
+    done = outcomes["learn"]
+    assert done.codes == [0, 0], done.stdout[-3000:] + done.stderr[-3000:]
     assert "early stop at iteration" in done.stdout
 
 

@@ -7,23 +7,29 @@ from pathlib import Path
 
 import pytest
 import torch
-from testkit.train_ranks import torchrun
+from testkit.train_ranks import Scenario
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from dp_cases import CASES, full_batch, gradient_of, make_agent  # noqa: E402
 
-# Every test of the one launch below on one worker: it runs once, not once per worker.
-ONE_LAUNCH = pytest.mark.xdist_group("data-parallel-gradients")
+# The tests of the suite's shared two-rank launch (tests/conftest.py: two_rank_train) on
+# one worker: it runs once, not once per worker.
+ONE_LAUNCH = pytest.mark.xdist_group("two-rank-train")
+
+
+def two_rank_scenarios(root: Path, selected: set[str]) -> list[Scenario]:
+    """This module's part of the shared launch: ``dp_gradients.main`` on both ranks."""
+    return [Scenario("gradients", [], call=f"{HERE / 'dp_gradients.py'}:main")]
 
 
 @pytest.fixture(scope="module")
-def two_rank_results(tmp_path_factory):
-    out = tmp_path_factory.mktemp("dp")
-    done = torchrun(str(HERE / "dp_gradients.py"), str(out))
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return [torch.load(out / f"rank{r}.pt") for r in range(2)]
+def two_rank_results(two_rank_train):
+    root, _, outcomes = two_rank_train
+    done = outcomes["gradients"]
+    assert done.codes == [0, 0], done.stdout[-3000:] + done.stderr[-3000:]
+    return [torch.load(root / "gradients" / f"rank{r}.pt") for r in range(2)]
 
 
 @ONE_LAUNCH

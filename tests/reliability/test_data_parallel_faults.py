@@ -3,33 +3,50 @@ error, no hang, nothing half-written (docs/distributed.md, Errors)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
-from testkit.train_ranks import Scenario, run_scenarios
+from testkit.train_ranks import Scenario
 
 from lmgym.training import CheckpointManager
 
-pytestmark = pytest.mark.heavy  # multi-process or end-to-end runs: make test-fast skips them
+# Multi-process runs (make test-fast skips them), in the suite's shared two-rank launch
+# (tests/conftest.py: two_rank_train), whose tests run on one worker.
+pytestmark = [pytest.mark.heavy, pytest.mark.xdist_group("two-rank-train")]
 
 QUIET = ["--no-progress", "--log-interval", "0", "--eval-prompts", "2", "--eval-samples", "2"]
 FAST = [*QUIET, "--samples", "1", "--num-prompts", "2", "--group-size", "4"]
 
 
+FLAGS = ["--iterations", "3", "--save-every", "1", "--keep-checkpoints", "0"]
+
+
+def two_rank_scenarios(root: Path, selected: set[str]) -> list[Scenario]:
+    """Rank 0's disk is full at iteration 2's checkpoint manifest; then rank 0 copies
+    what the failure left (``full-disk-after``: checked below) and both ranks resume
+    the run."""
+    run, after = root / "full-disk", root / "full-disk-after"
+    return [
+        Scenario(
+            "full-disk",
+            [*FAST, *FLAGS, "--run-dir", str(run)],
+            full_disk_at="manifest iter_000002",
+        ),
+        Scenario(
+            "full-disk-resume",
+            ["--resume", str(run), *FLAGS[:2], *QUIET],
+            copy=(str(run), str(after)),
+        ),
+    ]
+
+
 def test_rank_0_failing_a_checkpoint_write_stops_every_rank_and_keeps_the_last_good_one(
-    tmp_path,
+    two_rank_train,
 ):
-    """Rank 0's disk is full at iteration 2's checkpoint manifest; then, in the same
-    launch, rank 0 copies what the failure left (``after``: checked below) and both ranks
-    resume the run."""
-    run, after = tmp_path / "run", tmp_path / "after"
-    flags = ["--iterations", "3", "--save-every", "1", "--keep-checkpoints", "0"]
-    full_disk = Scenario(
-        "full-disk", [*FAST, *flags, "--run-dir", str(run)], full_disk_at="manifest iter_000002"
-    )
-    resume = Scenario(
-        "resume", ["--resume", str(run), *flags[:2], *QUIET], copy=(str(run), str(after))
-    )
-    # Both ranks returned from each run (no hang, no crash).
-    _, outcomes = run_scenarios(tmp_path, [full_disk, resume])
+    """Both ranks returned from each run (no hang, no crash): the failure is one line on
+    each, nothing is half-written, and the run resumes from its last good checkpoint."""
+    root, _, outcomes = two_rank_train
+    run, after = root / "full-disk", root / "full-disk-after"
     failed = outcomes["full-disk"]
     assert failed.codes == [2, 2]
     last_good = run / "checkpoints" / "iter_000001"
@@ -47,6 +64,6 @@ def test_rank_0_failing_a_checkpoint_write_stops_every_rank_and_keeps_the_last_g
     assert CheckpointManager(checkpoints).latest() == checkpoints / "iter_000001"
     CheckpointManager.verify(checkpoints / "iter_000001")
     # And the run continues from it on both ranks.
-    resumed = outcomes["resume"]
+    resumed = outcomes["full-disk-resume"]
     assert resumed.codes == [0, 0], resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert CheckpointManager(run / "checkpoints").latest().name == "iter_000003"

@@ -1,10 +1,14 @@
 """``lmgym train`` on two torchrun ranks, several command lines (scenarios) in one launch.
 
 Starting a rank costs seconds of imports (torch, transformers) and a short run well
-under one, so a test module hands every scenario it needs to one launch of this file
-(``run_scenarios``) and reads each scenario's outcome: every rank's exit status and what
-it printed. Each scenario goes through the CLI's own ``main`` and joins, then leaves,
-a process group of its own, exactly as a ``torchrun -m lmgym train`` rank does.
+under one, so the suite runs every scenario it needs in one launch of this file and
+reads each scenario's outcome: every rank's exit status and what it printed. A test
+module lists its scenarios in a function ``two_rank_scenarios(root, selected)``;
+``shared_launch`` (the session fixture ``two_rank_train`` of tests/conftest.py) runs
+those of every module with a selected test, in collection order. Each scenario goes
+through the CLI's own ``main`` (or, for ``call``, a function of a test's worker file)
+and joins, then leaves, a process group of its own, exactly as a ``torchrun -m lmgym
+train`` rank does.
 
 As a script (torchrun's worker): ``train_ranks.py SPEC.json OUT_DIR``.
 """
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
 import io
 import json
 import os
@@ -22,6 +27,7 @@ import subprocess
 import sys
 import traceback
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 RANKS = 2
@@ -38,6 +44,9 @@ class Scenario:
         copy: ``(source, destination)`` directories rank 0 copies before the run starts.
         full_disk_at: a write point (``lmgym.persistence.atomic.write_point`` label) that
             raises ``OSError(ENOSPC)`` on rank 0 during this run.
+        call: ``"FILE.py:FUNCTION"`` to run in place of ``lmgym train``:
+            ``FUNCTION(OUT / name)`` on each rank (``argv`` unused), its code 0 when it
+            returns; it joins the process group itself (``init_from_env``).
     """
 
     name: str
@@ -45,6 +54,7 @@ class Scenario:
     per_rank: tuple[str, str] = ("", "")
     copy: tuple[str, str] | None = None
     full_disk_at: str | None = None
+    call: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +104,33 @@ def run_scenarios(
     return done, outcomes
 
 
+#: The function a test module defines to add scenarios to the shared launch:
+#: ``two_rank_scenarios(root: Path, selected: set[str]) -> list[Scenario]``, where
+#: ``selected`` holds the names of that module's selected test functions.
+HOOK = "two_rank_scenarios"
+
+
+def shared_launch(
+    session: Any, root: Path
+) -> tuple[Path, subprocess.CompletedProcess, dict[str, Outcome]]:
+    """One launch of every scenario the modules of ``session``'s selected tests list
+    (``HOOK``), each writing under ``root / name``; ``(root, the launch, outcome by name)``."""
+    selected: dict[Any, set[str]] = {}
+    for item in session.items:
+        selected.setdefault(item.module, set()).add(item.originalname)
+    scenarios = [
+        scenario
+        for module, names in selected.items()
+        if hasattr(module, HOOK)
+        for scenario in getattr(module, HOOK)(root, names)
+    ]
+    names = [s.name for s in scenarios]
+    duplicated = sorted({n for n in names if names.count(n) > 1})
+    assert not duplicated, f"two modules name a scenario alike: {duplicated}"
+    launch, outcomes = run_scenarios(root, scenarios)
+    return root, launch, outcomes
+
+
 # ----------------------------------------------------------------- the worker (each rank)
 def _fresh_rendezvous(index: int, rank: int, launcher_port: int) -> None:
     """Point the next ``env://`` rendezvous at a store of this scenario's own.
@@ -132,7 +169,19 @@ def _full_disk_on_rank_0(label: str | None, rank: int):
         atomic.write_point = original
 
 
-def _run(scenario: Scenario, rank: int) -> dict:
+def _call(target: str, out: Path) -> int:
+    """Run ``FILE.py:FUNCTION`` with ``out``; 0 when it returns."""
+    path, function = target.rsplit(":", 1)
+    spec = importlib.util.spec_from_file_location(Path(path).stem, path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out.mkdir(parents=True, exist_ok=True)
+    getattr(module, function)(out)
+    return 0
+
+
+def _run(scenario: Scenario, rank: int, root: Path) -> dict:
     from lmgym.cli import main
 
     out, err = io.StringIO(), io.StringIO()
@@ -142,7 +191,10 @@ def _run(scenario: Scenario, rank: int) -> dict:
         _full_disk_on_rank_0(scenario.full_disk_at, rank),
     ):
         try:
-            code = main(["train", *scenario.argv, *scenario.per_rank[rank].split()])
+            if scenario.call is not None:
+                code = _call(scenario.call, root / scenario.name)
+            else:
+                code = main(["train", *scenario.argv, *scenario.per_rank[rank].split()])
         except BaseException:  # recorded for the test; the next scenario still runs
             traceback.print_exc()
             code = -1
@@ -158,7 +210,7 @@ def _worker(spec: Path, out: Path) -> None:
         if rank == 0 and scenario.copy is not None:
             shutil.copytree(*scenario.copy)  # before the port is published: rank 1 waits
         _fresh_rendezvous(index, rank, launcher_port)
-        results[scenario.name] = _run(scenario, rank)
+        results[scenario.name] = _run(scenario, rank, out)
         (out / f"rank{rank}.json").write_text(json.dumps(results))
 
 
