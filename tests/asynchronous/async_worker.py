@@ -6,7 +6,12 @@
 launch, one start-up): a scenario whose run fails on purpose (``kill``, ``stuck``)
 comes last. Rank 0 writes ``OUT/<scenario>-start.txt`` (the wall-clock time the
 scenario began); learners write ``OUT/<run>-learner<i>.pt`` (history, final
-parameters, trained group ids); the tests read them.
+parameters, trained group ids); the tests read them. tests/testkit/async_launch.py
+launches this file: the session's one two-rank launch runs test_async.py's two-rank
+scenarios and ``multi-turn``, the scenarios of tests/multi_turn/test_parallel_multi_turn.py
+(data parallel in the default process group, then ``run_async``; its agents and workers
+are in tests/multi_turn/parallel_multi_turn_cases.py), which writes
+``OUT/multi-turn-rank<r>.pt`` and ``OUT/multi-turn-<case>.pt``.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# The multi-turn cases (imported by the ``multi-turn`` scenario only).
+sys.path.append(str(Path(__file__).resolve().parents[1] / "multi_turn"))
 
 from async_cases import (  # noqa: E402
     BOUND_ITERATIONS,
@@ -35,7 +42,7 @@ from async_cases import (  # noqa: E402
 )
 
 from lmgym.asynchronous import AsyncConfig, AsyncHooks, run_async  # noqa: E402
-from lmgym.distributed import shutdown  # noqa: E402
+from lmgym.distributed import init_from_env, shutdown  # noqa: E402
 
 
 def run(out: Path, name: str, config: AsyncConfig, iterations: int, factory, hooks=None) -> None:
@@ -183,7 +190,25 @@ def learn(out: Path) -> None:
         torch.save({"history": result.history}, out / "learn-learner0.pt")
 
 
-SCENARIOS = {"equal": equal, "bound": bound, "kill": kill, "stuck": stuck, "learn": learn}
+def multi_turn(out: Path) -> None:
+    """Two ranks: a multi-turn batch's data-parallel update in the default (world) group,
+    then one actor and one learner at max_staleness=0 on multi-turn episodes."""
+    import parallel_multi_turn_cases as cases  # here: the other scenarios do without its imports
+
+    # A no-op when an earlier scenario's run_async joined the group already.
+    init_from_env(timeout_s=60)
+    cases.dp_worker(out)
+    cases.async_worker(out)
+
+
+SCENARIOS = {
+    "equal": equal,
+    "bound": bound,
+    "kill": kill,
+    "stuck": stuck,
+    "learn": learn,
+    "multi-turn": multi_turn,
+}
 
 if __name__ == "__main__":
     torch.set_num_threads(1)

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
-from testkit import child_env, torchrun_command
+from testkit.async_launch import Launch, torchrun
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -24,55 +21,13 @@ from async_cases import (  # noqa: E402
 )
 
 pytestmark = pytest.mark.heavy  # multi-process or end-to-end runs: make test-fast skips them
-# One launch per world size runs every scenario of that size (each launch costs two or
-# three start-ups of torch and lmgym); its tests stay on one xdist worker, so it runs once.
+# Each launch costs two or three start-ups of torch and lmgym, so one launch per world
+# size runs every scenario of that size: the two-rank one is the session's
+# (``async_two_ranks``, testkit/async_launch.py), which also runs the multi-turn
+# scenarios of tests/multi_turn/test_parallel_multi_turn.py; the three-rank one is this
+# module's. Each launch's tests stay on one xdist worker, so it runs once.
 TWO_RANKS = pytest.mark.xdist_group("async-two-ranks")
 THREE_RANKS = pytest.mark.xdist_group("async-three-ranks")
-
-
-@dataclass
-class Launch:
-    """One torchrun launch of ``async_worker.py``: its scenarios' files and output."""
-
-    out: Path
-    done: subprocess.CompletedProcess
-    ended: float  # wall-clock time the launch returned
-
-    @property
-    def output(self) -> str:
-        return self.done.stdout + self.done.stderr
-
-    def load(self, name: str) -> dict:
-        """``OUT/<name>.pt``, written by a learner of a run that finished."""
-        path = self.out / f"{name}.pt"
-        assert path.exists(), self.done.stdout[-3000:] + self.done.stderr[-3000:]
-        return torch.load(path)
-
-    def seconds_since_start(self, scenario: str) -> float:
-        """From the scenario's start to the launch's end."""
-        return self.ended - float((self.out / f"{scenario}-start.txt").read_text())
-
-
-def torchrun(scenarios: list[str], out: Path, nproc: int, *extra: str) -> Launch:
-    worker = [str(HERE / "async_worker.py"), ",".join(scenarios), str(out)]
-    command = torchrun_command(nproc, *extra, *worker)
-    done = subprocess.run(command, env=child_env(), capture_output=True, text=True, timeout=400)
-    return Launch(out, done, time.time())
-
-
-def selected(request: pytest.FixtureRequest, test_name: str) -> bool:
-    return any(item.originalname == test_name for item in request.session.items)
-
-
-@pytest.fixture(scope="module")
-def two_ranks(request, tmp_path_factory) -> Launch:
-    """One learner and one actor: the k=0 runs, the learning run (when its test is
-    selected), then an actor that goes silent (the launch's run fails on purpose)."""
-    scenarios = ["equal"]
-    if selected(request, "test_max_staleness_2_learns_the_target_string"):
-        scenarios.append("learn")
-    scenarios.append("stuck")
-    return torchrun(scenarios, tmp_path_factory.mktemp("two-ranks"), 2)
 
 
 @pytest.fixture(scope="module")
@@ -86,14 +41,14 @@ def three_ranks(tmp_path_factory) -> Launch:
 
 @TWO_RANKS
 @pytest.mark.parametrize("name", sorted(EQUAL_CASES))
-def test_max_staleness_0_is_the_synchronous_run(name, two_ranks):
+def test_max_staleness_0_is_the_synchronous_run(name, async_two_ranks):
     """One actor + one learner at k=0: the same parameters and metrics, bit for bit,
     as Agent.learn in one process with the same seeds (GRPO single-pass; PPO with
     recomputed lp_old, 2 minibatches x 2 epochs, TIS)."""
     algorithm, overrides = EQUAL_CASES[name]
     agent = make_agent(algorithm, overrides)
     history = agent.learn(EQUAL_ITERATIONS)
-    got = two_ranks.load(f"{name}-learner0")
+    got = async_two_ranks.load(f"{name}-learner0")
     for mine, theirs in zip(agent.policy.model.parameters(), got["params"], strict=True):
         assert torch.equal(mine, theirs)
     assert len(got["history"]) == EQUAL_ITERATIONS
@@ -196,12 +151,12 @@ def test_a_killed_actor_ends_the_run_with_a_clear_error(three_ranks):
 
 
 @TWO_RANKS
-def test_a_stuck_actor_ends_the_run_after_the_timeout(two_ranks):
+def test_a_stuck_actor_ends_the_run_after_the_timeout(async_two_ranks):
     """The actor stays alive but silent: after timeout_s (3 s) the learner gives up
     with an error instead of waiting forever."""
-    assert two_ranks.seconds_since_start("stuck") < 100
-    assert two_ranks.done.returncode != 0
-    output = two_ranks.output
+    assert async_two_ranks.seconds_since_start("stuck") < 100
+    assert async_two_ranks.done.returncode != 0
+    output = async_two_ranks.output
     assert "PeerLostError" in output, output[-3000:]
     assert (
         "no rollout from any actor arrived in 3 s" in output or "actor 0 (rank 1) stopped" in output
@@ -210,8 +165,8 @@ def test_a_stuck_actor_ends_the_run_after_the_timeout(two_ranks):
 
 @TWO_RANKS
 @pytest.mark.learning
-def test_max_staleness_2_learns_the_target_string(two_ranks):
-    history = two_ranks.load("learn-learner0")["history"]
+def test_max_staleness_2_learns_the_target_string(async_two_ranks):
+    history = async_two_ranks.load("learn-learner0")["history"]
     rewards = column({"history": history}, "reward_mean")
     first, last = sum(rewards[:3]) / 3, sum(rewards[-5:]) / 5
     assert first < 0.2, f"should start near random level, got {first:.3f}"
