@@ -129,3 +129,11 @@ def two_rank_train(request: pytest.FixtureRequest, tmp_path_factory: pytest.Temp
 
     return shared_launch(request.session, tmp_path_factory.mktemp("two-rank-train"))
 
+
+@pytest.fixture(scope="session")
+def async_two_ranks(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """One torchrun launch (2 ranks) of every selected module's asynchronous scenarios
+    (``testkit.async_launch``)."""
+    from testkit.async_launch import launch_two_ranks
+
+    return launch_two_ranks(request, tmp_path_factory)
