@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 from testkit import refused_line
-from testkit.train_ranks import Outcome, Scenario
+from testkit.train_ranks import GROUP, Outcome, Scenario
 
 from lmgym.cli import launch, main
 from lmgym.persistence.state import load_state
@@ -30,7 +30,7 @@ from lmgym.policy import CausalLMPolicy
 pytestmark = pytest.mark.heavy  # multi-process or end-to-end runs: make test-fast skips them
 # The tests of the suite's shared two-rank launch (tests/conftest.py: two_rank_train) on
 # one worker: it runs once.
-ONE_WORKER = pytest.mark.xdist_group("two-rank-train")
+ONE_WORKER = pytest.mark.xdist_group(GROUP)
 
 FAST = ["--no-progress", "--eval-prompts", "2", "--eval-samples", "2", "--samples", "1"]
 # Each rank's batch of 8 rows (num_prompts * group_size) does not split into 3 minibatches.

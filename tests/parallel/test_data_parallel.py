@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from testkit.train_ranks import Scenario
+from testkit.train_ranks import GROUP, Scenario
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -16,7 +16,7 @@ from dp_cases import CASES, full_batch, gradient_of, make_agent  # noqa: E402
 
 # The tests of the suite's shared two-rank launch (tests/conftest.py: two_rank_train) on
 # one worker: it runs once, not once per worker.
-ONE_LAUNCH = pytest.mark.xdist_group("two-rank-train")
+ONE_LAUNCH = pytest.mark.xdist_group(GROUP)
 
 
 def two_rank_scenarios(root: Path, selected: set[str]) -> list[Scenario]:

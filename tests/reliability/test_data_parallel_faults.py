@@ -6,13 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from testkit.train_ranks import Scenario
+from testkit.train_ranks import GROUP, Scenario
 
 from lmgym.training import CheckpointManager
 
 # Multi-process runs (make test-fast skips them), in the suite's shared two-rank launch
 # (tests/conftest.py: two_rank_train), whose tests run on one worker.
-pytestmark = [pytest.mark.heavy, pytest.mark.xdist_group("two-rank-train")]
+pytestmark = [pytest.mark.heavy, pytest.mark.xdist_group(GROUP)]
 
 QUIET = ["--no-progress", "--log-interval", "0", "--eval-prompts", "2", "--eval-samples", "2"]
 FAST = [*QUIET, "--samples", "1", "--num-prompts", "2", "--group-size", "4"]

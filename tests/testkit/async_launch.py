@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from testkit import child_env, torchrun_command
+from testkit.train_ranks import check_one_worker
 
 WORKER = Path(__file__).resolve().parents[1] / "asynchronous" / "async_worker.py"
 
@@ -78,6 +79,7 @@ def launch_two_ranks(
     order: the k=0 runs, the multi-turn data-parallel and k=0 runs, the learning run,
     then an actor that goes silent (the launch's run fails on purpose)."""
     items = request.session.items
+    check_one_worker(items, "async_two_ranks", "async-two-ranks")
     scenarios = [
         name
         for name, module, tests in SCENARIOS

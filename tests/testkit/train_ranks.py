@@ -104,6 +104,24 @@ def run_scenarios(
     return done, outcomes
 
 
+#: The xdist group of every test that reads the shared launch: ``--dist loadgroup`` runs
+#: them on one worker, so the session fixture launches once.
+GROUP = "two-rank-train"
+
+
+def check_one_worker(items: list[Any], fixture: str, group: str) -> None:
+    """Every selected test that uses the session-wide launch ``fixture`` carries
+    ``xdist_group(group)``; a test without it would start the launch again on another
+    worker (each xdist worker builds its own session fixtures)."""
+    loose = [
+        item.nodeid
+        for item in items
+        if fixture in getattr(item, "fixturenames", ())
+        and not any(mark.args == (group,) for mark in item.iter_markers("xdist_group"))
+    ]
+    assert not loose, f"mark these tests pytest.mark.xdist_group({group!r}): {loose}"
+
+
 #: The function a test module defines to add scenarios to the shared launch:
 #: ``two_rank_scenarios(root: Path, selected: set[str]) -> list[Scenario]``, where
 #: ``selected`` holds the names of that module's selected test functions.
@@ -115,6 +133,7 @@ def shared_launch(
 ) -> tuple[Path, subprocess.CompletedProcess, dict[str, Outcome]]:
     """One launch of every scenario the modules of ``session``'s selected tests list
     (``HOOK``), each writing under ``root / name``; ``(root, the launch, outcome by name)``."""
+    check_one_worker(session.items, "two_rank_train", GROUP)
     selected: dict[Any, set[str]] = {}
     for item in session.items:
         selected.setdefault(item.module, set()).add(item.originalname)
