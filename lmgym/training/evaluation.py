@@ -22,6 +22,8 @@ answer is exactly right. Other tasks report no pass@k unless a
 from __future__ import annotations
 
 import math
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -34,9 +36,72 @@ from lmgym.envs.task_factory import factory_arguments
 from lmgym.envs.token_env import TokenVectorEnv
 from lmgym.policy.causal_lm import CausalLMPolicy
 from lmgym.rollout import collect
-from lmgym.training.diversity import answer_spread
 from lmgym.training.sample_text import episode_texts, prompt_label
 from lmgym.typed_values import check_at_least
+
+# How varied a policy's answers are: what shows a policy collapsing to one answer.
+#
+# A policy that collapses answers every prompt the same way ("Yes" to every yes/no
+# question): its completions stop differing within a prompt's samples and across
+# prompts. An evaluation measures both (``answer_spread``), on the completions'
+# *answers* (``answer_key``: case, surrounding space and trailing punctuation
+# ignored, so ``"Yes."`` and ``" yes"`` are one answer):
+#
+# - ``distinct_per_prompt``: the mean number of distinct answers among a prompt's
+#   ``k`` samples (``k`` when every sample differs, 1 when all agree);
+# - ``top_answer`` and ``top_answer_share``: the most common answer over every
+#   sample of every prompt, and its share (1.0: one answer to everything);
+# - ``top_answer_reward``: the mean reward of the completions giving it. On a task
+#   with one right answer for every prompt, a policy that gives it everywhere has
+#   collapsed onto the solution (reward the best); one that gives "Yes" to yes/no
+#   questions has not (reward about the share of "Yes" rows).
+
+
+_TRAILING = ".!?,;:\"'`"
+
+
+def answer_key(completion: str) -> str:
+    """A completion as an answer: lower case, without surrounding space or trailing punctuation."""
+    return completion.strip().rstrip(_TRAILING).strip().lower()
+
+
+@dataclass(frozen=True)
+class AnswerSpread:
+    """How varied an evaluation's answers were (see the module docstring)."""
+
+    distinct_per_prompt: float
+    top_answer: str
+    top_answer_share: float
+    top_answer_reward: float
+
+
+def answer_spread(
+    completions: Sequence[str], prompt_ids: Sequence[int], rewards: Sequence[float]
+) -> AnswerSpread:
+    """The spread of ``completions``, each sampled for the prompt ``prompt_ids[i]`` and
+    scored ``rewards[i]``.
+
+    Raises:
+        ValueError: no completions, or the sequences differ in length.
+    """
+    if not completions or not len(completions) == len(prompt_ids) == len(rewards):
+        raise ValueError(
+            f"answer_spread: need as many prompt ids and rewards as completions (at least "
+            f"one), got {len(completions)}, {len(prompt_ids)} and {len(rewards)}"
+        )
+    keys = [answer_key(c) for c in completions]
+    per_prompt: dict[int, set[str]] = {}
+    for key, prompt in zip(keys, prompt_ids, strict=True):
+        per_prompt.setdefault(int(prompt), set()).add(key)
+    top, count = Counter(keys).most_common(1)[0]
+    top_rewards = [float(r) for key, r in zip(keys, rewards, strict=True) if key == top]
+    return AnswerSpread(
+        distinct_per_prompt=sum(len(s) for s in per_prompt.values()) / len(per_prompt),
+        top_answer=top,
+        top_answer_share=count / len(keys),
+        top_answer_reward=sum(top_rewards) / len(top_rewards),
+    )
+
 
 VERIFIED_TASKS: dict[str, str] = {
     "lmgym/TargetString-v0": "the completion starts with the target string",
@@ -154,7 +219,7 @@ class EvalResult:
             prompt as its last user message (``sample_text.prompt_label``), a
             multi-turn completion as its whole episode (``sample_text.episode_texts``).
         distinct_per_prompt, top_answer, top_answer_share, top_answer_reward: how varied
-            the answers were (``lmgym.training.diversity``); ``None`` in records written
+            the answers were (``answer_spread``); ``None`` in records written
             before them.
     """
 

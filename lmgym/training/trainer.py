@@ -27,6 +27,7 @@ import os
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,11 +51,10 @@ from lmgym.training.build import (
 )
 from lmgym.training.callbacks import Printer, check_callback, tqdm_print
 from lmgym.training.checkpoint import CheckpointManager
-from lmgym.training.evaluation import HeldOut, correct_threshold_for
-from lmgym.training.opening import opening_lines
+from lmgym.training.evaluation import EvalResult, HeldOut, correct_threshold_for
+from lmgym.training.holdout import holdout_lines
 from lmgym.training.ranks import Ranks, launched_ranks, local_device
 from lmgym.training.resolved import ResolvedFields, ResolvedRun, resolve
-from lmgym.training.result import TrainResult
 from lmgym.training.resume import (
     ResumePlan,
     check_checkpoint_agrees,
@@ -67,6 +67,105 @@ from lmgym.training.resume import (
 from lmgym.training.run import RunDirectory, TrainConfig, default_run_dir
 from lmgym.training.session import Session, assemble, main_callbacks
 from lmgym.training.termination import sigterm_raises
+
+# The lines that open a training session: what trains, on how many processes, from where.
+
+
+def opening_lines(
+    config: TrainConfig,
+    async_config: Any,
+    world_size: int,
+    resumed: tuple[Path | None, int, int | None] | None,
+) -> list[str]:
+    """What a session says before it trains.
+
+    Args:
+        config: the run's settings.
+        async_config: the ``AsyncConfig`` of an asynchronous run, else ``None``.
+        world_size: data-parallel processes.
+        resumed: ``(checkpoint, its iteration, the run's saved threads)`` of a resume.
+    """
+    cfg, lines = config, []
+    if resumed is not None:
+        checkpoint, iteration, saved_threads = resumed
+        lines.append(
+            f"resuming {cfg.algo} on {cfg.task} from {checkpoint} at iteration {iteration}; "
+            f"training to {cfg.iterations}"
+        )
+        if saved_threads is not None and cfg.threads != saved_threads:
+            lines.append(
+                f"note: threads={cfg.threads} differs from the run's {saved_threads}; the metrics "
+                "may then differ in the last digits from a run that kept its thread count "
+                "(float sums in another order)"
+            )
+    elif async_config is not None:
+        lines.append(
+            f"{cfg.algo} on {cfg.task}, asynchronous: {async_config.actors} actor(s) x "
+            f"{cfg.num_prompts} prompts x {cfg.group_size}, {async_config.learners} learner(s), "
+            f"max_staleness={async_config.max_staleness}, {cfg.iterations} updates"
+        )
+    else:
+        lines.append(
+            f"{cfg.algo} on {cfg.task}: {cfg.num_prompts * cfg.group_size} rows "
+            f"({cfg.num_prompts} prompts x {cfg.group_size}), {cfg.iterations} iterations, "
+            f"model {cfg.model or 'tiny GPT-2 (built locally)'}"
+        )
+    if resumed is None:
+        lines += holdout_lines(cfg.prompts, cfg.prompt_field, cfg.holdout, cfg.eval_prompts_file)
+    if async_config is None and world_size > 1:
+        lines.append(
+            f"data parallel: {world_size} processes x {cfg.num_prompts} prompts = "
+            f"{world_size * cfg.num_prompts} prompts per iteration"
+        )
+    return lines
+
+
+# What ``Trainer.run`` returns.
+
+
+@dataclass
+class TrainResult:
+    """What a run did.
+
+    Attributes:
+        run_dir: its directory.
+        history: one metrics dict per iteration trained in this session.
+        before, after: evaluations at the start and the end of this session (``None``
+            on data-parallel ranks other than 0: rank 0 evaluates).
+        seconds: wall time of ``learn``.
+        iteration: the agent's iteration count at the end (all sessions).
+        tokens_generated: tokens the policy sampled (all sessions, all ranks; a
+            multi-turn episode's observations not counted).
+        checkpoint: the final checkpoint.
+        stopped_early: whether early stopping ended it.
+        agent: the trained agent.
+        merged: ``RUN/merged`` when ``save_merged`` wrote it.
+    """
+
+    run_dir: Path
+    history: list[dict[str, float]]
+    before: EvalResult | None
+    after: EvalResult | None
+    seconds: float
+    iteration: int
+    tokens_generated: int
+    checkpoint: Path | None
+    stopped_early: bool
+    agent: Agent = field(repr=False)
+    merged: Path | None = None
+
+    def report_line(self) -> str | None:
+        """The line ``lmgym train`` ends with: the reward before and after, and the split
+        and prompts they were measured on (``None`` without both evaluations)."""
+        if self.before is None or self.after is None:
+            return None
+        after = self.after
+        return (
+            f"reward before: {self.before.reward_mean:.3f}   after: {after.reward_mean:.3f}"
+            f"   ({len(self.history)} iterations in {self.seconds:.1f} s, "
+            f"{self.tokens_generated} tokens generated; measured on split {after.split or '?'}: "
+            f"{after.num_prompts} prompts x {after.samples_per_prompt} samples)"
+        )
 
 
 def _silent(text: str) -> None:

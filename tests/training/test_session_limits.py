@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from lmgym.cli import main
-from lmgym.training.progress import postfix
+from lmgym.training.session import postfix
 from lmgym.training.suspect import NO_SIGNAL_PATIENCE, NoSignalWarning
 from lmgym.training.wall_clock import WallClockLimit, parse_duration
 

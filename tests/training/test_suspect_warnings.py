@@ -21,10 +21,9 @@ import torch
 
 from lmgym.agents import GRPOConfig
 from lmgym.training import TrainConfig, Trainer
-from lmgym.training.diversity import answer_key, answer_spread
-from lmgym.training.evaluation import EvalResult
+from lmgym.training.evaluation import EvalResult, answer_key, answer_spread
 from lmgym.training.holdout import prompt_parts
-from lmgym.training.progress import postfix
+from lmgym.training.session import postfix
 from lmgym.training.suspect import FLAT_WINDOW, RunKnobs, SuspectWatch
 
 KNOBS = RunKnobs(learning_rate=1e-4, temperature=1.0, group_size=8, beta=0.0)
