@@ -52,3 +52,33 @@ def test_a_group_runs_on_one_worker(tmp_path: Path) -> None:
     workers = set(re.findall(r"\[(gw\d+)\].*PASSED test_grouped\.py", done.stdout))
     assert len(re.findall(r"PASSED test_grouped\.py", done.stdout)) == 6, done.stdout[-3000:]
     assert len(workers) == 1, f"the group ran on {sorted(workers)}:\n{done.stdout[-3000:]}"
+
+
+def test_a_test_reading_a_shared_launch_without_its_group_is_named():
+    """A session-wide launch runs once only if every test that reads it is in its group:
+    a test without the marker is refused by node id; one in the group, or one that does
+    not read the launch, passes."""
+    from types import SimpleNamespace
+
+    import pytest
+    from testkit.train_ranks import GROUP, check_one_worker
+
+    def item(nodeid: str, fixtures: tuple[str, ...], group: str | None):
+        marks = [pytest.mark.xdist_group(group).mark] if group else []
+        return SimpleNamespace(
+            nodeid=nodeid, fixturenames=fixtures, iter_markers=lambda name: iter(marks)
+        )
+
+    fine = [
+        item("t.py::in_group", ("two_rank_train",), GROUP),
+        item("t.py::other", ("tmp_path",), None),
+    ]
+    check_one_worker(fine, "two_rank_train", GROUP)
+    loose = [*fine, item("t.py::loose", ("ranks", "two_rank_train"), None)]
+    loose.append(item("t.py::elsewhere", ("two_rank_train",), "another-group"))
+    with pytest.raises(AssertionError) as error:
+        check_one_worker(loose, "two_rank_train", GROUP)
+    assert str(error.value).startswith(
+        "mark these tests pytest.mark.xdist_group('two-rank-train'): "
+        "['t.py::loose', 't.py::elsewhere']"
+    )

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib.util
 import io
 import json
 import os
@@ -190,11 +189,13 @@ def _full_disk_on_rank_0(label: str | None, rank: int):
 
 def _call(target: str, out: Path) -> int:
     """Run ``FILE.py:FUNCTION`` with ``out``; 0 when it returns."""
+    # The worker runs as a script: make the package testkit importable for its helper.
+    if str(ROOT / "tests") not in sys.path:
+        sys.path.append(str(ROOT / "tests"))
+    from testkit import import_script
+
     path, function = target.rsplit(":", 1)
-    spec = importlib.util.spec_from_file_location(Path(path).stem, path)
-    assert spec is not None and spec.loader is not None, path
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = import_script(Path(path), Path(path).stem)
     out.mkdir(parents=True, exist_ok=True)
     getattr(module, function)(out)
     return 0
