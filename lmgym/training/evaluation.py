@@ -67,7 +67,7 @@ def answer_key(completion: str) -> str:
 
 @dataclass(frozen=True)
 class AnswerSpread:
-    """How varied an evaluation's answers were (see the module docstring)."""
+    """How varied an evaluation's answers were (the comment above ``answer_key``)."""
 
     distinct_per_prompt: float
     top_answer: str
