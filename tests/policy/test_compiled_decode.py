@@ -7,6 +7,7 @@ decode mode through the ``decode`` fixture (tests/policy/conftest.py).
 from __future__ import annotations
 
 import contextlib
+import types
 
 import pytest
 import torch
@@ -209,11 +210,25 @@ def test_compiled_decode_is_off_by_default_and_kept_by_from_pretrained(
 @pytest.mark.slow
 @torch._dynamo.config.patch(recompile_limit=64)  # other tests compiled the step already
 def test_a_few_graphs_serve_every_step_of_synchronous_and_continuous_rollouts(
-    make_env, make_eos_policy, tokenizer
+    make_env, make_eos_policy, tokenizer, monkeypatch
 ):
     from torch._dynamo.utils import counters
 
-    # 5 rows: a shape no other test compiles, so this test's compiles are its own.
+    # The count must be this test's own. Dynamo keeps its graphs, and the sizes it has
+    # turned dynamic, per code object (sizes by file, line and name), so another test's
+    # graph of the same model could serve these 5 rows and nothing would compile here
+    # (it did, after the compiled tests of test_architectures, test_real_model and
+    # test_rollout_turns in one process). A renamed copy of the step starts as in a new
+    # process; inductor's kernels on disk are still shared.
+    step = compiled_decode._step
+    copy = types.FunctionType(
+        step.__code__.replace(co_name="_step_counted", co_qualname="_step_counted"),
+        step.__globals__,
+        argdefs=step.__defaults__,
+        closure=step.__closure__,
+    )
+    monkeypatch.setattr(compiled_decode, "_step", copy)
+    monkeypatch.setattr(compiled_decode, "_compiled", {})
     prompts = ["ab", "hello there", "x", "q", "xyz"]
     policy = make_eos_policy(tokenizer, compile_decode=True)
     graphs = counters["stats"]["unique_graphs"]
