@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from testkit.async_launch import Launch, torchrun
+from testkit.async_launch import GROUP, Launch, torchrun
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.heavy  # multi-process or end-to-end runs: make test-fa
 # (``async_two_ranks``, testkit/async_launch.py), which also runs the multi-turn
 # scenarios of tests/multi_turn/test_parallel_multi_turn.py; the three-rank one is this
 # module's. Each launch's tests stay on one xdist worker, so it runs once.
-TWO_RANKS = pytest.mark.xdist_group("async-two-ranks")
+TWO_RANKS = pytest.mark.xdist_group(GROUP)
 THREE_RANKS = pytest.mark.xdist_group("async-three-ranks")
 
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 import torch
+from testkit.async_launch import GROUP
 
 # Appended, not prepended: only the name ``parallel_multi_turn_cases`` is meant to resolve here.
 if str(Path(__file__).resolve().parent) not in sys.path:
@@ -49,7 +50,7 @@ pytestmark = pytest.mark.heavy  # multi-process runs: make test-fast skips them
 
 # The tests that read the launch share its xdist group with tests/asynchronous/test_async.py's
 # two-rank tests: --dist loadgroup keeps them all on one worker, so it runs once.
-LAUNCHED = pytest.mark.xdist_group("async-two-ranks")
+LAUNCHED = pytest.mark.xdist_group(GROUP)
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import csv
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -99,15 +98,9 @@ def two_rank_scenarios(root: Path, selected: set[str]) -> list[Scenario]:
 
 
 @pytest.fixture(scope="module")
-def ranks_launch(two_rank_train) -> tuple[Path, subprocess.CompletedProcess, dict[str, Outcome]]:
-    """``(directory, the launch, outcome by name)`` of the shared launch."""
-    return two_rank_train
-
-
-@pytest.fixture(scope="module")
-def ranks(ranks_launch) -> tuple[Path, dict[str, Outcome]]:
-    """``(directory, outcome by name)`` of ``ranks_launch``."""
-    root, _, outcomes = ranks_launch
+def ranks(two_rank_train) -> tuple[Path, dict[str, Outcome]]:
+    """``(directory, outcome by name)`` of the shared launch."""
+    root, _, outcomes = two_rank_train
     return root, outcomes
 
 
@@ -185,11 +178,11 @@ def test_resume_with_another_world_size_is_refused(two_process_run, capsys):
 
 
 @ONE_WORKER
-def test_a_bad_flag_on_one_rank_ends_every_rank_with_one_line(ranks_launch):
+def test_a_bad_flag_on_one_rank_ends_every_rank_with_one_line(two_rank_train):
     """A command line that only one rank refuses: every rank exits 2 with one line naming
     the bad value, none with a lost-peer traceback (issue 27 §6). The launch's stderr is
     every scenario's: a lost peer in any of them fails this test."""
-    root, launch, outcomes = ranks_launch
+    root, launch, outcomes = two_rank_train
     done = outcomes["bad-flag"]
     assert done.codes == [2, 2]
     errors = [line for line in done.stderr.splitlines() if line.startswith("lmgym train: error:")]

@@ -3,7 +3,7 @@
 A rank pays seconds of imports (torch, lmgym) before any work, so the suite runs every
 two-rank asynchronous scenario in ONE launch: ``launch_two_ranks`` (the session fixture
 ``async_two_ranks`` of tests/conftest.py). Its tests carry
-``xdist_group("async-two-ranks")``, so ``--dist loadgroup`` keeps them on one worker
+``xdist_group(GROUP)``, so ``--dist loadgroup`` keeps them on one worker
 and the launch runs once. A scenario runs when a selected test reads it (``SCENARIOS``).
 """
 
@@ -21,6 +21,8 @@ from testkit import child_env, torchrun_command
 from testkit.train_ranks import check_one_worker
 
 WORKER = Path(__file__).resolve().parents[1] / "asynchronous" / "async_worker.py"
+#: The xdist group of every test that reads the two-rank launch.
+GROUP = "async-two-ranks"
 
 # The two-rank launch's scenarios, in the order they run, each with the tests that read
 # it: (scenario, test module's file name, its test functions; None: every test of the
@@ -67,6 +69,8 @@ def torchrun(
 
 
 def reads_the_launch(item: pytest.Item, module: str, tests: set[str] | None) -> bool:
+    """Whether ``item`` is one of ``tests`` (None: any test) of the test file ``module``
+    and uses the ``async_two_ranks`` fixture."""
     if item.path.name != module or "async_two_ranks" not in item.fixturenames:
         return False
     return tests is None or getattr(item, "originalname", item.name) in tests
@@ -79,7 +83,7 @@ def launch_two_ranks(
     order: the k=0 runs, the multi-turn data-parallel and k=0 runs, the learning run,
     then an actor that goes silent (the launch's run fails on purpose)."""
     items = request.session.items
-    check_one_worker(items, "async_two_ranks", "async-two-ranks")
+    check_one_worker(items, "async_two_ranks", GROUP)
     scenarios = [
         name
         for name, module, tests in SCENARIOS
@@ -91,4 +95,4 @@ def launch_two_ranks(
             "testkit/async_launch.py's SCENARIOS"
         )
     # The scenarios of the former two launches (400 s and 300 s) in one.
-    return torchrun(scenarios, tmp_path_factory.mktemp("async-two-ranks"), 2, timeout=600)
+    return torchrun(scenarios, tmp_path_factory.mktemp(GROUP), 2, timeout=600)

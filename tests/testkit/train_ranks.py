@@ -135,7 +135,8 @@ def shared_launch(
     check_one_worker(session.items, "two_rank_train", GROUP)
     selected: dict[Any, set[str]] = {}
     for item in session.items:
-        selected.setdefault(item.module, set()).add(item.originalname)
+        module = getattr(item, "module", None)  # None: not a Python test function
+        selected.setdefault(module, set()).add(getattr(item, "originalname", item.name))
     scenarios = [
         scenario
         for module, names in selected.items()
